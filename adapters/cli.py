@@ -1,0 +1,336 @@
+"""``billing-ledger``: the command line, and the composition root of every process.
+
+Misuse gets one line on stderr and exit status 2; a failure of a service (database,
+broker, settings) gets one line and exit status 1. Never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+from uuid import UUID
+
+__all__ = ["main"]
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """Raised when a command cannot do what was asked; the message is shown as is."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``billing-ledger`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # the boundary: every error becomes one line
+        print(f"billing-ledger: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="billing-ledger", description=__doc__.splitlines()[0] if __doc__ else "")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    demo = sub.add_parser("demo", help="run the whole pipeline on the embedded default")
+    demo.add_argument("--records", type=_positive_int, default=5000)
+    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--json", action="store_true", help="print the summary as JSON")
+    demo.set_defaults(handler=_demo)
+
+    up = sub.add_parser("up", help="start embedded PostgreSQL and the broker in the foreground")
+    up.add_argument("--data-dir", type=Path, help="keep PostgreSQL's data here (default: temp)")
+    up.add_argument("--kafka-port", type=_port, help="broker port (default: a free one)")
+    up.set_defaults(handler=_up)
+
+    produce = sub.add_parser("produce", help="send JSON-lines usage records to the usage topic")
+    produce.add_argument("file", nargs="?", default="-", help="a file, or - for stdin")
+    produce.set_defaults(handler=_produce)
+
+    run = sub.add_parser("run", help="run workers against the configured services")
+    run.add_argument("--role", choices=["ingest", "all"], default="all")
+    run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    run.add_argument("--drill-kill-after-save", action="store_true", help=argparse.SUPPRESS)
+    run.set_defaults(handler=_run)
+
+    history = sub.add_parser("history", help="a transaction's events, in order")
+    history.add_argument("txn_id", nargs="?", type=_uuid, help="transaction id")
+    history.add_argument("--customer")
+    history.add_argument("--usage-id")
+    history.add_argument("--json", action="store_true")
+    history.set_defaults(handler=_history)
+
+    accounts = sub.add_parser("accounts", help="customer accounts and spend limits")
+    acc_sub = accounts.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    set_limit = acc_sub.add_parser("set-limit", help="set a spend limit (major units, or 'none')")
+    set_limit.add_argument("customer")
+    set_limit.add_argument("amount", help="e.g. 250.00, or 'none' for unlimited")
+    set_limit.add_argument("currency", help="ISO 4217 code, e.g. USD")
+    set_limit.set_defaults(handler=_set_limit)
+    show = acc_sub.add_parser("show", help="a customer's account in one currency")
+    show.add_argument("customer")
+    show.add_argument("currency")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(handler=_show_account)
+
+    bench = sub.add_parser("bench", help="benchmarks that print numbers")
+    bench_sub = bench.add_subparsers(dest="which", required=True, parser_class=_Parser)
+    b_ingest = bench_sub.add_parser("ingest", help="end-to-end ingest vs raw PostgreSQL")
+    b_ingest.add_argument("--records", type=_positive_int, default=50_000)
+    b_ingest.add_argument("--batch", type=_positive_int, default=2000)
+    b_ingest.add_argument("--database-url", help="use this PostgreSQL instead of an embedded one")
+    b_ingest.add_argument("--json", action="store_true")
+    b_ingest.set_defaults(handler=_bench_ingest)
+    return p
+
+
+# -- commands ---------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from adapters.demo import render_summary, run_demo
+
+    summary = run_demo(args.records, seed=args.seed)
+    print(json.dumps(summary, indent=2) if args.json else render_summary(summary))
+    return 0 if summary["conserved"] else EXIT_FAILURE
+
+
+def _up(args: argparse.Namespace) -> int:
+    from adapters.runtime import prepare
+    from adapters.settings import Settings
+    from infra.embedded import EmbeddedPostgres, TansuBroker
+
+    with EmbeddedPostgres(args.data_dir) as pg, TansuBroker(args.kafka_port) as broker:
+        prepare(Settings(database_url=pg.url, kafka_bootstrap=broker.bootstrap))
+        print("# embedded PostgreSQL and Tansu are up; in another shell:")
+        print(f"export BILLING_LEDGER_DATABASE_URL='{pg.url}'")
+        print(f"export BILLING_LEDGER_KAFKA_BOOTSTRAP='{broker.bootstrap}'")
+        print("# Ctrl-C stops both (the broker keeps messages in memory only)", flush=True)
+        _wait_for_signal()
+    return 0
+
+
+def _produce(args: argparse.Namespace) -> int:
+    from adapters.kafka_io import ensure_topics, make_producer
+    from adapters.settings import Settings
+
+    settings = Settings()
+    stream = sys.stdin.buffer if args.file == "-" else _open_input(args.file)
+    ensure_topics(settings.kafka_bootstrap, [(settings.usage_topic, settings.usage_partitions)])
+    producer = make_producer(settings.kafka_bootstrap)
+    sent = 0
+    try:
+        for line in stream:
+            value = line.rstrip(b"\r\n")
+            if not value.strip():
+                continue
+            producer.send(settings.usage_topic, key=_customer_key(value), value=value)
+            sent += 1
+        producer.flush()
+    finally:
+        producer.close()
+        stream.close()
+    print(f"sent {sent} record(s) to {settings.usage_topic}", file=sys.stderr)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from adapters.logs import configure_logging
+    from adapters.runtime import build_ingest_worker, close_worker, open_ledger, prepare
+    from adapters.settings import Settings
+
+    configure_logging(args.log_level)
+    settings = Settings()
+    prepare(settings)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with open_ledger(settings) as ledger:
+        worker = build_ingest_worker(settings, ledger, kill_after_save=args.drill_kill_after_save)
+        try:
+            worker.run(stop)
+        finally:
+            close_worker(worker)
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    from adapters.runtime import open_ledger
+    from adapters.settings import Settings
+    from domain.ids import transaction_id
+
+    if args.txn_id is not None and (args.customer or args.usage_id):
+        raise _usage("give a transaction id, or --customer with --usage-id, not both")
+    if args.txn_id is None:
+        if not (args.customer and args.usage_id):
+            raise _usage("give a transaction id, or both --customer and --usage-id")
+        txn_id = transaction_id(args.customer, args.usage_id)
+    else:
+        txn_id = args.txn_id
+    with open_ledger(Settings()) as ledger:
+        events = ledger.history(txn_id)
+    if not events:
+        raise CliError(f"no transaction {txn_id}")
+    rows = [_event_row(e) for e in events]
+    if args.json:
+        print(json.dumps({"transaction_id": str(txn_id), "events": rows}, indent=2, default=str))
+    else:
+        print(f"transaction {txn_id}")
+        for row in rows:
+            data = ", ".join(f"{k}={v}" for k, v in row["data"].items())
+            print(f"  v{row['version']:<3} {row['timestamp']}  {row['event']:<13} {data}")
+    return 0
+
+
+def _set_limit(args: argparse.Namespace) -> int:
+    from adapters.runtime import open_ledger
+    from adapters.settings import Settings
+    from domain.money import check_currency, format_minor, parse_exact_amount
+
+    currency = check_currency(args.currency)
+    limit = (
+        None
+        if args.amount.lower() in ("none", "unlimited")
+        else (parse_exact_amount(args.amount, currency))
+    )
+    with open_ledger(Settings()) as ledger:
+        ledger.set_spend_limit(args.customer, currency, limit)
+    shown = "unlimited" if limit is None else format_minor(limit, currency)
+    print(f"spend limit of {args.customer} in {currency}: {shown}")
+    return 0
+
+
+def _show_account(args: argparse.Namespace) -> int:
+    from adapters.runtime import open_ledger
+    from adapters.settings import Settings
+    from domain.money import check_currency, format_minor
+
+    currency = check_currency(args.currency)
+    with open_ledger(Settings()) as ledger:
+        account = ledger.account(args.customer, currency)
+    if account is None:
+        raise CliError(f"no account for {args.customer} in {currency}")
+    body = {
+        "customer_id": account.customer_id,
+        "currency": currency,
+        "spend_limit": account.spend_limit,
+        "reserved": account.reserved,
+        "charged": account.charged,
+        "available": account.available,
+    }
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        for key, value in body.items():
+            shown = value if not isinstance(value, int) else format_minor(value, currency)
+            print(f"{key:<12} {'unlimited' if value is None else shown}")
+    return 0
+
+
+def _bench_ingest(args: argparse.Namespace) -> int:
+    from adapters.bench import render, run_ingest_bench
+
+    result = run_ingest_bench(args.records, batch=args.batch, database_url=args.database_url)
+    print(json.dumps(result, indent=2) if args.json else render(result))
+    return 0
+
+
+# -- helpers ----------------------------------------------------------------------
+
+
+def _event_row(event: Any) -> dict[str, Any]:
+    data = {
+        k: v
+        for k, v in vars(event).items()
+        if k not in ("originator_id", "originator_version", "timestamp", "originator_topic")
+    }
+    return {
+        "version": event.originator_version,
+        "timestamp": event.timestamp.isoformat(),
+        "event": type(event).__name__,
+        "data": {k: str(v) if v is not None else None for k, v in data.items()},
+    }
+
+
+def _customer_key(value: bytes) -> bytes | None:
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        return None
+    customer = doc.get("customer_id") if isinstance(doc, dict) else None
+    return customer.encode() if isinstance(customer, str) else None
+
+
+def _open_input(name: str) -> Any:
+    try:
+        return Path(name).open("rb")
+    except OSError as exc:
+        raise CliError(f"cannot read {name}: {exc.strerror}") from None
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+
+
+def _usage(message: str) -> SystemExit:
+    print(f"billing-ledger: error: {message}", file=sys.stderr)
+    return SystemExit(EXIT_USAGE)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port")
+    return value
+
+
+def _uuid(text: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a transaction id (a UUID)") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"setting BILLING_LEDGER_{where.upper()}: {first['msg']}"
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if type(exc).__module__ != __name__ else text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

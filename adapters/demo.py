@@ -1,0 +1,248 @@
+"""Synthetic usage for the demo and the benchmarks: deterministic for a given seed.
+
+A stream of usage records for a handful of customers across the price list's
+meters, with exact duplicates (the same record sent again, as a producer retry
+would) and malformed records of every kind the ingest must quarantine.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from adapters.ingest import IngestStats
+from adapters.kafka_io import make_producer
+from adapters.ledger import BillingLedger
+from adapters.logs import configure_logging
+from adapters.runtime import build_ingest_worker, close_worker, open_ledger, prepare
+from adapters.settings import Settings
+from domain.money import format_minor
+from domain.pricing import PriceList
+from domain.usage import UsageRecord
+from infra.embedded import EmbeddedPostgres, TansuBroker
+from projections.dead_letters import DeadLetterStore
+from projections.summary import Balances
+
+__all__ = [
+    "DEMO_CUSTOMERS",
+    "DEMO_LIMITS",
+    "Produced",
+    "render_summary",
+    "run_demo",
+    "synthetic_usage",
+]
+
+DEMO_CUSTOMERS = ("acme", "globex", "initech", "umbrella", "hooli")
+# One customer runs into its spend limit, so the demo shows refusals too (minor units).
+DEMO_LIMITS: dict[tuple[str, str], int] = {("initech", "USD"): 500}
+BASE_TIME = datetime(2026, 12, 1, tzinfo=UTC)
+
+MALFORMED = (
+    "bad_json",
+    "negative_quantity",
+    "unknown_meter",
+    "missing_field",
+    "oversized",
+    "unknown_currency",
+)
+
+
+@dataclass(frozen=True)
+class Produced:
+    """One message as produced: its key, its bytes, and what it is."""
+
+    key: bytes
+    value: bytes
+    kind: str  # "valid", "duplicate" or a MALFORMED name
+    record: UsageRecord | None = None
+
+
+def synthetic_usage(
+    n: int,
+    prices: PriceList,
+    *,
+    seed: int = 7,
+    duplicate_rate: float = 0.05,
+    malformed_rate: float = 0.03,
+    max_record_bytes: int = 16 * 1024,
+) -> Iterator[Produced]:
+    """``n`` messages: valid records, duplicates of earlier ones, malformed ones."""
+    rng = random.Random(seed)
+    meters = sorted(prices.prices)
+    sent: list[Produced] = []
+    malformed = 0
+    for i in range(n):
+        roll = rng.random()
+        if roll < malformed_rate:
+            yield _malformed(MALFORMED[malformed % len(MALFORMED)], i, seed, max_record_bytes)
+            malformed += 1
+        elif roll < malformed_rate + duplicate_rate and sent:
+            original = rng.choice(sent)
+            yield Produced(original.key, original.value, "duplicate", original.record)
+        else:
+            meter = rng.choice(meters)
+            record = UsageRecord(
+                usage_id=f"u-{seed}-{i:08d}",
+                customer_id=rng.choice(DEMO_CUSTOMERS),
+                meter=meter,
+                quantity=_quantity(rng, meter),
+                occurred_at=BASE_TIME + timedelta(seconds=i),
+            )
+            produced = Produced(record.customer_id.encode(), record.to_json(), "valid", record)
+            sent.append(produced)
+            yield produced
+
+
+def _quantity(rng: random.Random, meter: str) -> Decimal:
+    if meter.endswith("tokens"):
+        return Decimal(rng.randint(50, 400_000))
+    if meter.endswith("seconds"):
+        return Decimal(rng.randint(1, 36_000)) / 10
+    return Decimal(rng.randint(1, 200))
+
+
+def _malformed(kind: str, i: int, seed: int, max_bytes: int) -> Produced:
+    good = {
+        "usage_id": f"bad-{seed}-{i}",
+        "customer_id": "acme",
+        "meter": "api.requests",
+        "quantity": 1,
+        "occurred_at": "2026-12-01T00:00:00Z",
+    }
+    match kind:
+        case "bad_json":
+            value = b'{"usage_id": "broken", '
+        case "negative_quantity":
+            value = json.dumps({**good, "quantity": -5}).encode()
+        case "unknown_meter":
+            value = json.dumps({**good, "meter": "quantum.qubits"}).encode()
+        case "missing_field":
+            value = json.dumps({k: v for k, v in good.items() if k != "customer_id"}).encode()
+        case "oversized":
+            value = json.dumps({**good, "note": "x" * max_bytes}).encode()
+        case _:
+            value = json.dumps({**good, "currency": "XYZ"}).encode()
+    return Produced(b"acme", value, kind)
+
+
+# -- the demo command ----------------------------------------------------------
+
+
+def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str, Any]:
+    """Start the embedded stack, produce ``records``, ingest them all, summarise, stop."""
+    from adapters.progress import Progress, step
+
+    configure_logging("ERROR")  # the demo reports through its summary, not log lines
+    started = time.monotonic()
+    step("starting embedded PostgreSQL and the Tansu broker")
+    with EmbeddedPostgres() as pg, TansuBroker() as broker:
+        settings = Settings(
+            database_url=pg.url, kafka_bootstrap=broker.bootstrap, ingest_group="demo-ingest"
+        )
+        prepare(settings)
+        prices = settings.load_prices()
+        with open_ledger(settings) as ledger:
+            for (customer, currency), limit in DEMO_LIMITS.items():
+                ledger.set_spend_limit(customer, currency, limit)
+            step(f"producing {records:,} usage records to '{settings.usage_topic}'")
+            produced = list(
+                synthetic_usage(
+                    records, prices, seed=seed, max_record_bytes=settings.max_record_bytes
+                )
+            )
+            producer = make_producer(settings.kafka_bootstrap)
+            for p in produced:
+                producer.send(settings.usage_topic, key=p.key, value=p.value)
+            producer.flush()
+            producer.close()
+
+            step("ingesting (consumer group joins in ~3 s)")
+            worker = build_ingest_worker(settings, ledger)
+            progress = Progress(records, "ingested")
+            stop = threading.Event()
+
+            def on_batch(stats: IngestStats) -> None:
+                progress.update(stats.records)
+                if stats.records >= records:
+                    stop.set()
+
+            timer = threading.Timer(timeout, stop.set)
+            timer.start()
+            try:
+                worker.run(stop, on_batch)
+            finally:
+                timer.cancel()
+                close_worker(worker)
+            progress.done()
+            if worker.stats.records < records:
+                raise TimeoutError(
+                    f"only {worker.stats.records} of {records} records ingested "
+                    f"after {timeout:.0f}s"
+                )
+            summary = summarize(ledger, settings, produced)
+    summary["seconds"] = round(time.monotonic() - started, 2)
+    return summary
+
+
+def summarize(
+    ledger: BillingLedger, settings: Settings, produced: list[Produced]
+) -> dict[str, Any]:
+    """What happened, read back from the database (not from the worker's counters)."""
+    balances = Balances().apply_all(ledger.all_events())
+    letters = DeadLetterStore(settings.database_url).all(limit=1_000_000)
+    reasons = Counter(_reason_kind(d.reason) for d in letters)
+    transactions = sum(b.transactions for c in balances.by_customer.values() for b in c.values())
+    return {
+        "records_sent": len(produced),
+        "transactions": transactions,
+        "duplicates_ignored": len(produced) - transactions - len(letters),
+        "dead_letters": len(letters),
+        "dead_letter_reasons": dict(sorted(reasons.items())),
+        "refused_by_limit": sum(
+            b.refused for c in balances.by_customer.values() for b in c.values()
+        ),
+        "conserved": all(b.conserved for c in balances.by_customer.values() for b in c.values()),
+        "customers": balances.as_dict(),
+    }
+
+
+def _reason_kind(reason: str) -> str:
+    """A reason without its particulars, for counting: digits and quoted values elided."""
+    head = reason.split(": ", 1)[0] if reason.startswith("not valid JSON") else reason
+    return re.sub(r"'[^']*'", "'…'", re.sub(r"\d+", "N", head))
+
+
+def render_summary(summary: dict[str, Any]) -> str:
+    """The summary as a human table."""
+    lines = [
+        f"records sent          {summary['records_sent']:>10,}",
+        f"transactions          {summary['transactions']:>10,}",
+        f"duplicates ignored    {summary['duplicates_ignored']:>10,}",
+        f"dead letters          {summary['dead_letters']:>10,}",
+        f"refused by limit      {summary['refused_by_limit']:>10,}",
+        f"money conserved       {'yes' if summary['conserved'] else 'NO':>10}",
+        "",
+        f"{'customer':<10} {'cur':<4} {'txns':>7} {'metered':>14} {'in flight':>14} "
+        f"{'charged':>14} {'compensated':>14}",
+    ]
+    for customer, currencies in summary["customers"].items():
+        for cur, b in currencies.items():
+            lines.append(
+                f"{customer:<10} {cur:<4} {b['transactions']:>7,} "
+                f"{format_minor(b['metered'], cur):>14} {format_minor(b['in_flight'], cur):>14} "
+                f"{format_minor(b['charged'], cur):>14} {format_minor(b['compensated'], cur):>14}"
+            )
+    if summary["dead_letter_reasons"]:
+        lines += ["", "dead letters by reason:"]
+        lines += [f"  {n:>6,}  {reason}" for reason, n in summary["dead_letter_reasons"].items()]
+    lines.append(f"\nfinished in {summary.get('seconds', 0):.1f}s")
+    return "\n".join(lines)

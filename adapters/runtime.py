@@ -1,0 +1,69 @@
+"""Builds the long-lived parts from settings: the ledger, the stores, the workers."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+from psycopg import errors as pgerrors
+
+from adapters.eventstore import postgres_env
+from adapters.ingest import IngestWorker
+from adapters.kafka_io import ensure_topics, make_consumer, make_producer
+from adapters.ledger import BillingLedger
+from adapters.settings import Settings
+from projections import dead_letters
+
+__all__ = ["build_ingest_worker", "open_ledger", "prepare"]
+
+
+def prepare(settings: Settings, *, topics: bool = True) -> None:
+    """Create the database tables and the topics if they do not exist yet (idempotent)."""
+    for attempt in range(5):
+        try:
+            with psycopg.connect(settings.database_url, autocommit=True) as conn:
+                conn.execute(dead_letters.SCHEMA_SQL)
+            open_ledger(settings, create_tables=True).close()
+            break
+        except (pgerrors.UniqueViolation, pgerrors.DuplicateObject):
+            # Another process created the same objects at the same moment; look again.
+            time.sleep(0.1 * (attempt + 1))
+    if topics:
+        ensure_topics(
+            settings.kafka_bootstrap,
+            [(settings.usage_topic, settings.usage_partitions), (settings.dlq_topic, 1)],
+        )
+
+
+def open_ledger(settings: Settings, *, create_tables: bool = False) -> BillingLedger:
+    """The ledger application on the configured database."""
+    env = postgres_env(settings.database_url, pool_size=settings.db_pool_size)
+    env["CREATE_TABLE"] = "y" if create_tables else "n"
+    return BillingLedger(settings.load_prices(), env=env)
+
+
+def build_ingest_worker(
+    settings: Settings, ledger: BillingLedger, *, kill_after_save: bool = False
+) -> IngestWorker:
+    """An ingest worker in the configured consumer group."""
+    return IngestWorker(
+        ledger,
+        dead_letters.DeadLetterStore(settings.database_url),
+        make_consumer(
+            settings.kafka_bootstrap,
+            settings.usage_topic,
+            settings.ingest_group,
+            max_poll_records=settings.batch_max_records,
+        ),
+        make_producer(settings.kafka_bootstrap),
+        dlq_topic=settings.dlq_topic,
+        max_record_bytes=settings.max_record_bytes,
+        poll_timeout_ms=settings.poll_timeout_ms,
+        kill_after_save=kill_after_save,
+    )
+
+
+def close_worker(worker: IngestWorker) -> None:
+    """Close the worker's Kafka clients (the ledger is closed by its owner)."""
+    worker.consumer.close()
+    worker.producer.close(timeout=5)

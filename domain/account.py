@@ -1,0 +1,162 @@
+"""The ``CustomerAccount`` aggregate: a customer's spend in one currency, and its limit.
+
+The spend limit caps what the customer owes in that currency: reserved (in flight)
+plus charged. Unlimited by default. A reservation that would take the total past
+the limit is refused, and the caller compensates the transaction with the reason.
+
+Reservations are recorded one event per ingest batch (``AmountsReserved`` lists the
+transactions and amounts) because ingest reserves hundreds at once; releases,
+settlements and reversals happen one transaction at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate, event
+
+from domain.ids import account_id
+
+__all__ = ["CustomerAccount"]
+
+
+class CustomerAccount(Aggregate):
+    """What one customer has reserved and been charged in one currency."""
+
+    class Opened(Aggregate.Created):
+        customer_id: str
+        currency: str
+        spend_limit: int | None
+
+    class LimitSet(Aggregate.Event):
+        spend_limit: int | None
+
+    class AmountsReserved(Aggregate.Event):
+        transaction_ids: list[str]
+        amounts: list[int]
+
+    class ReservationReleased(Aggregate.Event):
+        transaction_id: str
+        amount: int
+
+    class ReservationSettled(Aggregate.Event):
+        transaction_id: str
+        amount: int
+
+    class ChargeReversed(Aggregate.Event):
+        transaction_id: str
+        amount: int
+
+    @staticmethod
+    def create_id(customer_id: str, currency: str, **_: Any) -> UUID:
+        return account_id(customer_id, currency)
+
+    @classmethod
+    def open(
+        cls, customer_id: str, currency: str, spend_limit: int | None = None
+    ) -> CustomerAccount:
+        """Open an account (the limit, if any, must not be negative)."""
+        _check_limit(spend_limit)
+        return cls(customer_id=customer_id, currency=currency, spend_limit=spend_limit)
+
+    @event(Opened)
+    def __init__(self, customer_id: str, currency: str, spend_limit: int | None = None) -> None:
+        self.customer_id = customer_id
+        self.currency = currency
+        self.spend_limit = spend_limit
+        self.reserved = 0
+        self.charged = 0
+
+    @property
+    def committed(self) -> int:
+        """Reserved plus charged: what counts against the limit."""
+        return self.reserved + self.charged
+
+    @property
+    def available(self) -> int | None:
+        """How much more can be reserved; None when unlimited."""
+        if self.spend_limit is None:
+            return None
+        return max(self.spend_limit - self.committed, 0)
+
+    def set_limit(self, spend_limit: int | None) -> None:
+        """Set (or with None, remove) the spend limit. Existing reservations stand."""
+        _check_limit(spend_limit)
+        if spend_limit != self.spend_limit:
+            self._limit_set(spend_limit)
+
+    @event(LimitSet)
+    def _limit_set(self, spend_limit: int | None) -> None:
+        self.spend_limit = spend_limit
+
+    def reserve_all(self, requests: Sequence[tuple[UUID, int]]) -> list[bool]:
+        """Reserve each (transaction, amount) in order while the limit allows.
+
+        Returns, per request, whether it was reserved. One event for the accepted.
+        """
+        granted: list[bool] = []
+        ids: list[str] = []
+        amounts: list[int] = []
+        headroom = self.available
+        for txn_id, amount in requests:
+            _check_amount(amount)
+            ok = headroom is None or amount <= headroom
+            granted.append(ok)
+            if ok:
+                ids.append(str(txn_id))
+                amounts.append(amount)
+                if headroom is not None:
+                    headroom -= amount
+        if ids:
+            self._amounts_reserved(ids, amounts)
+        return granted
+
+    @event(AmountsReserved)
+    def _amounts_reserved(self, transaction_ids: list[str], amounts: list[int]) -> None:
+        self.reserved += sum(amounts)
+
+    def release(self, transaction_id: UUID, amount: int) -> None:
+        """Give back a reservation whose transaction was compensated."""
+        _check_amount(amount)
+        if amount > self.reserved:
+            raise ValueError(f"cannot release {amount}: only {self.reserved} reserved")
+        self._released(str(transaction_id), amount)
+
+    @event(ReservationReleased)
+    def _released(self, transaction_id: str, amount: int) -> None:
+        self.reserved -= amount
+
+    def settle(self, transaction_id: UUID, amount: int) -> None:
+        """Turn a reservation into a charge."""
+        _check_amount(amount)
+        if amount > self.reserved:
+            raise ValueError(f"cannot settle {amount}: only {self.reserved} reserved")
+        self._settled(str(transaction_id), amount)
+
+    @event(ReservationSettled)
+    def _settled(self, transaction_id: str, amount: int) -> None:
+        self.reserved -= amount
+        self.charged += amount
+
+    def reverse_charge(self, transaction_id: UUID, amount: int) -> None:
+        """Take back a charge that was reversed (refunded) in Stripe."""
+        _check_amount(amount)
+        if amount > self.charged:
+            raise ValueError(f"cannot reverse {amount}: only {self.charged} charged")
+        self._reversed(str(transaction_id), amount)
+
+    @event(ChargeReversed)
+    def _reversed(self, transaction_id: str, amount: int) -> None:
+        self.charged -= amount
+
+
+def _check_limit(spend_limit: int | None) -> None:
+    if spend_limit is not None and spend_limit < 0:
+        raise ValueError("a spend limit cannot be negative")
+
+
+def _check_amount(amount: int) -> None:
+    if amount < 0:
+        raise ValueError(f"an amount cannot be negative: {amount}")

@@ -1,0 +1,32 @@
+"""Domain errors.
+
+BillingError
+ +-- InvalidUsage          a usage record that cannot be billed (goes to the DLQ)
+ +-- IllegalTransition     a lifecycle step not allowed from the current state
+ +-- UnknownMeter          (also an InvalidUsage) no price for the meter
+ +-- PriceListError        the price list itself is malformed
+"""
+
+from __future__ import annotations
+
+__all__ = ["BillingError", "IllegalTransition", "InvalidUsage", "PriceListError", "UnknownMeter"]
+
+
+class BillingError(Exception):
+    """Raised when a billing rule is broken; the base of every domain error."""
+
+
+class InvalidUsage(BillingError):
+    """Raised when a usage record cannot be billed; the message is the DLQ reason."""
+
+
+class UnknownMeter(InvalidUsage):
+    """Raised when a usage record names a meter the price list does not have."""
+
+
+class IllegalTransition(BillingError):
+    """Raised when a transaction is asked to take a step its state does not allow."""
+
+
+class PriceListError(BillingError):
+    """Raised when a price list file is malformed."""

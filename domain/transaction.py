@@ -1,0 +1,238 @@
+"""The ``BillingTransaction`` aggregate: one priced usage record and its lifecycle.
+
+::
+
+                +--> Reserved --> Charged            (terminal: success)
+     Metered ---+        |   \\--> ChargeFailed* --> Charged | Compensated
+                |        \\-----------------------> Compensated (terminal)
+                +--> Compensated  (refused: spend limit, ...)
+     Charged --> Compensated  (operator reversal, with the Stripe reversal)
+
+Public methods decide (check the state, compute); the private ``@event`` methods
+only apply, because they are re-run on every load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate, event
+
+from domain.errors import IllegalTransition, InvalidUsage
+from domain.ids import transaction_id
+from domain.pricing import PriceList
+from domain.usage import UsageRecord
+
+__all__ = ["BillingTransaction", "Source", "TxnState"]
+
+
+class TxnState(StrEnum):
+    """Where a transaction is in its lifecycle."""
+
+    METERED = "metered"
+    RESERVED = "reserved"
+    CHARGE_FAILED = "charge_failed"
+    CHARGED = "charged"
+    COMPENSATED = "compensated"
+
+    @property
+    def is_terminal(self) -> bool:
+        """Charged and Compensated end the saga (a Charged one may still be reversed)."""
+        return self in (TxnState.CHARGED, TxnState.COMPENSATED)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a usage record was read from, kept on the transaction for audit."""
+
+    topic: str
+    partition: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}/{self.partition}@{self.offset}"
+
+
+class BillingTransaction(Aggregate):
+    """One usage record, priced, held against a limit, charged or compensated."""
+
+    class Metered(Aggregate.Created):
+        customer_id: str
+        usage_id: str
+        meter: str
+        quantity: Decimal
+        unit_price: Decimal
+        per: int
+        amount: int
+        currency: str
+        occurred_at: datetime
+        source: str
+
+    class Reserved(Aggregate.Event):
+        account_id: UUID
+
+    class ChargeFailed(Aggregate.Event):
+        attempt: int
+        error_class: str
+        message: str
+        retryable: bool
+        next_attempt_at: datetime | None
+
+    class Charged(Aggregate.Event):
+        stripe_object_id: str
+
+    class Compensated(Aggregate.Event):
+        reason: str
+        from_state: str
+        stripe_reversal_id: str | None
+
+    @staticmethod
+    def create_id(customer_id: str, usage_id: str, **_: Any) -> UUID:
+        return transaction_id(customer_id, usage_id)
+
+    @classmethod
+    def from_usage(
+        cls, record: UsageRecord, prices: PriceList, source: Source
+    ) -> BillingTransaction:
+        """Price a valid usage record (raises InvalidUsage for an unknown meter/currency)."""
+        price = prices.price_of(record.meter)
+        if record.currency is not None and record.currency.upper() != price.currency:
+            raise InvalidUsage(
+                f"currency {record.currency!r} does not match meter {record.meter!r} "
+                f"priced in {price.currency}"
+            )
+        return cls(
+            customer_id=record.customer_id,
+            usage_id=record.usage_id,
+            meter=record.meter,
+            quantity=record.quantity,
+            unit_price=price.unit_price,
+            per=price.per,
+            amount=price.amount_minor(record.quantity),
+            currency=price.currency,
+            occurred_at=record.occurred_at,
+            source=str(source),
+        )
+
+    @event(Metered)
+    def __init__(  # noqa: PLR0917 (the Metered event's fields, applied on every load)
+        self,
+        customer_id: str,
+        usage_id: str,
+        meter: str,
+        quantity: Decimal,
+        unit_price: Decimal,
+        per: int,
+        amount: int,
+        currency: str,
+        occurred_at: datetime,
+        source: str,
+    ) -> None:
+        self.customer_id = customer_id
+        self.usage_id = usage_id
+        self.meter = meter
+        self.quantity = quantity
+        self.unit_price = unit_price
+        self.per = per
+        self.amount = amount
+        self.currency = currency
+        self.occurred_at = occurred_at
+        self.source = source
+        self.state = TxnState.METERED
+        self.account_id: UUID | None = None
+        self.attempts = 0
+        self.last_error: str | None = None
+        self.next_attempt_at: datetime | None = None
+        self.stripe_object_id: str | None = None
+        self.compensation_reason: str | None = None
+
+    # -- Reserved ---------------------------------------------------------------
+
+    def reserve(self, account_id: UUID) -> None:
+        """Record that the amount is held against the customer's spend limit."""
+        self._require("reserve", TxnState.METERED)
+        self._reserved(account_id)
+
+    @event(Reserved)
+    def _reserved(self, account_id: UUID) -> None:
+        self.account_id = account_id
+        self.state = TxnState.RESERVED
+
+    # -- ChargeFailed -----------------------------------------------------------
+
+    def record_charge_failure(
+        self, error_class: str, message: str, *, retryable: bool, next_attempt_at: datetime | None
+    ) -> None:
+        """Record one failed charge attempt and when (if ever) the next is due."""
+        self._require("record a charge failure", TxnState.RESERVED, TxnState.CHARGE_FAILED)
+        if retryable and next_attempt_at is None:
+            raise ValueError("a retryable failure needs next_attempt_at")
+        self._charge_failed(
+            self.attempts + 1,
+            error_class,
+            message,
+            retryable,
+            next_attempt_at if retryable else None,
+        )
+
+    @event(ChargeFailed)
+    def _charge_failed(
+        self,
+        attempt: int,
+        error_class: str,
+        message: str,
+        retryable: bool,
+        next_attempt_at: datetime | None,
+    ) -> None:
+        self.attempts = attempt
+        self.last_error = f"{error_class}: {message}"
+        self.next_attempt_at = next_attempt_at
+        self.state = TxnState.CHARGE_FAILED
+
+    # -- Charged ----------------------------------------------------------------
+
+    def record_charged(self, stripe_object_id: str) -> None:
+        """Record that Stripe accepted the charge."""
+        self._require("record a charge", TxnState.RESERVED, TxnState.CHARGE_FAILED)
+        self._charged(stripe_object_id)
+
+    @event(Charged)
+    def _charged(self, stripe_object_id: str) -> None:
+        self.stripe_object_id = stripe_object_id
+        self.next_attempt_at = None
+        self.state = TxnState.CHARGED
+
+    # -- Compensated ------------------------------------------------------------
+
+    def compensate(self, reason: str, stripe_reversal_id: str | None = None) -> None:
+        """Release the reservation (and record the Stripe reversal of a charge)."""
+        self._require(
+            "compensate",
+            TxnState.METERED,
+            TxnState.RESERVED,
+            TxnState.CHARGE_FAILED,
+            TxnState.CHARGED,
+        )
+        if not reason.strip():
+            raise ValueError("a compensation needs a reason")
+        if self.state is TxnState.CHARGED and not stripe_reversal_id:
+            raise ValueError("reversing a charge needs the id of its Stripe reversal")
+        self._compensated(reason, str(self.state), stripe_reversal_id)
+
+    @event(Compensated)
+    def _compensated(self, reason: str, from_state: str, stripe_reversal_id: str | None) -> None:
+        self.compensation_reason = reason
+        self.next_attempt_at = None
+        self.state = TxnState.COMPENSATED
+
+    def _require(self, step: str, *allowed: TxnState) -> None:
+        if self.state not in allowed:
+            raise IllegalTransition(
+                f"cannot {step}: transaction {self.id} is {self.state}"
+                f" (allowed from {', '.join(allowed)})"
+            )

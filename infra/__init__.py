@@ -1,0 +1,1 @@
+"""Test and development infrastructure for billing-ledger (emulators of external services)."""

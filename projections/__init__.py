@@ -1,0 +1,1 @@
+"""SQL read models in the ``billing`` schema: their tables, writers and queries."""

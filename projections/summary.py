@@ -1,0 +1,94 @@
+"""Balances folded from the event history: per customer and currency, where the money is.
+
+``Balances.apply(event)`` is a pure fold over domain events in log order, used by
+the demo's summary and by tests that check conservation (invariant I4)::
+
+    metered = charged + compensated + in flight
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from uuid import UUID
+
+from domain.account import CustomerAccount
+from domain.transaction import BillingTransaction
+
+__all__ = ["Balance", "Balances"]
+
+
+@dataclass
+class Balance:
+    """Money and counts for one customer in one currency (amounts in minor units)."""
+
+    transactions: int = 0
+    metered: int = 0
+    in_flight: int = 0
+    charged: int = 0
+    compensated: int = 0
+    refused: int = 0
+    spend_limit: int | None = None
+
+    @property
+    def conserved(self) -> bool:
+        return self.metered == self.charged + self.compensated + self.in_flight
+
+
+@dataclass
+class Balances:
+    """The fold; ``by_customer[customer][currency]`` is a Balance."""
+
+    by_customer: dict[str, dict[str, Balance]] = field(default_factory=dict)
+    _txns: dict[UUID, tuple[str, str, int, str]] = field(default_factory=dict, repr=False)
+    _accounts: dict[UUID, tuple[str, str]] = field(default_factory=dict, repr=False)
+
+    def apply_all(self, events: Iterable[Any]) -> Balances:
+        for event in events:
+            self.apply(event)
+        return self
+
+    def apply(self, event: Any) -> None:
+        if isinstance(event, BillingTransaction.Metered):
+            bal = self._balance(event.customer_id, event.currency)
+            bal.transactions += 1
+            bal.metered += event.amount
+            bal.in_flight += event.amount
+            self._txns[event.originator_id] = (
+                event.customer_id,
+                event.currency,
+                event.amount,
+                "metered",
+            )
+        elif isinstance(event, BillingTransaction.Charged):
+            customer, currency, amount, _ = self._txns[event.originator_id]
+            bal = self._balance(customer, currency)
+            bal.in_flight -= amount
+            bal.charged += amount
+            self._txns[event.originator_id] = (customer, currency, amount, "charged")
+        elif isinstance(event, BillingTransaction.Compensated):
+            customer, currency, amount, state = self._txns[event.originator_id]
+            bal = self._balance(customer, currency)
+            if state == "charged":
+                bal.charged -= amount
+            else:
+                bal.in_flight -= amount
+            bal.compensated += amount
+            if event.from_state == "metered":
+                bal.refused += 1
+            self._txns[event.originator_id] = (customer, currency, amount, "compensated")
+        elif isinstance(event, CustomerAccount.Opened | CustomerAccount.LimitSet):
+            if isinstance(event, CustomerAccount.Opened):
+                self._accounts[event.originator_id] = (event.customer_id, event.currency)
+            customer, currency = self._accounts[event.originator_id]
+            self._balance(customer, currency).spend_limit = event.spend_limit
+
+    def _balance(self, customer: str, currency: str) -> Balance:
+        return self.by_customer.setdefault(customer, {}).setdefault(currency, Balance())
+
+    def as_dict(self) -> dict[str, dict[str, dict[str, Any]]]:
+        return {
+            customer: {cur: asdict(bal) for cur, bal in sorted(currencies.items())}
+            for customer, currencies in sorted(self.by_customer.items())
+        }

@@ -1,0 +1,93 @@
+"""Helpers for integration tests: produce, drive a worker, await conditions, count rows."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+
+from adapters.ingest import IngestWorker
+from adapters.kafka_io import consumer_lag, make_producer
+from adapters.settings import Settings
+from domain.usage import UsageRecord
+
+METERED_TOPIC = "domain.transaction:BillingTransaction.Metered"
+
+
+def usage(
+    usage_id: str, customer: str = "acme", quantity: int = 1000, meter: str = "api.requests"
+) -> UsageRecord:
+    return UsageRecord(
+        usage_id=usage_id,
+        customer_id=customer,
+        meter=meter,
+        quantity=Decimal(quantity),
+        occurred_at=datetime(2026, 12, 1, tzinfo=UTC),
+    )
+
+
+def produce(settings: Settings, messages: Iterable[tuple[bytes | None, bytes | None]]) -> int:
+    producer = make_producer(settings.kafka_bootstrap)
+    n = 0
+    for key, value in messages:
+        producer.send(settings.usage_topic, key=key, value=value)
+        n += 1
+    producer.flush()
+    producer.close()
+    return n
+
+
+def produce_records(settings: Settings, records: Iterable[UsageRecord]) -> int:
+    return produce(settings, ((r.customer_id.encode(), r.to_json()) for r in records))
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def drive(worker: IngestWorker, until: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Run the worker's poll/process loop in this thread until ``until()`` holds."""
+    deadline = time.monotonic() + timeout
+    while not until():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"worker did not get there in {timeout}s: {worker.stats}")
+        polled = worker.consumer.poll(timeout_ms=100)
+        records = [r for rs in polled.values() for r in rs]
+        if records:
+            worker.process(records)
+
+
+def total_lag(settings: Settings) -> int:
+    return sum(
+        consumer_lag(settings.kafka_bootstrap, settings.ingest_group, settings.usage_topic).values()
+    )
+
+
+def metered_usage_ids(url: str) -> list[str]:
+    """usage_id of every Metered event in the store (decoded from the stored JSON)."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT convert_from(state, 'UTF8')::jsonb ->> 'usage_id' FROM billingledger_events"
+            " WHERE topic = %s",
+            (METERED_TOPIC,),
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def count_events(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM billingledger_events").fetchone()
+    assert row is not None
+    return int(row[0])

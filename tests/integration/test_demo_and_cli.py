@@ -1,0 +1,152 @@
+"""The README's demo command, and the CLI against a real database."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+from adapters.demo import DEMO_LIMITS, synthetic_usage
+from adapters.runtime import open_ledger, prepare
+from adapters.settings import DEFAULT_PRICE_LIST, Settings
+from domain.ids import transaction_id
+from domain.pricing import PriceList
+from tests.conftest import settings_env
+
+pytestmark = pytest.mark.integration
+
+CLI = [sys.executable, "-m", "adapters.cli"]
+
+
+def _cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
+
+
+def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records_it_sent() -> None:
+    records, seed = 1500, 11
+    proc = _cli("demo", "--records", str(records), "--seed", str(seed), "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+
+    # Recompute independently from the same deterministic stream and the price list.
+    prices = PriceList.from_toml(DEFAULT_PRICE_LIST.read_text())
+    produced = list(synthetic_usage(records, prices, seed=seed))
+    seen: set[str] = set()
+    expected: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
+    committed: dict[tuple[str, str], int] = defaultdict(int)
+    invalid = duplicates = refused = 0
+    for p in produced:
+        if p.record is None:
+            invalid += 1
+            continue
+        if p.record.usage_id in seen:
+            duplicates += 1
+            continue
+        seen.add(p.record.usage_id)
+        price = prices.price_of(p.record.meter)
+        amount = price.amount_minor(p.record.quantity)
+        key = (p.record.customer_id, price.currency)
+        bal = expected[key[0]].setdefault(
+            price.currency, {"transactions": 0, "metered": 0, "in_flight": 0, "compensated": 0}
+        )
+        bal["transactions"] += 1
+        bal["metered"] += amount
+        limit = DEMO_LIMITS.get(key)
+        if limit is not None and committed[key] + amount > limit:
+            bal["compensated"] += amount  # refused at ingest, in this customer's order
+            refused += 1
+        else:
+            committed[key] += amount
+            bal["in_flight"] += amount
+
+    assert summary["records_sent"] == records
+    assert summary["dead_letters"] == invalid > 0
+    assert summary["duplicates_ignored"] == duplicates > 0
+    assert summary["transactions"] == len(seen)
+    assert summary["refused_by_limit"] == refused > 0
+    assert summary["conserved"] is True
+    got = {
+        c: {cur: {k: b[k] for k in ("transactions", "metered", "in_flight", "compensated")}
+            for cur, b in currencies.items()}
+        for c, currencies in summary["customers"].items()
+    }  # fmt: skip
+    assert got == expected
+    assert sum(summary["dead_letter_reasons"].values()) == invalid
+    assert "ingested" in proc.stderr  # progress was shown
+
+
+def test_history_shows_a_transactions_events_by_id_and_by_customer_and_usage_id(
+    settings: Settings,
+) -> None:
+    prepare(settings, topics=False)
+    with open_ledger(settings) as ledger:
+        from domain.metering import Metering
+        from domain.transaction import Source
+        from tests.integration.support import usage
+
+        ledger.record_usage([Metering(usage("req-9", quantity=5000), Source("usage", 2, 41))])
+    env = settings_env(settings)
+    txn = transaction_id("acme", "req-9")
+
+    by_id = _cli("history", str(txn), "--json", env=env)
+    assert by_id.returncode == 0, by_id.stderr
+    body = json.loads(by_id.stdout)
+    assert [e["event"] for e in body["events"]] == ["Metered", "Reserved"]
+    assert body["events"][0]["data"]["amount"] == "500"  # 5,000 x 0.001 USD = 5.00 USD
+    assert body["events"][0]["data"]["source"] == "usage/2@41"
+
+    by_usage = _cli("history", "--customer", "acme", "--usage-id", "req-9", "--json", env=env)
+    assert json.loads(by_usage.stdout) == body
+
+    table = _cli("history", str(txn), env=env)
+    assert "Metered" in table.stdout and "Reserved" in table.stdout
+
+
+def test_accounts_set_limit_is_exact_and_shown(settings: Settings) -> None:
+    prepare(settings, topics=False)
+    env = settings_env(settings)
+    assert _cli("accounts", "set-limit", "acme", "250.50", "usd", env=env).returncode == 0
+    shown = json.loads(_cli("accounts", "show", "acme", "USD", "--json", env=env).stdout)
+    assert (shown["spend_limit"], shown["available"]) == (25050, 25050)
+    assert _cli("accounts", "set-limit", "acme", "none", "USD", env=env).returncode == 0
+    shown = json.loads(_cli("accounts", "show", "acme", "USD", "--json", env=env).stdout)
+    assert shown["spend_limit"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "message"),
+    [
+        (["frobnicate"], 2, "invalid choice"),
+        (["history"], 2, "give a transaction id"),
+        (["history", "not-a-uuid"], 2, "is not a transaction id"),
+        (["demo", "--records", "0"], 2, "must be greater than 0"),
+        (["accounts", "set-limit", "acme", "1.234", "USD"], 1, "more decimals than USD allows"),
+        (["accounts", "set-limit", "acme", "10", "XYZ"], 1, "unknown currency"),
+        (["accounts", "set-limit", "acme", "-5", "USD"], 1, "not a non-negative amount"),
+        (["history", "--customer", "acme", "--usage-id", "nope"], 1, "no transaction"),
+    ],
+)
+def test_cli_misuse_gets_one_line_and_a_non_zero_exit(
+    settings: Settings, args: list[str], status: int, message: str
+) -> None:
+    prepare(settings, topics=False)
+    proc = _cli(*args, env=settings_env(settings))
+    assert proc.returncode == status
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_unreachable_database_is_one_line_not_a_traceback(settings: Settings) -> None:
+    env = settings_env(settings)
+    env["BILLING_LEDGER_DATABASE_URL"] = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1"
+    proc = _cli("accounts", "show", "acme", "USD", env=env)
+    assert proc.returncode == 1
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

@@ -1,0 +1,239 @@
+"""Usage ingest against a real PostgreSQL and a real Kafka-protocol broker."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from uuid import UUID
+
+import psycopg
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from adapters.ledger import BillingLedger
+from adapters.runtime import build_ingest_worker, close_worker, open_ledger, prepare
+from adapters.settings import Settings
+from domain.ids import transaction_id
+from domain.transaction import TxnState
+from projections.dead_letters import DeadLetterStore
+from tests.conftest import settings_env
+from tests.integration.support import (
+    count_events,
+    drive,
+    metered_usage_ids,
+    produce,
+    produce_records,
+    total_lag,
+    usage,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def ledger(settings: Settings) -> Iterator[BillingLedger]:
+    prepare(settings)
+    with open_ledger(settings) as app:
+        yield app
+
+
+def _worker_cmd(*extra: str) -> list[str]:
+    return [sys.executable, "-m", "adapters.cli", "run", "--role", "ingest", *extra]
+
+
+def test_the_same_record_produced_twice_yields_one_transaction(
+    settings: Settings, ledger: BillingLedger
+) -> None:
+    record = usage("req-1", quantity=3)
+    produce_records(settings, [record, usage("req-2"), record])
+    worker = build_ingest_worker(settings, ledger)
+    try:
+        drive(worker, until=lambda: worker.stats.records == 3)
+    finally:
+        close_worker(worker)
+
+    assert sorted(metered_usage_ids(settings.database_url)) == ["req-1", "req-2"]
+    assert worker.stats.duplicates == 1
+    txn = ledger.transaction(transaction_id("acme", "req-1"))
+    assert txn.state is TxnState.RESERVED
+    assert txn.amount == 0  # 3 requests x 0.001 USD = 0.3 cents -> rounds to 0
+    assert total_lag(settings) == 0
+
+
+def test_a_batch_redelivered_after_the_worker_dies_between_db_and_offset_commit_is_recorded_once(
+    settings: Settings, ledger: BillingLedger
+) -> None:
+    records = [usage(f"req-{i}", customer=f"c{i % 5}", quantity=1000 + i) for i in range(120)]
+    produce_records(settings, records)
+
+    # A worker process that SIGKILLs itself right after its first database commit,
+    # before it commits any offset.
+    proc = subprocess.run(
+        _worker_cmd("--drill-kill-after-save"),
+        env=settings_env(settings),
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    recorded_by_dead_worker = set(metered_usage_ids(settings.database_url))
+    assert recorded_by_dead_worker, "the killed worker committed nothing to the database"
+    assert total_lag(settings) == len(records)  # no offset was committed
+
+    worker = build_ingest_worker(settings, ledger)
+    try:
+        drive(
+            worker, until=lambda: total_lag(settings) == 0 and worker.stats.records >= len(records)
+        )
+    finally:
+        close_worker(worker)
+
+    ids = metered_usage_ids(settings.database_url)
+    assert sorted(ids) == sorted(r.usage_id for r in records)  # each exactly once
+    assert worker.stats.duplicates == len(recorded_by_dead_worker)
+    assert worker.stats.transactions == len(records) - len(recorded_by_dead_worker)
+
+
+def test_two_workers_in_one_group_record_every_record_once_across_a_rebalance(
+    settings: Settings, ledger: BillingLedger
+) -> None:
+    settings = settings.model_copy(update={"batch_max_records": 50})
+    env = settings_env(settings)
+    batches = [[usage(f"r{b}-{i}", customer=f"cust-{i % 9}") for i in range(300)] for b in range(4)]
+    first = subprocess.Popen(_worker_cmd(), env=env, stderr=subprocess.DEVNULL)
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        produce_records(settings, batches[0])
+        wait_for(lambda: metered_usage_ids(settings.database_url), what="first worker to record")
+        second = subprocess.Popen(_worker_cmd(), env=env, stderr=subprocess.DEVNULL)
+        produce_records(settings, batches[1])
+        wait_for(
+            lambda: len(metered_usage_ids(settings.database_url)) >= 450,
+            what="recording to continue while the group rebalances",
+        )
+        first.kill()  # mid-stream: its partitions move to the second worker
+        first.wait()
+        produce_records(settings, batches[2] + batches[3])
+        expected = sorted(r.usage_id for b in batches for r in b)
+        wait_for(
+            lambda: (
+                len(metered_usage_ids(settings.database_url)) == len(expected)
+                and total_lag(settings) == 0
+            ),
+            timeout=120,
+            what="every record recorded and committed",
+        )
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
+    assert sorted(metered_usage_ids(settings.database_url)) == expected
+
+
+POISON = [
+    (b"acme", b'{"usage_id": "x1", '),
+    (b"acme", b'[1, 2, 3]'),
+    (b"acme", json.dumps({"usage_id": "x3", "customer_id": "acme", "meter": "api.requests",
+                          "quantity": -1, "occurred_at": "2026-12-01T00:00:00Z"}).encode()),
+    (b"acme", json.dumps({"usage_id": "x4", "customer_id": "acme", "meter": "nope",
+                          "quantity": 1, "occurred_at": "2026-12-01T00:00:00Z"}).encode()),
+    (b"acme", json.dumps({"usage_id": "x5", "meter": "api.requests",
+                          "quantity": 1, "occurred_at": "2026-12-01T00:00:00Z"}).encode()),
+    (b"acme", json.dumps({"usage_id": "x6", "customer_id": "acme", "meter": "api.requests",
+                          "quantity": 1, "occurred_at": "2026-12-01T00:00:00Z",
+                          "currency": "EUR"}).encode()),
+    (b"acme", None),
+    (b"acme", b"{" + b" " * 20_000 + b"}"),
+]  # fmt: skip
+POISON_REASONS = [
+    "not valid JSON",
+    "expected a JSON object, got list",
+    "quantity: input should be greater than or equal to 0",
+    "unknown meter 'nope'",
+    "customer_id: field required",
+    "currency 'EUR' does not match meter 'api.requests' priced in USD",
+    "empty message (no value)",
+    "payload of 20002 bytes exceeds the 16384-byte limit",
+]
+
+
+def test_poison_records_go_to_the_dead_letter_topic_with_reasons_and_good_ones_are_recorded(
+    settings: Settings, ledger: BillingLedger
+) -> None:
+    good = [usage(f"ok-{i}") for i in range(10)]
+    messages = [(r.customer_id.encode(), r.to_json()) for r in good]
+    mixed = [m for pair in zip(messages, POISON, strict=False) for m in pair] + messages[
+        len(POISON) :
+    ]
+    produce(settings, mixed)
+
+    worker = build_ingest_worker(settings, ledger)
+    try:
+        drive(worker, until=lambda: worker.stats.records == len(mixed))
+    finally:
+        close_worker(worker)
+
+    assert sorted(metered_usage_ids(settings.database_url)) == sorted(r.usage_id for r in good)
+    stored = DeadLetterStore(settings.database_url).all()
+    by_offset = sorted(stored, key=lambda d: d.offset)
+    assert [d.payload for d in by_offset] == [value for _, value in POISON]
+    for letter, expected in zip(by_offset, POISON_REASONS, strict=True):
+        assert letter.reason.startswith(expected), (letter.reason, expected)
+    assert wait_for(lambda: total_lag(settings) == 0, what="lag to return to zero")
+
+    dlq = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, consumer_timeout_ms=5000)
+    dlq.assign([TopicPartition(settings.dlq_topic, 0)])
+    dlq.seek_to_beginning()
+    letters = [m for m in dlq if m is not None][: len(POISON)]
+    dlq.close()
+    assert [m.value for m in letters] == [value for _, value in POISON]
+    headers = [dict(m.headers) for m in letters]
+    assert [h["dlq.reason"].decode() for h in headers] == [d.reason for d in by_offset]
+    assert all(h["dlq.source.topic"].decode() == settings.usage_topic for h in headers)
+    assert [int(h["dlq.source.offset"]) for h in headers] == [d.offset for d in by_offset]
+
+
+def test_a_spend_limit_refuses_usage_past_it_and_releases_nothing_it_did_not_reserve(
+    settings: Settings, ledger: BillingLedger
+) -> None:
+    ledger.set_spend_limit("acme", "USD", 250)  # 2.50 USD
+    # 100,000 requests at 0.001 USD = 100.00 USD: far over; 1,000 requests = 1.00 USD each.
+    records = [usage("small-1", quantity=1000), usage("big", quantity=100_000),
+               usage("small-2", quantity=1000), usage("small-3", quantity=1000)]  # fmt: skip
+    produce_records(settings, records)
+    worker = build_ingest_worker(settings, ledger)
+    try:
+        drive(worker, until=lambda: worker.stats.records == len(records))
+    finally:
+        close_worker(worker)
+
+    states = {r.usage_id: ledger.transaction(transaction_id("acme", r.usage_id)) for r in records}
+    assert states["small-1"].state is TxnState.RESERVED
+    assert states["small-2"].state is TxnState.RESERVED
+    assert states["big"].state is TxnState.COMPENSATED
+    assert "spend limit" in (states["big"].compensation_reason or "")
+    assert states["small-3"].state is TxnState.COMPENSATED  # 1.00 + 1.00 + 1.00 > 2.50
+    account = ledger.account("acme", "USD")
+    assert account is not None
+    assert (account.reserved, account.available) == (200, 50)
+
+
+def test_events_cannot_be_updated_or_deleted(settings: Settings, ledger: BillingLedger) -> None:
+    ledger.set_spend_limit("acme", "USD", 100)
+    assert count_events(settings.database_url) == 1
+    with psycopg.connect(settings.database_url) as conn:
+        with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+            conn.execute("DELETE FROM billingledger_events")
+        conn.rollback()
+        with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+            conn.execute("UPDATE billingledger_events SET state = 'x'")
+    assert count_events(settings.database_url) == 1
+
+
+def _txn_uuid(customer: str, usage_id: str) -> UUID:
+    return transaction_id(customer, usage_id)

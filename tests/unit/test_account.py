@@ -1,0 +1,239 @@
+"""``CustomerAccount``: the spend limit, batched reservations, and the money moves."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from domain.account import CustomerAccount
+from domain.ids import account_id, transaction_id
+
+A, B, C, D = (transaction_id("acme", f"req-{n}") for n in range(4))
+
+
+def _account(spend_limit: int | None = None) -> CustomerAccount:
+    """An account whose Opened event is already collected (so only new events are pending)."""
+    account = CustomerAccount(customer_id="acme", currency="USD", spend_limit=spend_limit)
+    account.collect_events()
+    return account
+
+
+def _reserved_account(amount: int, spend_limit: int | None = None) -> CustomerAccount:
+    account = _account(spend_limit)
+    assert account.reserve_all([(A, amount)]) == [True]
+    account.collect_events()
+    return account
+
+
+def _event_names(account: CustomerAccount) -> list[str]:
+    return [type(e).__name__ for e in account.pending_events]
+
+
+# ---------------------------------------------------------------------------------------------
+# opening and the limit
+
+
+def test_a_new_account_is_unlimited_and_empty_with_a_deterministic_id() -> None:
+    account = CustomerAccount(customer_id="acme", currency="USD")
+    assert account.id == account_id("acme", "USD")
+    assert (account.spend_limit, account.available) == (None, None)
+    assert (account.reserved, account.charged, account.committed) == (0, 0, 0)
+    assert _event_names(account) == ["Opened"]
+
+
+def test_the_account_id_differs_per_currency_and_per_customer() -> None:
+    ids = {account_id("acme", "USD"), account_id("acme", "EUR"), account_id("globex", "USD")}
+    assert len(ids) == 3
+
+
+def test_available_is_the_limit_minus_reserved_and_charged() -> None:
+    account = _reserved_account(50, spend_limit=100)
+    account.settle(A, 20)  # reserved 30, charged 20
+    assert (account.reserved, account.charged, account.committed) == (30, 20, 50)
+    assert account.available == 50  # 100 - (30 + 20)
+
+
+def test_available_never_goes_below_zero_when_the_limit_is_lowered_under_committed() -> None:
+    account = _reserved_account(80, spend_limit=100)
+    account.set_limit(50)
+    assert account.available == 0  # max(50 - 80, 0); the 80 reserved still stands
+    assert account.reserved == 80
+
+
+def test_set_limit_records_a_change() -> None:
+    account = _account()
+    account.set_limit(500)
+    assert (account.spend_limit, account.available) == (500, 500)
+    event = account.pending_events[-1]
+    assert isinstance(event, CustomerAccount.LimitSet)
+    assert event.spend_limit == 500
+
+
+def test_set_limit_to_none_removes_the_limit() -> None:
+    account = _account(spend_limit=100)
+    account.set_limit(None)
+    assert (account.spend_limit, account.available) == (None, None)
+    assert _event_names(account) == ["LimitSet"]
+
+
+@pytest.mark.parametrize("limit", [None, 0, 100])
+def test_set_limit_to_the_current_value_records_no_event(limit: int | None) -> None:
+    account = _account(spend_limit=limit)
+    account.set_limit(limit)
+    assert account.pending_events == []
+    assert account.version == 1
+
+
+def test_a_negative_limit_is_refused() -> None:
+    account = _account(spend_limit=100)
+    with pytest.raises(ValueError, match="cannot be negative"):
+        account.set_limit(-1)
+    assert (account.spend_limit, account.pending_events) == (100, [])
+
+
+# ---------------------------------------------------------------------------------------------
+# reserve_all
+
+
+def test_an_unlimited_account_grants_every_reservation_in_one_event() -> None:
+    account = _account()
+    assert account.reserve_all([(A, 10**12), (B, 1), (C, 0)]) == [True, True, True]
+    assert account.reserved == 10**12 + 1
+    event = account.pending_events[-1]
+    assert isinstance(event, CustomerAccount.AmountsReserved)
+    assert (event.transaction_ids, event.amounts) == ([str(A), str(B), str(C)], [10**12, 1, 0])
+    assert len(account.pending_events) == 1
+
+
+def test_reserve_all_grants_in_order_while_within_the_limit_and_refuses_the_rest() -> None:
+    account = _account(spend_limit=100)
+    # 40 (headroom 60), 40 (headroom 20), 40 > 20: refused
+    assert account.reserve_all([(A, 40), (B, 40), (C, 40)]) == [True, True, False]
+    assert account.reserved == 80
+    assert account.available == 20
+
+
+def test_reserve_all_still_grants_a_later_smaller_request_that_fits() -> None:
+    account = _account(spend_limit=100)
+    # 60 (headroom 40), 50 > 40 refused, 30 (headroom 10), 10 (headroom 0)
+    assert account.reserve_all([(A, 60), (B, 50), (C, 30), (D, 10)]) == [True, False, True, True]
+    assert (account.reserved, account.available) == (100, 0)
+    event = account.pending_events[-1]
+    assert isinstance(event, CustomerAccount.AmountsReserved)
+    assert (event.transaction_ids, event.amounts) == ([str(A), str(C), str(D)], [60, 30, 10])
+    assert len(account.pending_events) == 1
+
+
+def test_reserve_all_grants_an_amount_exactly_equal_to_the_headroom() -> None:
+    account = _account(spend_limit=100)
+    assert account.reserve_all([(A, 100), (B, 1), (C, 0)]) == [True, False, True]
+    assert account.reserved == 100
+
+
+def test_reserve_all_counts_charged_amounts_against_the_limit() -> None:
+    account = _reserved_account(60, spend_limit=100)
+    account.settle(A, 60)  # charged 60, reserved 0: 40 left
+    assert account.reserve_all([(B, 50)]) == [False]
+    assert account.reserve_all([(B, 40)]) == [True]
+
+
+def test_reserve_all_records_no_event_when_every_request_is_refused() -> None:
+    account = _account(spend_limit=10)
+    assert account.reserve_all([(A, 11), (B, 50)]) == [False, False]
+    assert (account.reserved, account.pending_events, account.version) == (0, [], 1)
+
+
+def test_reserve_all_of_nothing_records_no_event() -> None:
+    account = _account()
+    assert account.reserve_all([]) == []
+    assert account.pending_events == []
+
+
+def test_reserve_all_refuses_a_negative_amount_and_reserves_nothing_of_the_batch() -> None:
+    account = _account()
+    with pytest.raises(ValueError, match="cannot be negative"):
+        account.reserve_all([(A, 10), (B, -1)])
+    assert (account.reserved, account.pending_events) == (0, [])
+
+
+# ---------------------------------------------------------------------------------------------
+# release, settle, reverse_charge
+
+
+def test_release_gives_back_a_reservation() -> None:
+    account = _reserved_account(100, spend_limit=100)
+    account.release(A, 30)
+    assert (account.reserved, account.charged, account.available) == (70, 0, 30)
+    event = account.pending_events[-1]
+    assert isinstance(event, CustomerAccount.ReservationReleased)
+    assert (event.transaction_id, event.amount) == (str(A), 30)
+
+
+def test_settle_moves_a_reservation_to_charged_without_changing_committed() -> None:
+    account = _reserved_account(100, spend_limit=100)
+    account.settle(A, 100)
+    assert (account.reserved, account.charged, account.committed) == (0, 100, 100)
+    event = account.pending_events[-1]
+    assert isinstance(event, CustomerAccount.ReservationSettled)
+    assert (event.transaction_id, event.amount) == (str(A), 100)
+
+
+def test_reverse_charge_takes_back_a_charge_and_frees_the_limit() -> None:
+    account = _reserved_account(100, spend_limit=100)
+    account.settle(A, 100)
+    account.reverse_charge(A, 40)
+    assert (account.reserved, account.charged, account.available) == (0, 60, 40)
+    event = account.pending_events[-1]
+    assert isinstance(event, CustomerAccount.ChargeReversed)
+    assert (event.transaction_id, event.amount) == (str(A), 40)
+
+
+@pytest.mark.parametrize(
+    ("method", "reason"),
+    [
+        ("release", "cannot release 11: only 10 reserved"),
+        ("settle", "cannot settle 11: only 10 reserved"),
+        ("reverse_charge", "cannot reverse 11: only 0 charged"),
+    ],
+)
+def test_cannot_move_more_than_there_is(method: str, reason: str) -> None:
+    account = _reserved_account(10)
+    with pytest.raises(ValueError, match=reason):
+        getattr(account, method)(A, 11)
+    assert (account.reserved, account.charged, account.pending_events) == (10, 0, [])
+
+
+def test_cannot_reverse_more_than_was_charged() -> None:
+    account = _reserved_account(10)
+    account.settle(A, 6)  # charged 6, reserved 4
+    with pytest.raises(ValueError, match="cannot reverse 7: only 6 charged"):
+        account.reverse_charge(A, 7)
+    assert (account.reserved, account.charged) == (4, 6)
+
+
+@pytest.mark.parametrize("method", ["release", "settle", "reverse_charge"])
+def test_release_settle_and_reverse_charge_refuse_a_negative_amount(method: str) -> None:
+    account = _reserved_account(10)
+    account.settle(A, 5)  # reserved 5, charged 5
+    with pytest.raises(ValueError, match="negative"):
+        getattr(account, method)(A, -5)
+
+
+# ---------------------------------------------------------------------------------------------
+# reconstruction from events
+
+
+def test_the_account_rebuilt_from_its_events_equals_the_original() -> None:
+    account = CustomerAccount(customer_id="acme", currency="USD", spend_limit=100)
+    account.reserve_all([(A, 60), (B, 50), (C, 30)])
+    account.settle(A, 60)
+    account.release(C, 30)
+    account.set_limit(200)
+    account.reverse_charge(A, 10)
+    events = account.collect_events()
+    rebuilt = functools.reduce(lambda agg, e: e.mutate(agg), events, None)
+    assert isinstance(rebuilt, CustomerAccount)
+    assert rebuilt == account
+    # reserved 60 + 30 - 60 - 30 = 0; charged 60 - 10 = 50; limit 200
+    assert (rebuilt.reserved, rebuilt.charged, rebuilt.spend_limit) == (0, 50, 200)
