@@ -36,6 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
+    # SIGTERM unwinds like Ctrl-C, so whatever a command started (an embedded
+    # PostgreSQL, a broker) is stopped by its context manager on the way out.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         return handler(args)
     except KeyboardInterrupt:
@@ -283,6 +286,10 @@ def _open_input(name: str) -> Any:
         return Path(name).open("rb")
     except OSError as exc:
         raise CliError(f"cannot read {name}: {exc.strerror}") from None
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _wait_for_signal() -> None:
