@@ -68,9 +68,23 @@ def build_parser() -> argparse.ArgumentParser:
     produce.set_defaults(handler=_produce)
 
     run = sub.add_parser("run", help="run workers against the configured services")
-    run.add_argument("--role", choices=["ingest", "all"], default="all")
+    run.add_argument(
+        "--role",
+        choices=["ingest", "relay", "charge", "reconcile", "all"],
+        default="all",
+        help="which worker to run (all: every one, each in its own thread)",
+    )
     run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     run.add_argument("--drill-kill-after-save", action="store_true", help=argparse.SUPPRESS)
+    run.add_argument(
+        "--drill", choices=["kill_after_stripe", "kill_before_stripe"], default="",
+        help=argparse.SUPPRESS,
+    )  # fmt: skip
+
+    reverse = sub.add_parser("reverse", help="reverse a Charged transaction (refund)")
+    reverse.add_argument("txn_id", type=_uuid)
+    reverse.add_argument("--reason", required=True)
+    reverse.set_defaults(handler=_reverse)
     run.set_defaults(handler=_run)
 
     history = sub.add_parser("history", help="a transaction's events, in order")
@@ -156,8 +170,9 @@ def _produce(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from adapters.logs import configure_logging
-    from adapters.runtime import build_ingest_worker, close_worker, open_ledger, prepare
+    from adapters.runtime import open_ledger, prepare
     from adapters.settings import Settings
+    from adapters.workers import run_roles
 
     configure_logging(args.log_level)
     settings = Settings()
@@ -165,13 +180,24 @@ def _run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    roles = ["ingest", "relay", "charge", "reconcile"] if args.role == "all" else [args.role]
     with open_ledger(settings) as ledger:
-        worker = build_ingest_worker(settings, ledger, kill_after_save=args.drill_kill_after_save)
-        try:
-            worker.run(stop)
-        finally:
-            close_worker(worker)
+        run_roles(
+            settings, ledger, roles, stop,
+            kill_after_save=args.drill_kill_after_save, drill=args.drill,
+        )  # fmt: skip
     return 0
+
+
+def _reverse(args: argparse.Namespace) -> int:
+    from adapters.runtime import build_charger, open_ledger
+    from adapters.settings import Settings
+
+    settings = Settings()
+    with open_ledger(settings) as ledger:
+        result = build_charger(settings, ledger).reverse(args.txn_id, args.reason)
+    print(f"transaction {args.txn_id}: {result}")
+    return 0 if result == "reversed" else EXIT_FAILURE
 
 
 def _history(args: argparse.Namespace) -> int:

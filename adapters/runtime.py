@@ -7,11 +7,16 @@ import time
 import psycopg
 from psycopg import errors as pgerrors
 
+from adapters import relay
+from adapters.charge_worker import ChargeWorker
+from adapters.charging import Charger, Reconciler
 from adapters.eventstore import postgres_env
 from adapters.ingest import IngestWorker
 from adapters.kafka_io import ensure_topics, make_consumer, make_producer
 from adapters.ledger import BillingLedger
+from adapters.relay import Relay
 from adapters.settings import Settings
+from adapters.stripe_client import StripeCharges
 from projections import dead_letters
 
 __all__ = ["build_ingest_worker", "open_ledger", "prepare"]
@@ -24,6 +29,8 @@ def prepare(settings: Settings, *, topics: bool = True) -> None:
             with psycopg.connect(settings.database_url, autocommit=True) as conn:
                 conn.execute(dead_letters.SCHEMA_SQL)
             open_ledger(settings, create_tables=True).close()
+            with psycopg.connect(settings.database_url, autocommit=True) as conn:
+                conn.execute(relay.SCHEMA_SQL)
             break
         except (pgerrors.UniqueViolation, pgerrors.DuplicateObject):
             # Another process created the same objects at the same moment; look again.
@@ -31,7 +38,11 @@ def prepare(settings: Settings, *, topics: bool = True) -> None:
     if topics:
         ensure_topics(
             settings.kafka_bootstrap,
-            [(settings.usage_topic, settings.usage_partitions), (settings.dlq_topic, 1)],
+            [
+                (settings.usage_topic, settings.usage_partitions),
+                (settings.dlq_topic, 1),
+                (settings.events_topic, settings.events_partitions),
+            ],
         )
 
 
@@ -67,3 +78,25 @@ def close_worker(worker: IngestWorker) -> None:
     """Close the worker's Kafka clients (the ledger is closed by its owner)."""
     worker.consumer.close()
     worker.producer.close(timeout=5)
+
+
+def build_charger(settings: Settings, ledger: BillingLedger, *, drill: str = "") -> Charger:
+    """The saga driver with its own Stripe client (breaker, limits) for this process."""
+    return Charger(ledger, StripeCharges(settings.stripe()), settings.retry_policy(), drill=drill)
+
+
+def build_relay(settings: Settings) -> Relay:
+    return Relay(
+        settings.database_url, make_producer(settings.kafka_bootstrap), settings.events_topic
+    )
+
+
+def build_charge_worker(settings: Settings, charger: Charger) -> ChargeWorker:
+    consumer = make_consumer(
+        settings.kafka_bootstrap, settings.events_topic, settings.charge_group, max_poll_records=200
+    )
+    return ChargeWorker(charger, consumer, parallel=settings.stripe_max_concurrency)
+
+
+def build_reconciler(settings: Settings, charger: Charger) -> Reconciler:
+    return Reconciler(charger, settings.database_url)

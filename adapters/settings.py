@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from adapters.stripe_client import StripeSettings
 from domain.pricing import PriceList
+from domain.saga import RetryPolicy
 from domain.usage import DEFAULT_MAX_RECORD_BYTES
 
 __all__ = ["DEFAULT_PRICE_LIST", "Settings"]
@@ -34,6 +37,44 @@ class Settings(BaseSettings):
     batch_max_records: int = Field(2000, ge=1, description="records per database save")
     poll_timeout_ms: int = Field(200, ge=1)
     db_pool_size: int = Field(4, ge=1)
+
+    # -- charging ---------------------------------------------------------------
+    events_topic: str = "billing.events"
+    events_partitions: int = Field(4, ge=1)
+    charge_group: str = "billing-ledger-charge"
+    stripe_api_base: str = "http://127.0.0.1:12111"
+    stripe_api_key: str = "sk_test_billing_ledger"
+    stripe_rate_per_s: int = Field(25, ge=1, description="Stripe requests per second, at most")
+    stripe_max_concurrency: int = Field(8, ge=1)
+    stripe_timeout_s: float = Field(10.0, gt=0)
+    breaker_fail_max: int = Field(5, ge=1)
+    breaker_reset_s: float = Field(5.0, gt=0)
+    retry_max_attempts: int = Field(8, ge=1)
+    retry_horizon_s: float = Field(3600.0, gt=0, description="give up and compensate after")
+    retry_base_s: float = Field(1.0, gt=0)
+    retry_max_delay_s: float = Field(300.0, gt=0)
+    stale_after_s: float = Field(30.0, gt=0, description="reconciler drives Reserved after")
+    reconcile_interval_s: float = Field(5.0, gt=0)
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=self.retry_max_attempts,
+            horizon=timedelta(seconds=self.retry_horizon_s),
+            base_delay=timedelta(seconds=self.retry_base_s),
+            max_delay=timedelta(seconds=self.retry_max_delay_s),
+            stale_after=timedelta(seconds=self.stale_after_s),
+        )
+
+    def stripe(self) -> StripeSettings:
+        return StripeSettings(
+            api_key=self.stripe_api_key,
+            api_base=self.stripe_api_base,
+            rate_per_s=self.stripe_rate_per_s,
+            max_concurrency=self.stripe_max_concurrency,
+            breaker_fail_max=self.breaker_fail_max,
+            breaker_reset_s=self.breaker_reset_s,
+            timeout_s=self.stripe_timeout_s,
+        )
 
     def load_prices(self) -> PriceList:
         """The price list named by ``price_list`` (raises PriceListError / OSError)."""

@@ -58,6 +58,8 @@ def settings(database_url: str, broker: TansuBroker) -> Settings:
         usage_topic=f"usage-{tag}",
         dlq_topic=f"usage-{tag}.dlq",
         ingest_group=f"ingest-{tag}",
+        events_topic=f"events-{tag}",
+        charge_group=f"charge-{tag}",
         usage_partitions=4,
         batch_max_records=200,
     )

@@ -1,0 +1,133 @@
+"""The relay: the event store's log, in commit order, published to Kafka.
+
+The event store is the outbox (DESIGN principle 4). The relay reads the events table
+gap-free without taking a lock: it takes only rows whose writing transaction
+(``xid``, set by ``LedgerRecorder``) is older than every transaction still open
+(``pg_snapshot_xmin``), ordered by ``(xid, notification_id)``. A row that commits
+late always has an xid at or above that horizon, so it cannot be skipped.
+
+Each event goes to the ``billing.events`` topic keyed by customer id, with its
+notification id and event type in headers. The position is stored in
+``billing.relay_position`` after the broker acknowledged the batch: after a crash
+the relay resumes there and may publish the last batch again (at-least-once;
+consumers are idempotent).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from kafka import KafkaProducer
+from psycopg import sql
+
+__all__ = ["SCHEMA_SQL", "Relay"]
+
+EVENTS = "billingledger_events"
+
+SCHEMA_SQL = f"""
+CREATE SCHEMA IF NOT EXISTS billing;
+CREATE TABLE IF NOT EXISTS billing.relay_position (
+    name            text PRIMARY KEY,
+    xid             xid8   NOT NULL,
+    notification_id bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {EVENTS}_xid_idx ON {EVENTS} (xid, notification_id);
+"""
+
+
+class Relay:
+    """Publishes new events; ``pump()`` once, or ``run(stop)`` until stopped."""
+
+    def __init__(
+        self,
+        database_url: str,
+        producer: KafkaProducer,
+        topic: str,
+        *,
+        name: str = "billing.events",
+        batch: int = 2000,
+    ) -> None:
+        self.database_url = database_url
+        self.producer = producer
+        self.topic = topic
+        self.name = name
+        self.batch = batch
+        self._customers: dict[UUID, str] = {}
+        self.published = 0
+
+    def run(self, stop: threading.Event, idle_wait_s: float = 0.05) -> None:
+        while not stop.is_set():
+            if self.pump() == 0:
+                stop.wait(idle_wait_s)
+
+    def pump(self) -> int:
+        """Publish the next batch of visible events; returns how many."""
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            xid, nid = self._position(conn)
+            rows = conn.execute(
+                sql.SQL(
+                    "SELECT xid::text, notification_id, originator_id, originator_version, topic,"
+                    " state FROM {} WHERE (xid, notification_id) > (%s::xid8, %s)"
+                    " AND xid < pg_snapshot_xmin(pg_current_snapshot())"
+                    " ORDER BY xid, notification_id LIMIT %s"
+                ).format(sql.Identifier(EVENTS)),
+                (xid, nid, self.batch),
+            ).fetchall()
+            if not rows:
+                return 0
+            for row in rows:
+                self._publish(conn, row)
+            self.producer.flush()
+            last = rows[-1]
+            conn.execute(
+                "INSERT INTO billing.relay_position (name, xid, notification_id)"
+                " VALUES (%s, %s::xid8, %s) ON CONFLICT (name) DO UPDATE"
+                " SET xid = EXCLUDED.xid, notification_id = EXCLUDED.notification_id",
+                (self.name, last[0], last[1]),
+            )
+        self.published += len(rows)
+        return len(rows)
+
+    def _position(self, conn: psycopg.Connection[Any]) -> tuple[str, int]:
+        row = conn.execute(
+            "SELECT xid::text, notification_id FROM billing.relay_position WHERE name = %s",
+            (self.name,),
+        ).fetchone()
+        return (str(row[0]), int(row[1])) if row else ("0", 0)
+
+    def _publish(self, conn: psycopg.Connection[Any], row: tuple[Any, ...]) -> None:
+        _, nid, originator_id, version, topic, state = row
+        event = topic.rsplit(".", 1)[-1]
+        body = json.loads(bytes(state))
+        customer = self._customer(conn, originator_id, body)
+        value = {
+            "notification_id": nid,
+            "originator_id": str(originator_id),
+            "originator_version": version,
+            "topic": topic,
+            "event": event,
+        }
+        self.producer.send(
+            self.topic,
+            key=customer.encode(),
+            value=json.dumps(value).encode(),
+            headers=[("notification_id", str(nid).encode()), ("event", event.encode())],
+        )
+
+    def _customer(self, conn: psycopg.Connection[Any], originator_id: UUID, body: Any) -> str:
+        if isinstance(body, dict) and isinstance(body.get("customer_id"), str):
+            self._customers[originator_id] = body["customer_id"]
+        if originator_id not in self._customers:
+            first = conn.execute(
+                sql.SQL(
+                    "SELECT state FROM {} WHERE originator_id = %s AND originator_version = 1"
+                ).format(sql.Identifier(EVENTS)),
+                (originator_id,),
+            ).fetchone()
+            created = json.loads(bytes(first[0])) if first else {}
+            self._customers[originator_id] = str(created.get("customer_id", originator_id))
+        return self._customers[originator_id]

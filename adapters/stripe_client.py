@@ -1,0 +1,252 @@
+"""The one way billing-ledger talks to Stripe: the SDK behind bounded pressure.
+
+Every call goes through, in order:
+
+1. a circuit breaker (pybreaker): after ``breaker_fail_max`` consecutive retryable
+   failures it opens and refuses calls without sending them; after
+   ``breaker_reset_s`` it lets one probe through;
+2. an adaptive concurrency limit (AIMD: +1/limit on success, halved on 429/5xx/timeout);
+3. a sliding-window rate limit (pyrate-limiter; default 25 requests/s, Stripe's
+   test-mode limit);
+4. the ``stripe`` SDK with ``max_network_retries=0``: this client does not retry in
+   process. A failed attempt is recorded as ChargeFailed with a due time, and the
+   reconciler retries it later with the SAME idempotency key and parameters.
+
+Errors become ``domain.saga.ChargeFailure`` (retryable or permanent). A timeout or a
+dropped connection is an unknown outcome: retryable, and the retry with the same key
+gets Stripe's saved result.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TypeVar
+
+import pybreaker
+import stripe
+from pyrate_limiter import Duration, Limiter, Rate
+
+from domain.saga import ChargeFailure, idempotency_key
+from domain.transaction import BillingTransaction
+
+__all__ = ["AimdLimit", "StripeCharges", "StripeSettings", "classify"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StripeSettings:
+    api_key: str = "sk_test_billing_ledger"
+    api_base: str = "https://api.stripe.com"
+    rate_per_s: int = 25
+    max_concurrency: int = 8
+    breaker_fail_max: int = 5
+    breaker_reset_s: float = 5.0
+    timeout_s: float = 10.0
+    # Stripe keeps idempotency keys for at least 24 hours; past this age, look first.
+    key_window: timedelta = timedelta(hours=23)
+
+
+class AimdLimit:
+    """Adaptive concurrency: additive increase on success, multiplicative decrease on overload.
+
+    Hand-written: a counter and a condition variable. The limiters on PyPI bound
+    rates, not in-flight calls that adapt to the error rate.
+    """
+
+    def __init__(self, maximum: int, minimum: int = 1) -> None:
+        self.maximum = maximum
+        self.minimum = minimum
+        self.limit = float(maximum)
+        self.in_flight = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, timeout: float) -> bool:
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self.in_flight < int(self.limit), timeout)
+            if ok:
+                self.in_flight += 1
+            return ok
+
+    def release(self, overloaded: bool) -> None:
+        with self._cond:
+            self.in_flight -= 1
+            if overloaded:
+                self.limit = max(self.minimum, self.limit / 2)
+            else:
+                self.limit = min(self.maximum, self.limit + 1 / self.limit)
+            self._cond.notify_all()
+
+
+class CallRefused(Exception):
+    """Raised when a call is not sent: the breaker is open or a limit is saturated."""
+
+
+def classify(exc: BaseException) -> ChargeFailure:
+    """Translate an exception from a Stripe call into a domain ChargeFailure."""
+    if isinstance(exc, pybreaker.CircuitBreakerError):
+        return ChargeFailure("circuit_open", "Stripe circuit breaker is open", retryable=True)
+    if isinstance(exc, CallRefused):
+        return ChargeFailure("throttled", str(exc), retryable=True)
+    if isinstance(exc, stripe.APIConnectionError):
+        return ChargeFailure("connection", _msg(exc), retryable=True)  # unknown outcome
+    if isinstance(exc, stripe.RateLimitError):
+        return ChargeFailure("rate_limited", _msg(exc), True, _retry_after(exc))
+    if isinstance(exc, stripe.AuthenticationError | stripe.PermissionError):
+        # A configuration fault, not the customer's: keep retrying until fixed or the horizon.
+        return ChargeFailure("auth", _msg(exc), retryable=True)
+    if isinstance(exc, stripe.StripeError):
+        status = exc.http_status or 0
+        should = (exc.headers or {}).get("stripe-should-retry") if exc.headers else None
+        retryable = (
+            should == "true"
+            if should in ("true", "false")
+            else status in (409, 429) or status >= 500 or status == 0
+        )
+        name = f"http_{status}" if status else type(exc).__name__
+        return ChargeFailure(name, _msg(exc), retryable, _retry_after(exc))
+    return ChargeFailure(type(exc).__name__, str(exc) or type(exc).__name__, retryable=True)
+
+
+def _msg(exc: BaseException) -> str:
+    if isinstance(exc, stripe.StripeError) and exc.user_message:
+        return str(exc.user_message)
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
+def _retry_after(exc: stripe.StripeError) -> timedelta | None:
+    value = (exc.headers or {}).get("retry-after") if exc.headers else None
+    try:
+        return timedelta(seconds=float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _overload(exc: BaseException) -> bool:
+    if isinstance(exc, stripe.APIConnectionError | stripe.RateLimitError):
+        return True
+    return isinstance(exc, stripe.StripeError) and (exc.http_status or 0) >= 500
+
+
+class StripeCharges:
+    """Invoice items for billing transactions, one per transaction, exactly once."""
+
+    def __init__(self, settings: StripeSettings) -> None:
+        self.settings = settings
+        self.client = stripe.StripeClient(
+            settings.api_key,
+            base_addresses={"api": settings.api_base},
+            max_network_retries=0,
+            http_client=stripe.new_default_http_client(timeout=settings.timeout_s),
+        )
+        self.breaker = pybreaker.CircuitBreaker(
+            fail_max=settings.breaker_fail_max,
+            reset_timeout=settings.breaker_reset_s,
+            exclude=[lambda e: not classify(e).retryable],
+            name="stripe",
+        )
+        self.concurrency = AimdLimit(settings.max_concurrency)
+        self.limiter = Limiter(Rate(settings.rate_per_s, Duration.SECOND))
+        self._customers: dict[str, str] = {}
+        self.calls_sent = 0
+
+    # -- the charge path ---------------------------------------------------------
+
+    def charge(self, txn: BillingTransaction, now_age: timedelta) -> str:
+        """Create the transaction's invoice item (or find it); returns its Stripe id."""
+        customer = self.customer(txn.customer_id)
+        if now_age >= self.settings.key_window:
+            existing = self.find_charge(txn, customer)
+            if existing is not None:
+                return existing
+        item = self._call(
+            lambda: self.client.v1.invoice_items.create(
+                params={
+                    "customer": customer,
+                    "amount": txn.amount,
+                    "currency": txn.currency.lower(),
+                    "description": f"{txn.meter} x {txn.quantity}",
+                    "metadata": {"txn_id": str(txn.id), "usage_id": txn.usage_id},
+                },
+                options={"idempotency_key": idempotency_key("charge", txn.id)},
+            )
+        )
+        return str(item.id)
+
+    def find_charge(self, txn: BillingTransaction, customer: str | None = None) -> str | None:
+        """The live invoice item of ``txn``, looked up by its metadata, if any."""
+        customer = customer or self.customer(txn.customer_id)
+        page = self._call(
+            lambda: self.client.v1.invoice_items.list(params={"customer": customer, "limit": 100})
+        )
+        for item in page.auto_paging_iter():
+            metadata: dict[str, str] = dict(getattr(item, "metadata", None) or {})
+            if metadata.get("txn_id") == str(txn.id):
+                return str(item.id)
+        return None
+
+    def remove_charge(self, txn: BillingTransaction, stripe_object_id: str | None) -> str | None:
+        """Delete the transaction's invoice item (by id, else by metadata); returns its id."""
+        item_id = stripe_object_id or self.find_charge(txn)
+        if item_id is None:
+            return None
+        try:
+            self._call(
+                lambda: self.client.v1.invoice_items.delete(
+                    item_id, options={"idempotency_key": idempotency_key("reverse", txn.id)}
+                )
+            )
+        except stripe.InvalidRequestError as exc:
+            if exc.http_status != 404:  # already gone: the reversal holds
+                raise
+        return item_id
+
+    def customer(self, customer_id: str) -> str:
+        """The Stripe customer of ``customer_id``, created on first use with its own key."""
+        if customer_id in self._customers:
+            return self._customers[customer_id]
+        found = self._call(
+            lambda: self.client.v1.customers.search(
+                params={"query": f"metadata['customer_id']:'{customer_id}'", "limit": 1}
+            )
+        )
+        if found.data:
+            stripe_id = str(found.data[0].id)
+        else:
+            created = self._call(
+                lambda: self.client.v1.customers.create(
+                    params={"name": customer_id, "metadata": {"customer_id": customer_id}},
+                    options={"idempotency_key": idempotency_key("customer", customer_id)},
+                )
+            )
+            stripe_id = str(created.id)
+        self._customers[customer_id] = stripe_id
+        return stripe_id
+
+    # -- pressure ------------------------------------------------------------------
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        return self.breaker.call(self._limited, fn)  # type: ignore[no-any-return]
+
+    def _limited(self, fn: Callable[[], T]) -> T:
+        if not self.concurrency.acquire(timeout=self.settings.timeout_s):
+            raise CallRefused("too many Stripe calls in flight")
+        overloaded = False
+        try:
+            if not self.limiter.try_acquire(
+                "stripe", blocking=True, timeout=self.settings.timeout_s
+            ):
+                raise CallRefused("Stripe rate limit saturated")
+            self.calls_sent += 1
+            return fn()
+        except Exception as exc:
+            overloaded = _overload(exc)
+            raise
+        finally:
+            self.concurrency.release(overloaded)
+
+    def breaker_state(self) -> str:
+        return str(self.breaker.current_state)

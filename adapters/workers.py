@@ -1,0 +1,84 @@
+"""Runs worker roles (ingest, relay, charge, reconcile), each in its own thread, until stopped."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from adapters.ledger import BillingLedger
+from adapters.runtime import (
+    build_charge_worker,
+    build_charger,
+    build_ingest_worker,
+    build_reconciler,
+    build_relay,
+    close_worker,
+)
+from adapters.settings import Settings
+
+__all__ = ["run_roles"]
+
+log = logging.getLogger(__name__)
+
+
+def run_roles(
+    settings: Settings,
+    ledger: BillingLedger,
+    roles: list[str],
+    stop: threading.Event,
+    *,
+    kill_after_save: bool = False,
+    drill: str = "",
+) -> None:
+    """Start the roles; return when ``stop`` is set (or a role fails, which stops all)."""
+    targets: dict[str, Callable[[], None]] = {}
+    if "ingest" in roles:
+        ingest = build_ingest_worker(settings, ledger, kill_after_save=kill_after_save)
+        targets["ingest"] = lambda: _closing(lambda: ingest.run(stop), lambda: close_worker(ingest))
+    if "relay" in roles:
+        relay = build_relay(settings)
+        targets["relay"] = lambda: _closing(lambda: relay.run(stop), relay.producer.close)
+    if "charge" in roles:
+        charge = build_charge_worker(settings, build_charger(settings, ledger, drill=drill))
+        targets["charge"] = lambda: _closing(lambda: charge.run(stop), charge.consumer.close)
+    if "reconcile" in roles:
+        reconciler = build_reconciler(settings, build_charger(settings, ledger, drill=drill))
+
+        def reconcile() -> None:
+            while not stop.is_set():
+                report = reconciler.pass_once()
+                if report.driven:
+                    log.info("reconciled", extra={"step": "reconcile", **vars(report)})
+                stop.wait(settings.reconcile_interval_s)
+
+        targets["reconcile"] = reconcile
+
+    threads = [
+        threading.Thread(target=_guard(name, fn, stop), name=name, daemon=True)
+        for name, fn in targets.items()
+    ]
+    for t in threads:
+        t.start()
+    stop.wait()
+    for t in threads:
+        t.join(timeout=30)
+
+
+def _closing(body: Callable[[], None], close: Callable[[], object]) -> None:
+    try:
+        body()
+    finally:
+        close()
+
+
+def _guard(name: str, fn: Callable[[], None], stop: threading.Event) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("worker %s failed; stopping the process", name)
+            stop.set()
+            raise
+
+    return run

@@ -1,0 +1,189 @@
+"""Charging drills: faults injected on purpose against real PostgreSQL, the broker and
+the Stripe SDK over HTTP to the emulator. Each checks I1-I4 at the end."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from uuid import UUID
+
+import pytest
+
+from adapters.charging import Charger, Reconciler
+from adapters.ledger import BillingLedger
+from adapters.runtime import build_charge_worker, build_charger, build_reconciler
+from adapters.settings import Settings
+from adapters.stripe_client import StripeCharges
+from domain.transaction import TxnState
+from infra.stripe_emulator import StripeEmulator
+from tests.conftest import settings_env
+from tests.drills.support import assert_invariants, reserve
+from tests.integration.support import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.drill]
+
+
+def _reconcile_until_terminal(
+    reconciler: Reconciler, ledger: BillingLedger, ids: list[UUID]
+) -> None:
+    def all_terminal() -> bool:
+        reconciler.pass_once()
+        return all(ledger.transaction(i).state.is_terminal for i in ids)
+
+    wait_for(all_terminal, timeout=60, what="every transaction to reach a terminal state")
+
+
+def _charge_worker_process(settings: Settings, drill: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "adapters.cli", "run", "--role", "charge", "--drill", drill],
+        env=settings_env(settings),
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _relay_all(settings: Settings) -> int:
+    from adapters.runtime import build_relay
+
+    relay = build_relay(settings)
+    while relay.pump():
+        pass
+    relay.producer.close()
+    return relay.published
+
+
+@pytest.mark.parametrize("drill", ["kill_after_stripe", "kill_before_stripe"])
+def test_a_charge_worker_killed_around_the_stripe_call_is_finished_by_the_reconciler_once(
+    charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator, drill: str
+) -> None:
+    ids = reserve(ledger, 3)
+    _relay_all(charge_settings)
+    proc = _charge_worker_process(charge_settings, drill)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    executed = [e for e in emulator.ledger() if e["path"] == "/v1/invoiceitems"]
+    # Killed after Stripe executed the first charge, or before any charge was sent.
+    assert len(executed) == (1 if drill == "kill_after_stripe" else 0)
+    assert all(ledger.transaction(i).state is TxnState.RESERVED for i in ids)
+
+    reconciler = build_reconciler(charge_settings, build_charger(charge_settings, ledger))
+    _reconcile_until_terminal(reconciler, ledger, ids)
+
+    states = assert_invariants(ledger, emulator, ids)
+    assert states == {"charged": 3}
+    executed = [e for e in emulator.ledger() if e["path"] == "/v1/invoiceitems"]
+    assert len(executed) == 3  # the repeated call for the first one was replayed, not run
+
+
+def test_the_ambiguous_timeout_is_retried_with_the_same_key_and_gets_the_saved_result(
+    charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
+) -> None:
+    [txn_id] = reserve(ledger, 1)
+    charger = build_charger(charge_settings, ledger)
+    charger.stripe.customer("acme")  # create the customer first; drop only the charge
+    emulator.set_faults(drop_response_after_execute=1)
+
+    assert charger.drive(txn_id) == "retry"
+    txn = ledger.transaction(txn_id)
+    assert (txn.state, txn.attempts) == (TxnState.CHARGE_FAILED, 1)
+    assert txn.last_error is not None and txn.last_error.startswith("connection")
+    assert len(emulator.live_invoice_items(str(txn_id))) == 1  # Stripe did execute it
+
+    _reconcile_until_terminal(build_reconciler(charge_settings, charger), ledger, [txn_id])
+    assert assert_invariants(ledger, emulator, [txn_id]) == {"charged": 1}
+    keys = [e["idempotency_key"] for e in emulator.ledger() if e["path"] == "/v1/invoiceitems"]
+    assert keys == [f"charge:{txn_id}"]  # executed once; the retry was a replay
+
+
+def test_a_permanent_error_is_one_attempt_then_compensated_and_the_reservation_released(
+    charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
+) -> None:
+    [txn_id] = reserve(ledger, 1)
+    charger = build_charger(charge_settings, ledger)
+    charger.stripe._customers["acme"] = "cus_does_not_exist"  # Stripe will answer 400
+
+    assert charger.drive(txn_id) == "compensated"
+    txn = ledger.transaction(txn_id)
+    assert txn.state is TxnState.COMPENSATED
+    assert txn.attempts == 1
+    assert "permanent error" in (txn.compensation_reason or "")
+    account = ledger.account("acme", "USD")
+    assert account is not None and (account.reserved, account.charged) == (0, 0)
+    posts = [r for r in emulator.requests() if r["path"] == "/v1/invoiceitems"]
+    assert len(posts) == 1
+    assert_invariants(ledger, emulator, [txn_id])
+
+
+def test_two_process_managers_and_the_reconciler_racing_charge_each_transaction_once(
+    charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
+) -> None:
+    ids = reserve(ledger, 20)
+    emulator.set_faults(latency_ms=20)
+    policy = charge_settings.retry_policy()
+    drivers = [Charger(ledger, StripeCharges(charge_settings.stripe()), policy) for _ in range(3)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(drivers))
+
+    def race(charger: Charger) -> None:
+        start.wait()
+        for txn_id in ids:
+            try:
+                charger.drive(txn_id)
+            except BaseException as exc:  # reported by the assertion below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=race, args=(d,)) for d in drivers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    reconciler = build_reconciler(charge_settings, drivers[0])
+    _reconcile_until_terminal(reconciler, ledger, ids)
+    assert assert_invariants(ledger, emulator, ids) == {"charged": 20}
+
+
+def test_an_outage_opens_the_breaker_bounds_the_calls_and_everything_is_charged_after(
+    charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
+) -> None:
+    ids = reserve(ledger, 30)
+    charger = build_charger(charge_settings, ledger)
+    charger.stripe.customer("acme")
+    emulator.set_faults(outage=True, outage_mode="503")
+    sent_before = len(emulator.requests())
+    results = [charger.drive(i) for i in ids]
+    during = len(emulator.requests()) - sent_before
+    assert charger.stripe.breaker_state() == "open"
+    assert results.count("retry") == len(ids)  # recorded, none lost
+    assert during <= charge_settings.breaker_fail_max  # the rest were refused locally
+    keys_before = {ledger.transaction(i).id for i in ids}
+
+    emulator.set_faults(outage=False)
+    _reconcile_until_terminal(build_reconciler(charge_settings, charger), ledger, ids)
+    assert assert_invariants(ledger, emulator, ids) == {"charged": 30}
+    keys = {e["idempotency_key"] for e in emulator.ledger() if e["path"] == "/v1/invoiceitems"}
+    assert keys == {f"charge:{i}" for i in keys_before}
+
+
+def test_the_relay_publishes_reserved_events_and_the_process_manager_charges_them(
+    charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
+) -> None:
+    ids = reserve(ledger, 12)
+    # Metered + Reserved for each transaction; Opened + AmountsReserved for the account.
+    assert _relay_all(charge_settings) == 12 * 2 + 2
+    worker = build_charge_worker(charge_settings, build_charger(charge_settings, ledger))
+    try:
+        wait_for(
+            lambda: (
+                worker.poll_once() >= 0
+                and all(ledger.transaction(i).state is TxnState.CHARGED for i in ids)
+            ),
+            timeout=60,
+            what="the process manager to charge every Reserved transaction",
+        )
+    finally:
+        worker.consumer.close()
+        worker.pool.shutdown()
+    assert assert_invariants(ledger, emulator, ids) == {"charged": 12}
