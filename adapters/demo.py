@@ -23,12 +23,21 @@ from adapters.ingest import IngestStats
 from adapters.kafka_io import make_producer
 from adapters.ledger import BillingLedger
 from adapters.logs import configure_logging
-from adapters.runtime import build_ingest_worker, close_worker, open_ledger, prepare
+from adapters.runtime import (
+    build_charger,
+    build_ingest_worker,
+    build_reconciler,
+    close_worker,
+    open_ledger,
+    prepare,
+)
 from adapters.settings import Settings
+from adapters.workers import run_roles
 from domain.money import format_minor
 from domain.pricing import PriceList
 from domain.usage import UsageRecord
 from infra.embedded import EmbeddedPostgres, TansuBroker
+from infra.stripe_emulator import StripeEmulator
 from projections.dead_letters import DeadLetterStore
 from projections.summary import Balances
 
@@ -188,9 +197,58 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
                     f"only {worker.stats.records} of {records} records ingested "
                     f"after {timeout:.0f}s"
                 )
-            summary = summarize(ledger, settings, produced)
+            with StripeEmulator(port=0) as stripe:
+                # The emulator is local: allow more than Stripe test mode's 25 requests/s.
+                charging = settings.model_copy(
+                    update={
+                        "stripe_api_base": stripe.url,
+                        "stripe_rate_per_s": 250,
+                        "reconcile_interval_s": 0.5,
+                    }
+                )
+                _charge_everything(charging, ledger, deadline=time.monotonic() + timeout)
+                summary = summarize(ledger, settings, produced)
+                items = stripe.live_invoice_items()
+                summary["stripe"] = {
+                    "live_invoice_items": len(items),
+                    "amount_by_currency": _amounts(items),
+                    "requests": len(stripe.requests()),
+                }
     summary["seconds"] = round(time.monotonic() - started, 2)
     return summary
+
+
+def _charge_everything(settings: Settings, ledger: BillingLedger, *, deadline: float) -> None:
+    """Run the relay, the charge process manager and the reconciler until nothing is open."""
+    from adapters.progress import Progress, step
+
+    step("charging through the Stripe emulator: relay -> process manager -> Stripe")
+    reconciler = build_reconciler(settings, build_charger(settings, ledger))
+    total = len(reconciler.open_transactions())
+    progress = Progress(total, "settled")
+    stop = threading.Event()
+    workers = threading.Thread(
+        target=run_roles, args=(settings, ledger, ["relay", "charge", "reconcile"], stop)
+    )
+    workers.start()
+    try:
+        while (still_open := len(reconciler.open_transactions())) > 0:
+            progress.update(total - still_open)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{still_open} transactions still open")
+            stop.wait(0.25)
+        progress.update(total)
+        progress.done()
+    finally:
+        stop.set()
+        workers.join()
+
+
+def _amounts(items: list[dict[str, Any]]) -> dict[str, int]:
+    totals: Counter[str] = Counter()
+    for item in items:
+        totals[str(item["currency"]).upper()] += int(item["amount"])
+    return dict(sorted(totals.items()))
 
 
 def summarize(
@@ -229,6 +287,7 @@ def render_summary(summary: dict[str, Any]) -> str:
         f"duplicates ignored    {summary['duplicates_ignored']:>10,}",
         f"dead letters          {summary['dead_letters']:>10,}",
         f"refused by limit      {summary['refused_by_limit']:>10,}",
+        f"charged in Stripe     {summary.get('stripe', {}).get('live_invoice_items', 0):>10,}",
         f"money conserved       {'yes' if summary['conserved'] else 'NO':>10}",
         "",
         f"{'customer':<10} {'cur':<4} {'txns':>7} {'metered':>14} {'in flight':>14} "

@@ -54,7 +54,8 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
         amount = price.amount_minor(p.record.quantity)
         key = (p.record.customer_id, price.currency)
         bal = expected[key[0]].setdefault(
-            price.currency, {"transactions": 0, "metered": 0, "in_flight": 0, "compensated": 0}
+            price.currency,
+            {"transactions": 0, "metered": 0, "in_flight": 0, "charged": 0, "compensated": 0},
         )
         bal["transactions"] += 1
         bal["metered"] += amount
@@ -64,7 +65,7 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
             refused += 1
         else:
             committed[key] += amount
-            bal["in_flight"] += amount
+            bal["charged"] += amount  # the demo charges everything it reserved
 
     assert summary["records_sent"] == records
     assert summary["dead_letters"] == invalid > 0
@@ -72,13 +73,20 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
     assert summary["transactions"] == len(seen)
     assert summary["refused_by_limit"] == refused > 0
     assert summary["conserved"] is True
+    fields = ("transactions", "metered", "in_flight", "charged", "compensated")
     got = {
-        c: {cur: {k: b[k] for k in ("transactions", "metered", "in_flight", "compensated")}
-            for cur, b in currencies.items()}
+        c: {cur: {k: b[k] for k in fields} for cur, b in currencies.items()}
         for c, currencies in summary["customers"].items()
     }  # fmt: skip
     assert got == expected
     assert sum(summary["dead_letter_reasons"].values()) == invalid
+    # Stripe (the emulator) holds exactly one live invoice item per charged transaction.
+    assert summary["stripe"]["live_invoice_items"] == len(seen) - refused
+    charged_by_currency: dict[str, int] = defaultdict(int)
+    for currencies in expected.values():
+        for cur, bal in currencies.items():
+            charged_by_currency[cur] += bal["charged"]
+    assert summary["stripe"]["amount_by_currency"] == dict(charged_by_currency)
     assert "ingested" in proc.stderr  # progress was shown
 
 
