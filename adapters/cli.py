@@ -107,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true")
     show.set_defaults(handler=_show_account)
 
+    _add_bench(sub)
+    return p
+
+
+def _add_bench(sub: Any) -> None:
     bench = sub.add_parser("bench", help="benchmarks that print numbers")
     bench_sub = bench.add_subparsers(dest="which", required=True, parser_class=_Parser)
     b_ingest = bench_sub.add_parser("ingest", help="end-to-end ingest vs raw PostgreSQL")
@@ -115,7 +120,24 @@ def build_parser() -> argparse.ArgumentParser:
     b_ingest.add_argument("--database-url", help="use this PostgreSQL instead of an embedded one")
     b_ingest.add_argument("--json", action="store_true")
     b_ingest.set_defaults(handler=_bench_ingest)
-    return p
+    b_charge = bench_sub.add_parser("charge", help="charges/s and latency against the emulator")
+    b_charge.add_argument("--rate", type=_positive_float, default=20.0, help="usage records/s")
+    b_charge.add_argument("--seconds", type=_positive_float, default=30.0)
+    b_charge.add_argument("--latency-ms", type=float, default=30.0, help="emulator latency")
+    b_charge.add_argument("--stripe-rate", type=_positive_int, default=25)
+    b_charge.add_argument("--concurrency", type=_positive_int, default=8)
+    b_charge.add_argument("--json", action="store_true")
+    b_charge.set_defaults(handler=_bench_load, outage_at=None, outage_s=0.0)
+    b_out = bench_sub.add_parser("outage", help="steady usage, a Stripe outage, recovery")
+    b_out.add_argument("--rate", type=_positive_float, default=100.0, help="usage records/s")
+    b_out.add_argument("--seconds", type=_positive_float, default=60.0)
+    b_out.add_argument("--outage-at", type=_positive_float, default=15.0)
+    b_out.add_argument("--outage-s", type=_positive_float, default=20.0)
+    b_out.add_argument("--latency-ms", type=float, default=30.0)
+    b_out.add_argument("--stripe-rate", type=_positive_int, default=250)
+    b_out.add_argument("--concurrency", type=_positive_int, default=16)
+    b_out.add_argument("--json", action="store_true")
+    b_out.set_defaults(handler=_bench_load)
 
 
 # -- commands ---------------------------------------------------------------------
@@ -281,6 +303,22 @@ def _bench_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_load(args: argparse.Namespace) -> int:
+    from adapters.bench_charge import render_load, run_load
+
+    result = run_load(
+        rate=args.rate,
+        seconds=args.seconds,
+        latency_ms=args.latency_ms,
+        stripe_rate=args.stripe_rate,
+        concurrency=args.concurrency,
+        outage_at=args.outage_at,
+        outage_s=args.outage_s,
+    )
+    print(json.dumps(result, indent=2) if args.json else render_load(result))
+    return 0 if result["lost"] == 0 and result["duplicates"] == 0 else EXIT_FAILURE
+
+
 # -- helpers ----------------------------------------------------------------------
 
 
@@ -336,6 +374,16 @@ def _positive_int(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
     return value
 

@@ -65,6 +65,7 @@ def build_ingest_worker(
             settings.usage_topic,
             settings.ingest_group,
             max_poll_records=settings.batch_max_records,
+            fetch_max_wait_ms=settings.fetch_max_wait_ms,
         ),
         make_producer(settings.kafka_bootstrap),
         dlq_topic=settings.dlq_topic,
@@ -93,7 +94,11 @@ def build_relay(settings: Settings) -> Relay:
 
 def build_charge_worker(settings: Settings, charger: Charger) -> ChargeWorker:
     consumer = make_consumer(
-        settings.kafka_bootstrap, settings.events_topic, settings.charge_group, max_poll_records=200
+        settings.kafka_bootstrap,
+        settings.events_topic,
+        settings.charge_group,
+        max_poll_records=200,
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
     )
     return ChargeWorker(charger, consumer, parallel=settings.stripe_max_concurrency)
 

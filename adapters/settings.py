@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     max_record_bytes: int = Field(DEFAULT_MAX_RECORD_BYTES, ge=256)
     batch_max_records: int = Field(2000, ge=1, description="records per database save")
     poll_timeout_ms: int = Field(200, ge=1)
+    fetch_max_wait_ms: int = Field(
+        50, ge=1, description="longest a fetch waits for data (latency of each Kafka hop)"
+    )
     db_pool_size: int = Field(4, ge=1)
 
     # -- charging ---------------------------------------------------------------
