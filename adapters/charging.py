@@ -92,7 +92,9 @@ class Charger:
                 result = self._step(txn, account, step, now, known)
                 if result is None:
                     return "deferred"
-                self.ledger.save(txn, account)
+                # The account changes only when a hold is released (compensation): a
+                # charge saves the transaction alone and never contends with ingest.
+                self.ledger.save(txn, account if account.pending_events else None)
             except (IntegrityError, IllegalTransition):
                 continue  # another driver recorded first: reload and look again
             log.info(
@@ -124,8 +126,7 @@ class Charger:
         if decision.verdict is Verdict.CHARGED:
             assert decision.stripe_object_id is not None
             txn.record_charged(decision.stripe_object_id)
-            account.settle(txn.id, txn.amount)
-            return "charged"
+            return "charged"  # the account is untouched: the amount stays held, as charged
         assert isinstance(outcome, ChargeFailure)
         if decision.verdict is Verdict.RETRY:
             txn.record_charge_failure(
@@ -178,7 +179,7 @@ class Charger:
             account = self._account(txn)
             reversal = self.stripe.remove_charge(txn, txn.stripe_object_id)
             txn.compensate(reason, stripe_reversal_id=f"deleted:{reversal}")
-            account.reverse_charge(txn.id, txn.amount)
+            account.release(txn.id, txn.amount)
             try:
                 self.ledger.save(txn, account)
             except IntegrityError:

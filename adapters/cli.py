@@ -282,8 +282,7 @@ def _show_account(args: argparse.Namespace) -> int:
         "customer_id": account.customer_id,
         "currency": currency,
         "spend_limit": account.spend_limit,
-        "reserved": account.reserved,
-        "charged": account.charged,
+        "held": account.committed,  # in flight or charged: what counts against the limit
         "available": account.available,
     }
     if args.json:

@@ -17,7 +17,7 @@ from adapters.runtime import (
 )
 from adapters.settings import Settings
 
-__all__ = ["run_roles"]
+__all__ = ["WorkerFailed", "run_roles"]
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,9 @@ def run_roles(
 
         targets["reconcile"] = reconcile
 
+    failures: list[str] = []
     threads = [
-        threading.Thread(target=_guard(name, fn, stop), name=name, daemon=True)
+        threading.Thread(target=_guard(name, fn, stop, failures), name=name, daemon=True)
         for name, fn in targets.items()
     ]
     for t in threads:
@@ -63,6 +64,8 @@ def run_roles(
     stop.wait()
     for t in threads:
         t.join(timeout=30)
+    if failures:
+        raise WorkerFailed("; ".join(failures))
 
 
 def _closing(body: Callable[[], None], close: Callable[[], object]) -> None:
@@ -72,13 +75,19 @@ def _closing(body: Callable[[], None], close: Callable[[], object]) -> None:
         close()
 
 
-def _guard(name: str, fn: Callable[[], None], stop: threading.Event) -> Callable[[], None]:
+class WorkerFailed(RuntimeError):
+    """Raised when a worker role stopped on an error (the others are stopped too)."""
+
+
+def _guard(
+    name: str, fn: Callable[[], None], stop: threading.Event, failures: list[str]
+) -> Callable[[], None]:
     def run() -> None:
         try:
             fn()
-        except Exception:
+        except Exception as exc:
             log.exception("worker %s failed; stopping the process", name)
+            failures.append(f"{name} worker failed: {type(exc).__name__}: {exc}")
             stop.set()
-            raise
 
     return run

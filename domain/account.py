@@ -1,8 +1,14 @@
 """The ``CustomerAccount`` aggregate: a customer's spend in one currency, and its limit.
 
-The spend limit caps what the customer owes in that currency: reserved (in flight)
-plus charged. Unlimited by default. A reservation that would take the total past
-the limit is refused, and the caller compensates the transaction with the reason.
+The spend limit caps what the customer owes in that currency: everything held, in
+flight or charged. Unlimited by default. A reservation that would take the total
+past the limit is refused, and the caller compensates the transaction with the reason.
+
+The charge path does not write the account: a charge moves nothing between held and
+free, so ``reserved`` keeps the charged amounts too, and charges never contend with
+ingest for the account's next version. A compensation or a reversal releases the
+hold. (``settle`` exists for ledgers that want the split on the account; the split
+between in flight and charged is read from the transactions: ``projections.summary``.)
 
 Reservations are recorded one event per ingest batch (``AmountsReserved`` lists the
 transactions and amounts) because ingest reserves hundreds at once; releases,
