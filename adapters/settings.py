@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     stripe_rate_per_s: int = Field(25, ge=1, description="Stripe requests per second, at most")
     stripe_max_concurrency: int = Field(8, ge=1)
     stripe_timeout_s: float = Field(10.0, gt=0)
+    stripe_key_window_s: float = Field(
+        23 * 3600.0, gt=0, description="past this age, look a charge up before creating it"
+    )
     breaker_fail_max: int = Field(5, ge=1)
     breaker_reset_s: float = Field(5.0, gt=0)
     retry_max_attempts: int = Field(8, ge=1)
@@ -77,6 +80,7 @@ class Settings(BaseSettings):
             breaker_fail_max=self.breaker_fail_max,
             breaker_reset_s=self.breaker_reset_s,
             timeout_s=self.stripe_timeout_s,
+            key_window=timedelta(seconds=self.stripe_key_window_s),
         )
 
     def load_prices(self) -> PriceList:

@@ -183,7 +183,7 @@ class StripeCharges:
             lambda: self.client.v1.invoice_items.list(params={"customer": customer, "limit": 100})
         )
         for item in page.auto_paging_iter():
-            metadata: dict[str, str] = dict(getattr(item, "metadata", None) or {})
+            metadata = item.to_dict().get("metadata") or {}
             if metadata.get("txn_id") == str(txn.id):
                 return str(item.id)
         return None

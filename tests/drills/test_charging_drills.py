@@ -280,3 +280,81 @@ def _relayed(settings: Settings) -> int:
     with psycopg.connect(settings.database_url) as conn:
         row = conn.execute("SELECT count(*) FROM billing.relay_position").fetchone()
     return int(row[0]) if row else 0
+
+
+def test_past_the_key_window_a_retry_finds_the_charge_instead_of_creating_a_second(
+    charge_settings: Settings, ledger: BillingLedger
+) -> None:
+    import time
+
+    with StripeEmulator(port=0, key_ttl_s=0.5) as stripe:
+        settings = charge_settings.model_copy(
+            update={"stripe_api_base": stripe.url, "stripe_key_window_s": 0.5}
+        )
+        [txn_id] = reserve(ledger, 1)
+        charger = build_charger(settings, ledger)
+        charger.stripe.customer("acme")
+        stripe.set_faults(drop_response_after_execute=1)
+        assert charger.drive(txn_id) == "retry"  # executed at Stripe, response lost
+        time.sleep(0.6)  # let Stripe forget the key: the point of this drill is the clock
+        _reconcile_until_terminal(build_reconciler(settings, charger), ledger, [txn_id])
+        assert assert_invariants(ledger, stripe, [txn_id]) == {"charged": 1}
+        created = [e for e in stripe.ledger() if e["path"] == "/v1/invoiceitems"]
+        assert len(created) == 1  # found by its txn_id metadata, not created again
+
+
+def test_reverse_deletes_the_invoice_item_and_releases_the_hold(
+    charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
+) -> None:
+    [txn_id] = reserve(ledger, 1)
+    assert build_charger(charge_settings, ledger).drive(txn_id) == "charged"
+    account = ledger.account("acme", "USD")
+    assert account is not None and account.committed == ledger.transaction(txn_id).amount
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "adapters.cli", "reverse", str(txn_id), "--reason", "goodwill"],
+        env=settings_env(charge_settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    txn = ledger.transaction(txn_id)
+    assert txn.state is TxnState.COMPENSATED
+    assert txn.compensation_reason == "goodwill"
+    assert emulator.live_invoice_items(str(txn_id)) == []
+    account = ledger.account("acme", "USD")
+    assert account is not None and account.committed == 0
+    again = subprocess.run(
+        [sys.executable, "-m", "adapters.cli", "reverse", str(txn_id), "--reason", "twice"],
+        env=settings_env(charge_settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert again.returncode == 1 and "not charged" in again.stderr
+
+
+def test_past_the_retry_horizon_the_reconciler_removes_a_charge_an_unknown_outcome_left(
+    charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
+) -> None:
+    settings = charge_settings.model_copy(
+        update={"retry_horizon_s": 1.0, "retry_base_s": 5.0, "retry_max_delay_s": 10.0}
+    )
+    [txn_id] = reserve(ledger, 1)
+    stripe = StripeCharges(settings.stripe())
+    charger = Charger(ledger, stripe, settings.retry_policy(), jitter=lambda: 0.9)
+    stripe.customer("acme")
+    emulator.set_faults(drop_response_after_execute=1)
+    # The retry would be due in 4.5 s, past the 1 s horizon: give up, and clean up.
+    assert charger.drive(txn_id) == "compensated"
+    txn = ledger.transaction(txn_id)
+    assert txn.state is TxnState.COMPENSATED
+    assert "retry horizon" in (txn.compensation_reason or "")
+    assert emulator.live_invoice_items(str(txn_id)) == []  # Stripe executed it; it was removed
+    assert len(emulator.invoice_items(str(txn_id))) == 1
+    account = ledger.account("acme", "USD")
+    assert account is not None and account.committed == 0
+    assert_invariants(ledger, emulator, [txn_id])
