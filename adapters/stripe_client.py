@@ -100,7 +100,7 @@ def classify(exc: BaseException) -> ChargeFailure:
         return ChargeFailure("auth", _msg(exc), retryable=True)
     if isinstance(exc, stripe.StripeError):
         status = exc.http_status or 0
-        should = (exc.headers or {}).get("stripe-should-retry") if exc.headers else None
+        should = _header(exc, "stripe-should-retry")
         retryable = (
             should == "true"
             if should in ("true", "false")
@@ -118,11 +118,19 @@ def _msg(exc: BaseException) -> str:
 
 
 def _retry_after(exc: stripe.StripeError) -> timedelta | None:
-    value = (exc.headers or {}).get("retry-after") if exc.headers else None
+    value = _header(exc, "retry-after")
     try:
         return timedelta(seconds=float(value)) if value is not None else None
     except ValueError:
         return None
+
+
+def _header(exc: stripe.StripeError, name: str) -> str | None:
+    """A response header, whatever its case."""
+    for key, value in (exc.headers or {}).items():
+        if key.lower() == name:
+            return str(value)
+    return None
 
 
 def _overload(exc: BaseException) -> bool:

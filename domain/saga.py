@@ -86,7 +86,8 @@ def backoff(attempt: int, policy: RetryPolicy, jitter: float) -> timedelta:
     ``jitter`` is a number in [0, 1) the caller draws; with the same draw the delay
     is the same, so this stays a pure function.
     """
-    ceiling = min(policy.base_delay * (1 << max(attempt - 1, 0)), policy.max_delay)
+    doublings = min(max(attempt - 1, 0), 40)  # past 2**40 every delay is capped anyway
+    ceiling = min(policy.base_delay * (1 << doublings), policy.max_delay)
     return max(ceiling * jitter, policy.base_delay / 10)
 
 
@@ -147,7 +148,7 @@ def after_attempt(
     if outcome.retry_after is not None:
         delay = max(delay, outcome.retry_after)
     due = now + delay
-    if attempt >= policy.max_attempts or due > _deadline(txn, policy):
+    if attempt >= policy.max_attempts or due >= _deadline(txn, policy):
         return Decision(Verdict.GIVE_UP, reason=_horizon_reason(attempt, outcome))
     return Decision(Verdict.RETRY, next_attempt_at=due)
 
