@@ -104,4 +104,4 @@ def build_charge_worker(settings: Settings, charger: Charger) -> ChargeWorker:
 
 
 def build_reconciler(settings: Settings, charger: Charger) -> Reconciler:
-    return Reconciler(charger, settings.database_url)
+    return Reconciler(charger, settings.database_url, parallel=settings.stripe_max_concurrency)

@@ -2,8 +2,8 @@
 
 Every call goes through, in order:
 
-1. a circuit breaker (pybreaker): after ``breaker_fail_max`` consecutive retryable
-   failures it opens and refuses calls without sending them; after
+1. a circuit breaker (``adapters.breaker``): after ``breaker_fail_max`` consecutive
+   retryable failures it opens and refuses calls without sending them; after
    ``breaker_reset_s`` it lets one probe through;
 2. an adaptive concurrency limit (AIMD: +1/limit on success, halved on 429/5xx/timeout);
 3. a sliding-window rate limit (pyrate-limiter; default 25 requests/s, Stripe's
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
 
-import pybreaker
 import stripe
 from pyrate_limiter import Duration, Limiter, Rate
 
+from adapters.breaker import BreakerOpen, CircuitBreaker
 from domain.saga import ChargeFailure, idempotency_key
 from domain.transaction import BillingTransaction
 
@@ -87,7 +87,7 @@ class CallRefused(Exception):
 
 def classify(exc: BaseException) -> ChargeFailure:
     """Translate an exception from a Stripe call into a domain ChargeFailure."""
-    if isinstance(exc, pybreaker.CircuitBreakerError):
+    if isinstance(exc, BreakerOpen):
         return ChargeFailure("circuit_open", "Stripe circuit breaker is open", retryable=True)
     if isinstance(exc, CallRefused):
         return ChargeFailure("throttled", str(exc), retryable=True)
@@ -150,11 +150,10 @@ class StripeCharges:
             max_network_retries=0,
             http_client=stripe.new_default_http_client(timeout=settings.timeout_s),
         )
-        self.breaker = pybreaker.CircuitBreaker(
+        self.breaker = CircuitBreaker(
             fail_max=settings.breaker_fail_max,
-            reset_timeout=settings.breaker_reset_s,
-            exclude=[lambda e: not classify(e).retryable],
-            name="stripe",
+            reset_s=settings.breaker_reset_s,
+            counts=lambda e: classify(e).retryable,  # a 4xx answer is not an outage
         )
         self.concurrency = AimdLimit(settings.max_concurrency)
         self.limiter = Limiter(Rate(settings.rate_per_s, Duration.SECOND))
@@ -237,7 +236,7 @@ class StripeCharges:
     # -- pressure ------------------------------------------------------------------
 
     def _call(self, fn: Callable[[], T]) -> T:
-        return self.breaker.call(self._limited, fn)  # type: ignore[no-any-return]
+        return self.breaker.call(lambda: self._limited(fn))
 
     def _limited(self, fn: Callable[[], T]) -> T:
         if not self.concurrency.acquire(timeout=self.settings.timeout_s):
@@ -257,4 +256,4 @@ class StripeCharges:
             self.concurrency.release(overloaded)
 
     def breaker_state(self) -> str:
-        return str(self.breaker.current_state)
+        return self.breaker.state

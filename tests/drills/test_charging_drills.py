@@ -65,8 +65,12 @@ def test_a_charge_worker_killed_around_the_stripe_call_is_finished_by_the_reconc
     proc = _charge_worker_process(charge_settings, drill)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     executed = [e for e in emulator.ledger() if e["path"] == "/v1/invoiceitems"]
-    # Killed after Stripe executed the first charge, or before any charge was sent.
-    assert len(executed) == (1 if drill == "kill_after_stripe" else 0)
+    # Killed after Stripe executed a charge (others may have been in flight beside it),
+    # or before any charge was sent.
+    if drill == "kill_after_stripe":
+        assert 1 <= len(executed) <= len(ids)
+    else:
+        assert executed == []
     assert all(ledger.transaction(i).state is TxnState.RESERVED for i in ids)
 
     reconciler = build_reconciler(charge_settings, build_charger(charge_settings, ledger))

@@ -9,11 +9,11 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-import pybreaker
 import pytest
 import stripe
 from requests.structures import CaseInsensitiveDict
 
+from adapters.breaker import BreakerOpen
 from adapters.stripe_client import AimdLimit, CallRefused, classify
 
 # ---------------------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def test_an_auth_fault_is_retryable_so_customers_are_not_compensated_for_config(
 
 
 def test_an_open_circuit_breaker_is_retryable() -> None:
-    failure = classify(pybreaker.CircuitBreakerError("open"))
+    failure = classify(BreakerOpen("open"))
     assert (failure.error_class, failure.retryable) == ("circuit_open", True)
 
 
