@@ -4,31 +4,43 @@ Everything is measured in one run on one database server, so the figures compare
 with each other rather than with another machine:
 
 * end to end: N records already on the topic -> consumed, priced, Metered+Reserved
-  saved, offsets committed (records/s, events/s, batch commit latency p50/p99);
-* store append: the same batches saved straight to the event store (no Kafka), with
-  our lock-free recorder and with eventsourcing's stock recorder (LOCK TABLE + NOTIFY),
-  1 and 2 concurrent writers;
-* raw PostgreSQL: ``COPY`` of the very rows the ledger wrote, 2,000 rows per
-  transaction, into a table of the same shape; and single-row INSERT commits against
-  single-transaction appends.
+  saved, offsets committed (records/s, events/s, batch commit latency p50/p99), by
+  ``workers`` ingest processes in one consumer group (timed from when the group has
+  settled: each worker holds its partitions paused until all are assigned);
+* store append: the same batches saved straight to the event store (no Kafka), 1 and
+  2 concurrent writers (threads of one process, so client CPU does not add up; the
+  figure shows what the database lets through), with
+  - our lock-free recorder at the configured batch;
+  - at 250 records per batch, because eventsourcing's stock recorder stalls on
+    larger ones (its psycopg pipeline with a large parameter never syncs; seen at
+    500 on a 50,000-record run): the stock recorder (LOCK TABLE + NOTIFY +
+    composite-array insert), ours, and ours with the stock LOCK TABLE + NOTIFY
+    added, which isolates what the lock and the NOTIFY cost;
+* raw PostgreSQL: binary ``COPY`` of the very rows the ledger wrote, 2,000 rows per
+  transaction, into a table of the same columns and primary key; and single-row
+  INSERT commits against single-transaction appends.
 """
 
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from eventsourcing.postgres import PostgresApplicationRecorder
+from psycopg import Cursor, sql
+from psycopg.rows import DictRow
 
-from adapters.eventstore import postgres_env
+from adapters.eventstore import LedgerRecorder, postgres_env
 from adapters.kafka_io import make_producer
 from adapters.ledger import BillingLedger
 from adapters.progress import Progress, step
@@ -43,10 +55,27 @@ __all__ = ["render", "run_ingest_bench"]
 
 CUSTOMERS = 50
 EVENTS_TABLE = "billingledger_events"
+STOCK_MAX_BATCH = 250  # eventsourcing's stock recorder stalled at 500 records per batch
+RECORDERS = ("ours", "stock", "ours_locking")
+
+
+class LockingLedgerRecorder(LedgerRecorder):
+    """Ours plus the stock recorder's LOCK TABLE and NOTIFY: what they cost, alone.
+
+    Calls the stock recorder's private ``_lock_table`` and ``_notify_channel``
+    (eventsourcing 9.5), in the same transaction, before the same COPY.
+    """
+
+    def _insert_events(
+        self, curs: Cursor[DictRow], stored_events: Sequence[Any], **kwargs: Any
+    ) -> None:
+        PostgresApplicationRecorder._lock_table(self, curs)
+        PostgresApplicationRecorder._notify_channel(self, curs)
+        super()._insert_events(curs, stored_events, **kwargs)
 
 
 def run_ingest_bench(
-    records: int, *, batch: int = 2000, database_url: str | None = None
+    records: int, *, batch: int = 2000, database_url: str | None = None, workers: int = 1
 ) -> dict[str, Any]:
     with ExitStack() as stack:
         if database_url is None:
@@ -56,9 +85,7 @@ def run_ingest_bench(
             admin_url = database_url
         step("starting the Tansu broker")
         broker = stack.enter_context(TansuBroker())
-        urls = {
-            name: _fresh_database(admin_url, f"bench_{name}") for name in ("e2e", "ours", "stock")
-        }
+        urls = {name: _fresh_database(admin_url, f"bench_{name}") for name in ("e2e", *RECORDERS)}
         settings = Settings(
             database_url=urls["e2e"],
             kafka_bootstrap=broker.bootstrap,
@@ -67,29 +94,46 @@ def run_ingest_bench(
         )
         prepare(settings)
         usage = _records(records)
-        result: dict[str, Any] = {"records": records, "batch": batch, "cores": _cores()}
+        result: dict[str, Any] = {
+            "records": records,
+            "batch": batch,
+            "workers": workers,
+            "cores": _cores(),
+        }
         result["server"] = _server_version(urls["e2e"])
         result["produce"] = _produce(settings, usage)
-        result["end_to_end"] = _end_to_end(settings, records)
+        result["end_to_end"] = _end_to_end(settings, records, workers)
+        small = min(batch, STOCK_MAX_BATCH)
         result["store_append"] = {
-            "ours": _store_append(settings, urls["ours"], usage, batch, lock_free=True),
-            "stock": _store_append(settings, urls["stock"], usage, batch, lock_free=False),
+            "ours": _store_append(settings, urls["ours"], usage, batch, "ours"),
+            f"at_{small}": {
+                name: _store_append(settings, urls[name], usage, small, name) for name in RECORDERS
+            },
         }
         result["raw_copy"] = _raw_copy(urls["e2e"])
         result["single_append"] = _single_appends(settings, urls["ours"], urls["stock"])
-        ours = result["store_append"]["ours"]["1_writer"]["events_per_s"]
-        result["ratios"] = {
-            "store_append_vs_copy": round(ours / result["raw_copy"]["rows_per_s"], 3),
-            "end_to_end_events_vs_copy": round(
-                result["end_to_end"]["events_per_s"] / result["raw_copy"]["rows_per_s"], 3
-            ),
-            "stock_vs_ours_2_writers": round(
-                result["store_append"]["stock"]["2_writers"]["events_per_s"]
-                / result["store_append"]["ours"]["2_writers"]["events_per_s"],
-                3,
-            ),
-        }
+        result["ratios"] = _ratios(result, small)
         return result
+
+
+def _ratios(r: dict[str, Any], small: int) -> dict[str, float]:
+    copy = r["raw_copy"]["rows_per_s"]
+    at_small = r["store_append"][f"at_{small}"]
+
+    def rate(name: str, writers: str) -> float:
+        return float(at_small[name][writers]["events_per_s"])
+
+    return {
+        "store_append_vs_copy": round(
+            r["store_append"]["ours"]["1_writer"]["events_per_s"] / copy, 3
+        ),
+        "end_to_end_events_vs_copy": round(r["end_to_end"]["events_per_s"] / copy, 3),
+        **{
+            f"{name}_vs_ours_{w}": round(rate(name, w) / rate("ours", w), 3)
+            for name in ("stock", "ours_locking")
+            for w in ("1_writer", "2_writers")
+        },
+    }
 
 
 def _records(n: int) -> list[UsageRecord]:
@@ -119,51 +163,134 @@ def _produce(settings: Settings, usage: list[UsageRecord]) -> dict[str, float]:
     return {"seconds": round(elapsed, 3), "records_per_s": round(len(usage) / elapsed)}
 
 
-def _end_to_end(settings: Settings, records: int) -> dict[str, Any]:
-    step("end to end: consume, price, save, commit offsets")
+def _end_to_end(settings: Settings, records: int, workers: int) -> dict[str, Any]:
+    step(f"end to end: {workers} ingest process(es) consume, price, save, commit offsets")
+    ctx = multiprocessing.get_context("spawn")
+    group = _Group(
+        assigned=ctx.Array("i", workers),
+        done=ctx.Value("q", 0),
+        start=ctx.Event(),
+        stop=ctx.Event(),
+        results=ctx.Queue(),
+    )
+    procs = [
+        ctx.Process(target=_ingest_process, args=(settings.model_dump(), w, group), daemon=True)
+        for w in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        _wait_settled(group.assigned, settings.usage_partitions, workers)
+        progress = Progress(records, "ingested")
+        started = time.monotonic()
+        group.start.set()
+        while group.done.value < records and time.monotonic() < started + 600:
+            if not all(proc.is_alive() for proc in procs):
+                raise RuntimeError("an ingest worker process died")
+            progress.update(group.done.value)
+            time.sleep(0.05)
+        progress.update(group.done.value)
+        progress.done()
+    finally:
+        group.stop.set()
+    stats = [group.results.get(timeout=60) for _ in procs]
+    for proc in procs:
+        proc.join(10)
+    elapsed = max(st["finished"] for st in stats) - started
+    events = _count_events(settings.database_url)
+    lat = sorted(sec for st in stats for sec in st["batch_seconds"])
+    return {
+        "workers": workers,
+        "seconds": round(elapsed, 3),
+        "records_per_s": round(sum(st["records"] for st in stats) / elapsed),
+        "events_per_s": round(events / elapsed),
+        "events": events,
+        "batches": len(lat),
+        "batch_commit_ms_p50": round(_pct(lat, 50) * 1000, 1),
+        "batch_commit_ms_p99": round(_pct(lat, 99) * 1000, 1),
+    }
+
+
+def _wait_settled(assigned: Any, partitions: int, workers: int, timeout: float = 90.0) -> None:
+    """Until every partition is held and every worker that can hold one does, for 1.5 s."""
+    holders = min(workers, partitions)
+    deadline = time.monotonic() + timeout
+    settled_since: float | None = None
+    while time.monotonic() < deadline:
+        held = list(assigned)
+        if sum(held) == partitions and sum(1 for n in held if n) == holders:
+            settled_since = settled_since or time.monotonic()
+            if time.monotonic() - settled_since >= 1.5:
+                return
+        else:
+            settled_since = None
+        time.sleep(0.05)
+    raise RuntimeError(f"the consumer group did not settle in {timeout:.0f} s: {list(assigned)}")
+
+
+@dataclass
+class _Group:
+    """What the benchmark shares with its ingest processes."""
+
+    assigned: Any  # partitions each worker holds (multiprocessing Array)
+    done: Any  # records processed by all the workers (multiprocessing Value)
+    start: Any  # set when the group has settled
+    stop: Any
+    results: Any  # one dict of figures per worker (multiprocessing Queue)
+
+
+def _ingest_process(settings_data: dict[str, Any], index: int, group: _Group) -> None:
+    """One ingest worker: joins the group holding its partitions paused until ``start``."""
+    from kafka import ConsumerRebalanceListener
+
+    assigned, done, start = group.assigned, group.done, group.start
+
+    settings = Settings(**settings_data)
     with open_ledger(settings) as ledger:
         worker = build_ingest_worker(settings, ledger)
-        progress = Progress(records, "ingested")
-        stop = threading.Event()
-        first: list[float] = []
+        consumer = worker.consumer
+
+        class HoldUntilStart(ConsumerRebalanceListener):  # type: ignore[misc]
+            def on_partitions_revoked(self, revoked: Any) -> None:
+                assigned[index] = 0
+
+            def on_partitions_assigned(self, partitions: Any) -> None:
+                assigned[index] = len(partitions)
+                if not start.is_set():
+                    consumer.pause(*partitions)
+
+        consumer.subscribe([settings.usage_topic], listener=HoldUntilStart())
+        while not start.is_set():
+            consumer.poll(timeout_ms=100)  # joins the group; paused partitions yield nothing
+        consumer.resume(*consumer.assignment())
+        counted = [0, time.monotonic()]
 
         def on_batch(stats: Any) -> None:
-            if not first:
-                first.append(time.perf_counter() - stats.batch_seconds[0])
-            progress.update(stats.records)
-            if stats.records >= records:
-                stop.set()
+            with done.get_lock():
+                done.value += stats.records - counted[0]
+            counted[0], counted[1] = stats.records, time.monotonic()
 
-        timer = threading.Timer(600, stop.set)
-        timer.start()
         try:
-            worker.run(stop, on_batch)
+            worker.run(group.stop, on_batch)
         finally:
-            timer.cancel()
             close_worker(worker)
-        progress.done()
-        elapsed = time.perf_counter() - first[0]
-        events = _count_events(settings.database_url)
-        lat = sorted(worker.stats.batch_seconds)
-        return {
-            "seconds": round(elapsed, 3),
-            "records_per_s": round(worker.stats.records / elapsed),
-            "events_per_s": round(events / elapsed),
-            "events": events,
-            "batches": len(lat),
-            "batch_commit_ms_p50": round(_pct(lat, 50) * 1000, 1),
-            "batch_commit_ms_p99": round(_pct(lat, 99) * 1000, 1),
-        }
+        group.results.put(
+            {
+                "records": worker.stats.records,
+                "finished": counted[1],
+                "batch_seconds": worker.stats.batch_seconds,
+            }
+        )
 
 
 def _store_append(
-    settings: Settings, url: str, usage: list[UsageRecord], batch: int, *, lock_free: bool
+    settings: Settings, url: str, usage: list[UsageRecord], batch: int, recorder: str
 ) -> dict[str, Any]:
-    step(f"store append, {'lock-free recorder' if lock_free else 'stock recorder'}")
-    out: dict[str, Any] = {}
+    step(f"store append, {recorder} recorder, {batch} records per batch")
+    out: dict[str, Any] = {"batch": batch}
     for writers in (1, 2):
         _reset_events(url)
-        apps = [_app(settings, url, lock_free) for _ in range(writers)]
+        apps = [_app(settings, url, recorder) for _ in range(writers)]
         # Each writer owns its customers, as Kafka partitioning by customer ensures.
         shares = [[r for r in usage if hash(r.customer_id) % writers == w] for w in range(writers)]
         batches = [
@@ -213,7 +340,8 @@ def _raw_copy(url: str) -> dict[str, Any]:
         conn.commit()
         started = time.perf_counter()
         for i in range(0, len(rows), 2000):
-            with conn.cursor().copy("COPY bench_copy FROM STDIN") as copy:
+            with conn.cursor().copy("COPY bench_copy FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["uuid", "int8", "text", "bytea"])
                 for row in rows[i : i + 2000]:
                     copy.write_row(row)
             conn.commit()
@@ -226,9 +354,9 @@ def _single_appends(
 ) -> dict[str, Any]:
     step(f"single-transaction appends ({n} each) vs single-row INSERT commits")
     out: dict[str, Any] = {}
-    for name, url, lock_free in (("ours", ours_url, True), ("stock", stock_url, False)):
+    for name, url in (("ours", ours_url), ("stock", stock_url)):
         _reset_events(url)
-        with _app(settings, url, lock_free) as app:
+        with _app(settings, url, name) as app:
             usage = _records(n)
             calls: list[Callable[[], Any]] = [
                 functools.partial(app.record_usage, [Metering(r, Source("one", 0, i))])
@@ -258,8 +386,10 @@ def _latencies(calls: list[Callable[[], Any]]) -> dict[str, float]:
     }
 
 
-def _app(settings: Settings, url: str, lock_free: bool) -> BillingLedger:
-    env = postgres_env(url, pool_size=2, lock_free=lock_free)
+def _app(settings: Settings, url: str, recorder: str) -> BillingLedger:
+    env = postgres_env(url, pool_size=2, lock_free=recorder != "stock")
+    if recorder == "ours_locking":
+        env["APPLICATION_RECORDER_TOPIC"] = f"{__name__}:{LockingLedgerRecorder.__name__}"
     env["CREATE_TABLE"] = "y"
     return BillingLedger(settings.load_prices(), env=env)
 
@@ -308,44 +438,51 @@ def _pct(sorted_samples: list[float], pct: float) -> float:
 
 def render(r: dict[str, Any]) -> str:
     e2e, sa, one = r["end_to_end"], r["store_append"], r["single_append"]
+    small = min(r["batch"], STOCK_MAX_BATCH)
+    at_small = sa[f"at_{small}"]
     rate = "{:>10,} {}".format
+
+    def appends(label: str, figures: dict[str, Any]) -> list[tuple[str, str]]:
+        return [
+            (f"{label}, 1 writer", rate(figures["1_writer"]["events_per_s"], "events/s")),
+            (f"{label}, 2 writers", rate(figures["2_writers"]["events_per_s"], "events/s")),
+        ]
+
+    ratios = r["ratios"]
     rows = [
         ("produce (kafka-python -> Tansu)", rate(r["produce"]["records_per_s"], "records/s")),
-        ("end to end: records", rate(e2e["records_per_s"], "records/s")),
+        (
+            f"end to end ({e2e['workers']} workers): records",
+            rate(e2e["records_per_s"], "records/s"),
+        ),
         ("end to end: events", rate(e2e["events_per_s"], "events/s")),
         (
             "  batch commit p50 / p99",
             f"{e2e['batch_commit_ms_p50']} / {e2e['batch_commit_ms_p99']} ms",
         ),
-        (
-            "store append, lock-free, 1 writer",
-            rate(sa["ours"]["1_writer"]["events_per_s"], "events/s"),
-        ),
-        (
-            "store append, lock-free, 2 writers",
-            rate(sa["ours"]["2_writers"]["events_per_s"], "events/s"),
-        ),
-        (
-            "store append, stock, 1 writer",
-            rate(sa["stock"]["1_writer"]["events_per_s"], "events/s"),
-        ),
-        (
-            "store append, stock, 2 writers",
-            rate(sa["stock"]["2_writers"]["events_per_s"], "events/s"),
-        ),
-        ("raw COPY of the same rows", rate(r["raw_copy"]["rows_per_s"], "rows/s")),
-        ("store append / COPY", f"{r['ratios']['store_append_vs_copy']:>10}"),
-        ("end-to-end events / COPY", f"{r['ratios']['end_to_end_events_vs_copy']:>10}"),
-        ("stock / lock-free, 2 writers", f"{r['ratios']['stock_vs_ours_2_writers']:>10}"),
+        *appends(f"store append, ours, batch {r['batch']}", sa["ours"]),
+        ("raw binary COPY of the same rows", rate(r["raw_copy"]["rows_per_s"], "rows/s")),
+        ("store append (ours, 1 writer) / COPY", f"{ratios['store_append_vs_copy']:>10}"),
+        ("end-to-end events / COPY", f"{ratios['end_to_end_events_vs_copy']:>10}"),
+        (f"-- at batch {small} (the stock recorder stalls on larger batches):", ""),
+        *appends("store append, ours", at_small["ours"]),
+        *appends("  ours + LOCK TABLE + NOTIFY", at_small["ours_locking"]),
+        *appends("  eventsourcing stock recorder", at_small["stock"]),
+        ("  ours+lock / ours, 1 / 2 writers", _pair(ratios, "ours_locking")),
+        ("  stock / ours, 1 / 2 writers", _pair(ratios, "stock")),
         ("append 1 record, lock-free p50/p99", _ms(one["ours_append_ms"])),
         ("append 1 record, stock p50/p99", _ms(one["stock_append_ms"])),
         ("raw single-row INSERT commit p50/p99", _ms(one["raw_insert_commit_ms"])),
     ]
     head = (
         f"billing-ledger bench ingest: {r['records']:,} records, batch {r['batch']}, "
-        f"{r['cores']} cores, PostgreSQL {r['server']}"
+        f"{r['workers']} ingest workers, {r['cores']} cores, PostgreSQL {r['server']}"
     )
-    return "\n".join([head, ""] + [f"{name:<38} {value}" for name, value in rows])
+    return "\n".join([head, ""] + [f"{name:<42} {value}" for name, value in rows])
+
+
+def _pair(ratios: dict[str, float], name: str) -> str:
+    return f"{ratios[f'{name}_vs_ours_1_writer']:>10} / {ratios[f'{name}_vs_ours_2_writers']}"
 
 
 def _ms(lat: dict[str, float]) -> str:

@@ -117,6 +117,9 @@ def _add_bench(sub: Any) -> None:
     b_ingest = bench_sub.add_parser("ingest", help="end-to-end ingest vs raw PostgreSQL")
     b_ingest.add_argument("--records", type=_positive_int, default=50_000)
     b_ingest.add_argument("--batch", type=_positive_int, default=2000)
+    b_ingest.add_argument(
+        "--workers", type=_positive_int, default=1, help="ingest processes in the consumer group"
+    )
     b_ingest.add_argument("--database-url", help="use this PostgreSQL instead of an embedded one")
     b_ingest.add_argument("--json", action="store_true")
     b_ingest.set_defaults(handler=_bench_ingest)
@@ -297,7 +300,9 @@ def _show_account(args: argparse.Namespace) -> int:
 def _bench_ingest(args: argparse.Namespace) -> int:
     from adapters.bench import render, run_ingest_bench
 
-    result = run_ingest_bench(args.records, batch=args.batch, database_url=args.database_url)
+    result = run_ingest_bench(
+        args.records, batch=args.batch, database_url=args.database_url, workers=args.workers
+    )
     print(json.dumps(result, indent=2) if args.json else render(result))
     return 0
 

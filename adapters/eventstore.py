@@ -9,14 +9,31 @@ writers, same ``IntegrityError``) but takes no lock: each row also stores the id
 the transaction that wrote it (``pg_current_xact_id()``), so a follower can read a
 gap-free log by taking only rows whose transaction is older than every open one.
 A trigger refuses UPDATE and DELETE on the events table: history is append-only.
+
+Appends go in one plain transaction, as a binary ``COPY`` into the events table
+when the caller does not need the notification ids (``save(...,
+notification_ids=False)``; the ingest's batches), else as one ``INSERT ... SELECT
+FROM unnest(...) RETURNING notification_id``. A duplicate ``(originator_id,
+originator_version)`` fails either statement with the same ``IntegrityError``, and
+the whole batch with it.
+
+``OrjsonTranscoder`` writes the very bytes eventsourcing's ``JSONTranscoder`` writes
+(and reads them with it), ~2.5x faster for the flat events of the ingest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
+from uuid import UUID
 
-from eventsourcing.persistence import InterfaceError, OperationalError, StoredEvent
+import orjson
+from eventsourcing.persistence import (
+    InterfaceError,
+    JSONTranscoder,
+    OperationalError,
+    StoredEvent,
+)
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import retry
 from psycopg import Cursor
@@ -24,7 +41,9 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow
 from psycopg.sql import SQL, Identifier
 
-__all__ = ["LedgerRecorder", "postgres_env"]
+__all__ = ["LedgerRecorder", "OrjsonTranscoder", "postgres_env"]
+
+_JSON_NATIVE = frozenset({str, int, bool, type(None)})
 
 
 class LedgerRecorder(PostgresApplicationRecorder):
@@ -41,6 +60,13 @@ class LedgerRecorder(PostgresApplicationRecorder):
             "SELECT * FROM unnest(%s::{1}[], %s::bigint[], %s::text[], %s::bytea[]) "
             "RETURNING notification_id"
         ).format(table, SQL(self.datastore.originator_id_type))
+        self._copy_events = SQL(
+            "COPY {0} (originator_id, originator_version, topic, state) FROM STDIN (FORMAT BINARY)"
+        ).format(table)
+        self._copy_types = [self.datastore.originator_id_type, "int8", "text", "bytea"]
+        self._select_recorded = SQL(
+            "SELECT DISTINCT originator_id FROM {0} WHERE originator_id = ANY(%s)"
+        ).format(table)
         self.sql_create_statements.extend(
             [
                 SQL(
@@ -62,17 +88,21 @@ class LedgerRecorder(PostgresApplicationRecorder):
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(
-        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+        self, stored_events: Sequence[StoredEvent], *, notification_ids: bool = True, **kwargs: Any
     ) -> Sequence[int] | None:
         """Insert in one plain transaction (no pipeline: nothing else to send first).
 
         The stock recorder pipelines the lock, the NOTIFY and the insert; with a
         multi-megabyte batch that pipeline stalled here with both ends waiting to read.
+        With ``notification_ids=False`` the rows are copied and None is returned.
         """
         with self.datastore.get_connection() as conn, conn.transaction(), conn.cursor() as curs:
             self._insert_events(curs, stored_events, **kwargs)  # e.g. a process's tracking row
             if not stored_events:
                 return []
+            if not notification_ids:
+                self._copy(curs, stored_events)
+                return None
             curs.execute(
                 self._insert_arrays,
                 (
@@ -85,11 +115,54 @@ class LedgerRecorder(PostgresApplicationRecorder):
             )
             return [row["notification_id"] for row in curs.fetchall()]
 
+    def _copy(self, curs: Cursor[DictRow], stored_events: Iterable[StoredEvent]) -> None:
+        # Binary COPY: ~2 us of client CPU per row, against ~18 us to dump four arrays.
+        with curs.copy(self._copy_events) as copy:
+            copy.set_types(self._copy_types)
+            for e in stored_events:
+                copy.write_row((e.originator_id, e.originator_version, e.topic, e.state))
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def select_recorded_ids(self, originator_ids: Iterable[UUID]) -> set[UUID]:
+        """Which of these aggregates have at least one event (one query)."""
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute(self._select_recorded, (list(set(originator_ids)),))
+            return {row["originator_id"] for row in curs.fetchall()}
+
     def _lock_table(self, curs: Cursor[DictRow]) -> None:
         """No table lock: the primary key settles concurrent writers."""
 
     def _notify_channel(self, curs: Cursor[DictRow]) -> None:
         """No NOTIFY (it serialises commits too); followers poll by transaction id."""
+
+
+class OrjsonTranscoder(JSONTranscoder):
+    """``JSONTranscoder``'s bytes from orjson, for a flat object of plain and registered types.
+
+    A registered type (UUID, Decimal, datetime) becomes ``{"_type_": name, "_data_":
+    encoded}`` as the library writes it; orjson then writes the flat dict (it escapes
+    strings as ``json`` does with ``ensure_ascii=False``). Anything else (a nested list
+    or dict, an int beyond 64 bits, a str subclass) takes the library's own encoder,
+    so the stored bytes never differ. Decoding is the library's.
+    """
+
+    def encode(self, obj: Any) -> bytes:
+        if type(obj) is not dict:
+            return super().encode(obj)
+        flat: dict[str, Any] = {}
+        for key, value in obj.items():
+            kind = type(value)
+            if kind in _JSON_NATIVE:
+                flat[key] = value
+            elif kind in self.types:
+                transcoding = self.types[kind]
+                flat[key] = {"_type_": transcoding.name, "_data_": transcoding.encode(value)}
+            else:
+                return super().encode(obj)
+        try:
+            return orjson.dumps(flat)
+        except (TypeError, orjson.JSONEncodeError):  # e.g. an int beyond 64 bits
+            return super().encode(obj)
 
 
 def postgres_env(url: str, *, pool_size: int = 4, lock_free: bool = True) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """The ledger application: loads and saves aggregates for the domain's decisions.
 
 ``BillingLedger`` is an eventsourcing ``Application``. It owns no rules: it asks
-``domain.metering.meter_batch`` what a batch changes and saves all of it in one
+``domain.metering.meter_batch_events`` what a batch changes and saves all of it in one
 database transaction. When that save loses an optimistic-concurrency race (an
 account or a transaction was written by someone else first), it reloads and
 re-decides; a redelivered record then finds its transaction already recorded and
@@ -15,13 +15,19 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError, Application
-from eventsourcing.domain import DomainEventProtocol
-from eventsourcing.persistence import IntegrityError
+from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
+from eventsourcing.domain import (
+    BaseAggregate,
+    DomainEvent,
+    DomainEventProtocol,
+    MutableOrImmutableAggregate,
+)
+from eventsourcing.persistence import IntegrityError, JSONTranscoder, Recording, Transcoder
 
+from adapters.eventstore import LedgerRecorder, OrjsonTranscoder
 from domain.account import CustomerAccount
 from domain.ids import account_id
-from domain.metering import Metering, MeteringDecision, meter_batch
+from domain.metering import MeteredBatch, Metering, meter_batch_events
 from domain.pricing import PriceList
 from domain.transaction import BillingTransaction
 
@@ -54,26 +60,54 @@ class BillingLedger(Application[UUID]):
         self.prices = prices
         self.last_save = SaveStats(attempts=0, events=0)
 
-    def record_usage(self, batch: Sequence[Metering]) -> MeteringDecision:
+    def record_usage(self, batch: Sequence[Metering]) -> MeteredBatch:
         """Record a batch of valid usage in one save; see the module docstring."""
         check_existing = False
         for attempt in range(1, self.max_attempts + 1):
             recorded = (
                 self._recorded_ids([m.transaction_id for m in batch]) if check_existing else ()
             )
-            decision = meter_batch(
+            decision = meter_batch_events(
                 batch, self.prices, load_account=self._load_account, already_recorded=recorded
             )
+            events = decision.transaction_events
+            events_count = len(events) + sum(len(a.pending_events) for a in decision.accounts)
             try:
-                recordings = self.save(*decision.aggregates)
+                # Nothing reads this save's notification ids, so the recorder may skip them.
+                self.save(*decision.accounts, *events, notification_ids=False)
             except IntegrityError:
                 check_existing = True
                 continue
-            self.last_save = SaveStats(attempts=attempt, events=len(recordings))
+            self.last_save = SaveStats(attempts=attempt, events=events_count)
             return decision
         raise ConcurrencyExhausted(
             f"batch of {len(batch)} records lost {self.max_attempts} concurrency races"
         )
+
+    def construct_transcoder(self) -> Transcoder:
+        """The library's JSON format, written by orjson (see ``OrjsonTranscoder``)."""
+        transcoder: JSONTranscoder = OrjsonTranscoder()
+        self.register_transcodings(transcoder)
+        return transcoder
+
+    def save(
+        self,
+        *objs: MutableOrImmutableAggregate[UUID] | DomainEventProtocol[UUID] | None,
+        **kwargs: Any,
+    ) -> list[Recording[UUID]]:
+        """``Application.save``, collecting events with cheap class checks first.
+
+        The body is the library's (eventsourcing 9.5, pinned <9.6), so it calls the
+        library's private ``_record``, ``_take_snapshots`` and ``_notify`` as its own
+        ``save`` does; only the ProcessingEvent differs.
+        """
+        processing_event = _ProcessingEvent()
+        processing_event.collect_events(*objs, **kwargs)
+        recordings = self._record(processing_event)
+        self._take_snapshots(processing_event)
+        self._notify(recordings)
+        self.notify(processing_event.events)  # deprecated hook, kept as the library has it
+        return recordings
 
     def set_spend_limit(self, customer_id: str, currency: str, spend_limit: int | None) -> None:
         """Set a customer's spend limit in one currency (None: unlimited)."""
@@ -122,4 +156,35 @@ class BillingLedger(Application[UUID]):
         return account
 
     def _recorded_ids(self, ids: Sequence[UUID]) -> set[UUID]:
+        if isinstance(self.recorder, LedgerRecorder):
+            recorded: set[UUID] = self.recorder.select_recorded_ids(ids)
+            return recorded
+        # eventsourcing's own recorder (the benchmark's comparison): one query per id.
         return {i for i in set(ids) if self.recorder.select_events(i, limit=1)}
+
+
+class _ProcessingEvent(ProcessingEvent[UUID]):
+    """Collects events and aggregates by their classes before typing's Protocols.
+
+    The library checks ``isinstance(obj, DomainEventProtocol)`` and then
+    ``CollectEventsProtocol`` for every object; on Python 3.11 a runtime Protocol
+    check recomputes the protocol's attributes each time (~10 us), which for a batch
+    of thousands of events was an eighth of the ingest's time. Objects of the
+    library's own base classes take the cheap path; anything else the library's.
+    """
+
+    def collect_events(
+        self,
+        *objs: MutableOrImmutableAggregate[UUID] | DomainEventProtocol[UUID] | None,
+        **kwargs: Any,
+    ) -> None:
+        others: list[MutableOrImmutableAggregate[UUID] | DomainEventProtocol[UUID] | None] = []
+        for obj in objs:
+            if isinstance(obj, DomainEvent):
+                self.events.append(obj)
+            elif isinstance(obj, BaseAggregate):
+                self.events.extend(obj.collect_events())
+                self.aggregates[obj.id] = obj
+            else:
+                others.append(obj)
+        super().collect_events(*others, **kwargs)

@@ -16,6 +16,7 @@ consumers are idempotent).
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from typing import Any
 from uuid import UUID
@@ -25,6 +26,8 @@ from kafka import KafkaProducer
 from psycopg import sql
 
 __all__ = ["SCHEMA_SQL", "Relay"]
+
+log = logging.getLogger(__name__)
 
 EVENTS = "billingledger_events"
 
@@ -57,16 +60,34 @@ class Relay:
         self.name = name
         self.batch = batch
         self._customers: dict[UUID, str] = {}
+        self._conn: psycopg.Connection[Any] | None = None
         self.published = 0
 
-    def run(self, stop: threading.Event, idle_wait_s: float = 0.05) -> None:
-        while not stop.is_set():
-            if self.pump() == 0:
-                stop.wait(idle_wait_s)
+    def run(self, stop: threading.Event, idle_wait_s: float = 0.01) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    published = self.pump()
+                except psycopg.OperationalError as exc:  # the database went away: retry
+                    log.warning("relay cannot reach the database: %s", exc)
+                    stop.wait(1.0)
+                    continue
+                if published == 0:
+                    stop.wait(idle_wait_s)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def pump(self) -> int:
         """Publish the next batch of visible events; returns how many."""
-        with psycopg.connect(self.database_url, autocommit=True) as conn:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.database_url, autocommit=True)
+        conn = self._conn
+        try:
             xid, nid = self._position(conn)
             rows = conn.execute(
                 sql.SQL(
@@ -89,6 +110,9 @@ class Relay:
                 " SET xid = EXCLUDED.xid, notification_id = EXCLUDED.notification_id",
                 (self.name, last[0], last[1]),
             )
+        except psycopg.OperationalError:
+            self.close()  # reconnect on the next pump
+            raise
         self.published += len(rows)
         return len(rows)
 

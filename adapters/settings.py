@@ -37,7 +37,7 @@ class Settings(BaseSettings):
     batch_max_records: int = Field(2000, ge=1, description="records per database save")
     poll_timeout_ms: int = Field(200, ge=1)
     fetch_max_wait_ms: int = Field(
-        50, ge=1, description="longest a fetch waits for data (latency of each Kafka hop)"
+        10, ge=1, description="longest a fetch waits for data (latency of each Kafka hop)"
     )
     db_pool_size: int = Field(4, ge=1)
 

@@ -52,6 +52,7 @@ def _relay_all(settings: Settings) -> int:
     relay = build_relay(settings)
     while relay.pump():
         pass
+    relay.close()
     relay.producer.close()
     return relay.published
 

@@ -1,0 +1,160 @@
+"""``meter_batch_events`` records exactly the events ``meter_batch``'s aggregates record.
+
+The ingest's fast path builds a new transaction's events (Metered, then Reserved or
+Compensated) without building the ``BillingTransaction`` aggregate. These tests hold
+it to the reference: same transactions in the same order, same event classes, same
+field values (all but the wall-clock ``timestamp``), same accounts, same outcomes.
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from eventsourcing.domain import DomainEventProtocol
+
+from domain.account import CustomerAccount
+from domain.ids import transaction_id
+from domain.metering import Metering, meter_batch, meter_batch_events
+from domain.pricing import Price, PriceList
+from domain.transaction import BillingTransaction, Source, TxnState
+from domain.usage import UsageRecord
+
+PRICES = PriceList(
+    {
+        "api.requests": Price(Decimal("0.01"), "USD"),
+        "gpt.tokens": Price(Decimal("2.50"), "USD", per=1_000_000),
+        "eu.gpu.seconds": Price(Decimal("0.01"), "EUR"),
+    }
+)
+AT = datetime(2026, 12, 2, 10, 15, tzinfo=UTC)
+
+
+def _usage(
+    usage_id: str,
+    quantity: int | str = 1,
+    *,
+    customer_id: str = "acme",
+    meter: str = "api.requests",
+    currency: str | None = None,
+    offset: int = 0,
+) -> Metering:
+    record = UsageRecord(
+        usage_id=usage_id,
+        customer_id=customer_id,
+        meter=meter,
+        quantity=Decimal(quantity),
+        occurred_at=AT,
+        currency=currency,
+    )
+    return Metering(record=record, source=Source("usage", 1, offset))
+
+
+def _loaded(
+    customer_id: str, currency: str, *, limit: int | None, reserved: int
+) -> CustomerAccount:
+    account = CustomerAccount.open(customer_id, currency, limit)
+    if reserved:
+        account.reserve_all([(transaction_id(customer_id, "earlier"), reserved)])
+    account.collect_events()  # as if loaded from the store
+    return account
+
+
+def _fields(event: DomainEventProtocol[Any]) -> tuple[type, dict[str, Any]]:
+    return type(event), {k: v for k, v in vars(event).items() if k != "timestamp"}
+
+
+def _both(batch: list[Metering], accounts: list[CustomerAccount], recorded: set[Any]) -> Any:
+    """Run both forms, each on its own copy of the stored accounts."""
+
+    def loader() -> Any:
+        by_key = {(a.customer_id, a.currency): a for a in copy.deepcopy(accounts)}
+        return lambda customer_id, currency: by_key.get((customer_id, currency))
+
+    reference = meter_batch(batch, PRICES, load_account=loader(), already_recorded=recorded)
+    fast = meter_batch_events(batch, PRICES, load_account=loader(), already_recorded=recorded)
+    return reference, fast
+
+
+MIXED = [
+    _usage("a-1", 60, offset=1),
+    _usage("a-2", 50, offset=2),  # refused: past acme's limit
+    _usage("a-1", 60, offset=3),  # duplicate within the batch
+    _usage("a-3", 30, offset=4, currency="usd"),
+    _usage("t-1", "1999", meter="gpt.tokens", offset=5),  # 0.49975 cents -> 0
+    _usage("t-2", "2000", meter="gpt.tokens", offset=6),  # 0.5 cents -> 1 (half up)
+    _usage("e-1", 4, meter="eu.gpu.seconds", offset=7),  # acme's EUR account: new
+    _usage("g-1", 7, customer_id="globex", offset=8),  # globex: no limit
+    _usage("x-1", 3, meter="nope", offset=9),  # rejected: unknown meter
+    _usage("x-2", 3, currency="EUR", offset=10),  # rejected: currency mismatch
+    _usage("old", 5, offset=11),  # already recorded
+    _usage("z-1", 0, offset=12),  # zero amount: reserved even with no headroom
+]
+ACCOUNTS = [_loaded("acme", "USD", limit=100, reserved=10)]
+RECORDED = {transaction_id("acme", "old")}
+
+
+def test_both_forms_create_the_same_transactions_with_the_same_events() -> None:
+    reference, fast = _both(MIXED, ACCOUNTS, RECORDED)
+    assert [t.id for t in fast.transactions] == [t.id for t in reference.transactions]
+    for txn, new in zip(reference.transactions, fast.transactions, strict=True):
+        assert [_fields(e) for e in (new.metered, new.then)] == [
+            _fields(e) for e in txn.pending_events
+        ]
+        assert (new.amount, new.compensation_reason) == (txn.amount, txn.compensation_reason)
+    assert [_fields(e) for e in fast.transaction_events] == [
+        _fields(e) for t in reference.transactions for e in t.pending_events
+    ]
+
+
+def test_both_forms_change_the_same_accounts_in_the_same_way() -> None:
+    reference, fast = _both(MIXED, ACCOUNTS, RECORDED)
+    assert [a.id for a in fast.accounts] == [a.id for a in reference.accounts]
+    for ours, theirs in zip(fast.accounts, reference.accounts, strict=True):
+        assert [_fields(e) for e in ours.pending_events] == [
+            _fields(e) for e in theirs.pending_events
+        ]
+        assert (ours.version, ours.reserved, ours.spend_limit) == (
+            theirs.version,
+            theirs.reserved,
+            theirs.spend_limit,
+        )
+
+
+def test_both_forms_find_the_same_duplicates_rejections_and_refusals() -> None:
+    reference, fast = _both(MIXED, ACCOUNTS, RECORDED)
+    assert fast.duplicates == reference.duplicates
+    assert fast.rejected == reference.rejected
+    assert [t.id for t in fast.refused] == [t.id for t in reference.refused]
+    assert [t.usage_id for t in reference.refused] == ["a-2", "t-2"]  # 100 reached at a-3
+
+
+def test_the_fast_events_rebuild_the_aggregate_the_reference_builds() -> None:
+    reference, fast = _both(MIXED, ACCOUNTS, RECORDED)
+    for txn, new in zip(reference.transactions, fast.transactions, strict=True):
+        rebuilt = new.metered.mutate(None)
+        rebuilt = new.then.mutate(rebuilt)
+        assert isinstance(rebuilt, BillingTransaction)
+        ours = {k: v for k, v in vars(rebuilt).items() if k not in {"_created_on", "_modified_on"}}
+        theirs = {k: v for k, v in vars(txn).items() if k not in {"_created_on", "_modified_on"}}
+        ours.pop("_pending_events"), theirs.pop("_pending_events")
+        assert ours == theirs
+        assert rebuilt.state in (TxnState.RESERVED, TxnState.COMPENSATED)
+
+
+def test_a_batch_of_only_recorded_records_yields_no_events_and_loads_no_account() -> None:
+    loads: list[tuple[str, str]] = []
+    batch = [_usage("r-1"), _usage("r-2")]
+
+    def load(customer_id: str, currency: str) -> CustomerAccount | None:
+        loads.append((customer_id, currency))
+        return None
+
+    fast = meter_batch_events(
+        batch, PRICES, load_account=load, already_recorded={m.transaction_id for m in batch}
+    )
+    assert (fast.transactions, fast.accounts, fast.transaction_events) == ([], [], [])
+    assert fast.duplicates == batch
+    assert loads == []
