@@ -205,33 +205,15 @@ def meter_batch_events(
 def metered_event(
     txn_id: UUID, record: UsageRecord, prices: PriceList, source: Source
 ) -> BillingTransaction.Metered:
-    """The Metered event ``BillingTransaction.from_usage`` records for ``record``.
-
-    Same rule as ``from_usage`` (raises InvalidUsage for an unknown meter or a
-    currency other than the meter's); the equivalence test holds the two together.
-    """
-    price = prices.price_of(record.meter)
-    if record.currency is not None and record.currency.upper() != price.currency:
-        raise InvalidUsage(
-            f"currency {record.currency!r} does not match meter {record.meter!r} "
-            f"priced in {price.currency}"
-        )
+    """The Metered event ``BillingTransaction.from_usage`` records for ``record``
+    (priced by the same ``BillingTransaction.metered_fields``)."""
     event_class = BillingTransaction.Metered
-    return event_class(  # type: ignore[call-arg]  # eventsourcing's events are dataclasses
+    return event_class(
         originator_id=txn_id,
         originator_version=BillingTransaction.INITIAL_VERSION,
         timestamp=event_class.create_timestamp(),
         originator_topic=_TXN_TOPIC,
-        customer_id=record.customer_id,
-        usage_id=record.usage_id,
-        meter=record.meter,
-        quantity=record.quantity,
-        unit_price=price.unit_price,
-        per=price.per,
-        amount=price.amount_minor(record.quantity),
-        currency=price.currency,
-        occurred_at=record.occurred_at,
-        source=str(source),
+        **BillingTransaction.metered_fields(record, prices, source),
     )
 
 

@@ -100,24 +100,29 @@ class BillingTransaction(Aggregate):
         cls, record: UsageRecord, prices: PriceList, source: Source
     ) -> BillingTransaction:
         """Price a valid usage record (raises InvalidUsage for an unknown meter/currency)."""
+        return cls(**cls.metered_fields(record, prices, source))
+
+    @staticmethod
+    def metered_fields(record: UsageRecord, prices: PriceList, source: Source) -> dict[str, Any]:
+        """The Metered event's fields for ``record``: the one place usage is priced."""
         price = prices.price_of(record.meter)
         if record.currency is not None and record.currency.upper() != price.currency:
             raise InvalidUsage(
                 f"currency {record.currency!r} does not match meter {record.meter!r} "
                 f"priced in {price.currency}"
             )
-        return cls(
-            customer_id=record.customer_id,
-            usage_id=record.usage_id,
-            meter=record.meter,
-            quantity=record.quantity,
-            unit_price=price.unit_price,
-            per=price.per,
-            amount=price.amount_minor(record.quantity),
-            currency=price.currency,
-            occurred_at=record.occurred_at,
-            source=str(source),
-        )
+        return {
+            "customer_id": record.customer_id,
+            "usage_id": record.usage_id,
+            "meter": record.meter,
+            "quantity": record.quantity,
+            "unit_price": price.unit_price,
+            "per": price.per,
+            "amount": price.amount_minor(record.quantity),
+            "currency": price.currency,
+            "occurred_at": record.occurred_at,
+            "source": str(source),
+        }
 
     @event(Metered)
     def __init__(  # noqa: PLR0917 (the Metered event's fields, applied on every load)
