@@ -1,11 +1,15 @@
 """The charge process manager: consumes ``billing.events`` and charges Reserved transactions.
 
-For each ``Reserved`` event it asks the ``Charger`` to take the transaction's next
-step; the events of one poll are driven concurrently (bounded by the Stripe client's
-own limits). Offsets are committed after the steps are recorded. A redelivered event
-has no second effect: the transaction has moved on (the saga says NOTHING), and a
-repeated Stripe call carries the same idempotency key. Retries of failed attempts are
-the reconciler's, from their recorded due times, not this consumer's.
+For each ``Reserved`` event it asks the ``Charger`` for the transaction's next step.
+What the step records and the consumer's position after that event are committed in
+ONE database transaction (``billing.consumer_positions``); when partitions are
+assigned, the consumer seeks to the positions stored there, so an event whose
+effect was recorded is not processed again even if the Kafka offset commit was
+lost. (Offsets are committed to Kafka too, for lag monitoring.) Partitions are
+processed in parallel, the events of one partition in order, so a partition's
+stored position never passes an event that has not been handled.
+
+Retries of failed attempts are the reconciler's, from their recorded due times.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
 
-from kafka import KafkaConsumer
+import psycopg
+from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.errors import CommitFailedError
 
 from adapters.charging import Charger
+from adapters.eventstore import ConsumerPosition
 
 __all__ = ["ChargeWorker"]
 
@@ -28,11 +34,24 @@ log = logging.getLogger(__name__)
 
 
 class ChargeWorker:
-    def __init__(self, charger: Charger, consumer: KafkaConsumer, *, parallel: int = 8) -> None:
+    def __init__(
+        self,
+        charger: Charger,
+        consumer: KafkaConsumer,
+        *,
+        database_url: str,
+        group: str,
+        topic: str,
+        parallel: int = 8,
+    ) -> None:
         self.charger = charger
         self.consumer = consumer
+        self.database_url = database_url
+        self.group = group
+        self.topic = topic
         self.pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="charge")
         self.driven = 0
+        consumer.subscribe([topic], listener=_SeekToStored(self))
 
     def run(self, stop: threading.Event) -> None:
         try:
@@ -43,18 +62,55 @@ class ChargeWorker:
 
     def poll_once(self, timeout_ms: int = 200) -> int:
         polled = self.consumer.poll(timeout_ms=timeout_ms)
-        records = [r for rs in polled.values() for r in rs]
-        if not records:
+        batches = [records for records in polled.values() if records]
+        if not batches:
             return 0
-        txn_ids = list(dict.fromkeys(_reserved(r) for r in records if _reserved(r)))
-        for result in self.pool.map(self.charger.drive, txn_ids):
-            log.debug("driven: %s", result)
-        self.driven += len(txn_ids)
+        for _ in self.pool.map(self._partition, batches):
+            pass
         try:
             self.consumer.commit()
-        except CommitFailedError as exc:  # rebalanced: the new owner redrives, harmlessly
-            log.warning("charge offsets not committed after a rebalance: %s", exc)
-        return len(records)
+        except CommitFailedError as exc:  # rebalanced: the new owner starts at the stored positions
+            log.warning("charge offsets not committed to Kafka after a rebalance: %s", exc)
+        return sum(len(b) for b in batches)
+
+    def _partition(self, records: list[Any]) -> None:
+        """One partition's events, in order; then its position, if no step recorded it."""
+        recorded_up_to = -1
+        for record in records:
+            txn_id = _reserved(record)
+            if txn_id is None:
+                continue
+            result = self.charger.drive(txn_id, self._position(record))
+            self.driven += 1
+            if result in ("charged", "retry", "compensated"):
+                recorded_up_to = record.offset
+        last = records[-1]
+        if last.offset > recorded_up_to:
+            self.charger.ledger.save(positions=[self._position(last)])
+
+    def _position(self, record: Any) -> ConsumerPosition:
+        return ConsumerPosition(self.group, record.topic, record.partition, record.offset + 1)
+
+    def stored_positions(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        with psycopg.connect(self.database_url) as conn:
+            rows = conn.execute(
+                "SELECT partition, next_offset FROM billing.consumer_positions"
+                " WHERE group_name = %s AND topic = %s AND partition = ANY(%s)",
+                (self.group, self.topic, [tp.partition for tp in partitions]),
+            ).fetchall()
+        return {TopicPartition(self.topic, p): int(o) for p, o in rows}
+
+
+class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, worker: ChargeWorker) -> None:
+        self.worker = worker
+
+    def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        """Nothing to flush: every step's position was committed with the step."""
+
+    def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        for tp, offset in self.worker.stored_positions(list(assigned)).items():
+            self.worker.consumer.seek(tp, offset)
 
 
 def _reserved(record: Any) -> UUID | None:

@@ -25,6 +25,7 @@ from uuid import UUID
 import psycopg
 from eventsourcing.persistence import IntegrityError
 
+from adapters.eventstore import ConsumerPosition
 from adapters.ledger import BillingLedger
 from adapters.stripe_client import StripeCharges, classify
 from domain.account import CustomerAccount
@@ -73,8 +74,11 @@ class Charger:
         self.jitter = jitter
         self.drill = drill  # "kill_after_stripe" | "kill_before_stripe": fault drills only
 
-    def drive(self, txn_id: UUID) -> str:
+    def drive(self, txn_id: UUID, position: ConsumerPosition | None = None) -> str:
         """Take the next step of ``txn_id``; returns what happened (for logs and tests).
+
+        ``position``: the consumer position of the event that asked for this step; it
+        is recorded in the same database transaction as the step's events.
 
         When the save loses a race (usually on the customer's account, which every
         charge of that customer settles), reload and re-decide, re-using the Stripe
@@ -96,7 +100,11 @@ class Charger:
                     return "deferred"
                 # The account changes only when a hold is released (compensation): a
                 # charge saves the transaction alone and never contends with ingest.
-                self.ledger.save(txn, account if account.pending_events else None)
+                self.ledger.save(
+                    txn,
+                    account if account.pending_events else None,
+                    positions=[position] if position else [],
+                )
             except (IntegrityError, IllegalTransition):
                 continue  # another driver recorded first: reload and look again
             log.info(

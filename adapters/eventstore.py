@@ -24,7 +24,7 @@ the whole batch with it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import orjson
@@ -41,9 +41,28 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow
 from psycopg.sql import SQL, Identifier
 
-__all__ = ["LedgerRecorder", "OrjsonTranscoder", "postgres_env"]
+__all__ = ["ConsumerPosition", "LedgerRecorder", "OrjsonTranscoder", "postgres_env"]
 
 _JSON_NATIVE = frozenset({str, int, bool, type(None)})
+
+
+CONSUMER_POSITIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS billing.consumer_positions (
+    group_name  text    NOT NULL,
+    topic       text    NOT NULL,
+    partition   integer NOT NULL,
+    next_offset bigint  NOT NULL,
+    PRIMARY KEY (group_name, topic, partition)
+)"""
+
+
+class ConsumerPosition(NamedTuple):
+    """How far a consumer group has processed one partition (the next offset to read)."""
+
+    group_name: str
+    topic: str
+    partition: int
+    next_offset: int
 
 
 class LedgerRecorder(PostgresApplicationRecorder):
@@ -83,6 +102,8 @@ class LedgerRecorder(PostgresApplicationRecorder):
                     "BEFORE UPDATE OR DELETE OR TRUNCATE "
                     "ON {0} FOR EACH STATEMENT EXECUTE FUNCTION {1}()"
                 ).format(table, Identifier(self.datastore.schema, "billing_events_append_only")),
+                SQL("CREATE SCHEMA IF NOT EXISTS billing").format(),
+                SQL(CONSUMER_POSITIONS_TABLE).format(),
             ]
         )
 
@@ -128,6 +149,30 @@ class LedgerRecorder(PostgresApplicationRecorder):
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
             curs.execute(self._select_recorded, (list(set(originator_ids)),))
             return {row["originator_id"] for row in curs.fetchall()}
+
+    def _insert_events(
+        self,
+        curs: Cursor[DictRow],
+        stored_events: Sequence[StoredEvent],
+        *,
+        positions: Sequence[ConsumerPosition] = (),
+        **kwargs: Any,
+    ) -> None:
+        """Record Kafka consumer positions in the same transaction as the events.
+
+        A process manager passes ``save(..., positions=[...])``: what it records and
+        how far it has consumed commit together, or not at all.
+        """
+        if positions:
+            curs.execute(
+                "INSERT INTO billing.consumer_positions (group_name, topic, partition, next_offset)"
+                " SELECT * FROM unnest(%s::text[], %s::text[], %s::int[], %s::bigint[])"
+                " ON CONFLICT (group_name, topic, partition) DO UPDATE"
+                " SET next_offset = GREATEST(billing.consumer_positions.next_offset,"
+                " EXCLUDED.next_offset)",
+                [list(column) for column in zip(*positions, strict=True)],
+            )
+        super()._insert_events(curs, stored_events, **kwargs)
 
     def _lock_table(self, curs: Cursor[DictRow]) -> None:
         """No table lock: the primary key settles concurrent writers."""

@@ -100,7 +100,14 @@ def build_charge_worker(settings: Settings, charger: Charger) -> ChargeWorker:
         max_poll_records=200,
         fetch_max_wait_ms=settings.fetch_max_wait_ms,
     )
-    return ChargeWorker(charger, consumer, parallel=settings.stripe_max_concurrency)
+    return ChargeWorker(
+        charger,
+        consumer,
+        database_url=settings.database_url,
+        group=settings.charge_group,
+        topic=settings.events_topic,
+        parallel=settings.stripe_max_concurrency,
+    )
 
 
 def build_reconciler(settings: Settings, charger: Charger) -> Reconciler:

@@ -363,3 +363,49 @@ def test_past_the_retry_horizon_the_reconciler_removes_a_charge_an_unknown_outco
     account = ledger.account("acme", "USD")
     assert account is not None and account.committed == 0
     assert_invariants(ledger, emulator, [txn_id])
+
+
+def test_the_process_manager_resumes_from_the_positions_it_recorded_with_its_steps(
+    charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
+) -> None:
+    import psycopg
+
+    ids = reserve(ledger, 8)
+    _relay_all(charge_settings)
+    first = build_charge_worker(charge_settings, build_charger(charge_settings, ledger))
+    first.consumer.commit = lambda *a, **k: None  # as if every Kafka offset commit were lost
+    try:
+        wait_for(
+            lambda: (
+                first.poll_once() >= 0
+                and all(ledger.transaction(i).state is TxnState.CHARGED for i in ids)
+            ),
+            what="the first process manager to charge everything",
+        )
+    finally:
+        first.consumer.close()
+        first.pool.shutdown()
+    with psycopg.connect(charge_settings.database_url) as conn:
+        stored = conn.execute(
+            "SELECT sum(next_offset) FROM billing.consumer_positions WHERE group_name = %s",
+            (charge_settings.charge_group,),
+        ).fetchone()
+    assert stored is not None and stored[0] == 8 * 2 + 2  # every event on the topic
+    requests_before = len(emulator.requests())
+
+    # A second instance of the group: Kafka has no committed offset, so without the
+    # stored positions it would start from the earliest event and drive all again.
+    second = build_charge_worker(charge_settings, build_charger(charge_settings, ledger))
+    try:
+        wait_for(
+            lambda: second.poll_once(timeout_ms=100) >= 0 and second.consumer.assignment(),
+            what="the group to assign partitions to the second instance",
+        )
+        for _ in range(10):
+            second.poll_once(timeout_ms=100)
+    finally:
+        second.consumer.close()
+        second.pool.shutdown()
+    assert second.driven == 0
+    assert len(emulator.requests()) == requests_before
+    assert assert_invariants(ledger, emulator, ids) == {"charged": 8}
