@@ -28,7 +28,7 @@ from kafka.errors import CommitFailedError
 from adapters.charging import Charger
 from adapters.eventstore import ConsumerPosition
 
-__all__ = ["ChargeWorker"]
+__all__ = ["ChargeWorker", "SeekToStored", "stored_positions"]
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,6 @@ class ChargeWorker:
         self.topic = topic
         self.pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="charge")
         self.driven = 0
-        consumer.subscribe([topic], listener=_SeekToStored(self))
 
     def run(self, stop: threading.Event) -> None:
         try:
@@ -91,26 +90,38 @@ class ChargeWorker:
     def _position(self, record: Any) -> ConsumerPosition:
         return ConsumerPosition(self.group, record.topic, record.partition, record.offset + 1)
 
-    def stored_positions(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
-        with psycopg.connect(self.database_url) as conn:
-            rows = conn.execute(
-                "SELECT partition, next_offset FROM billing.consumer_positions"
-                " WHERE group_name = %s AND topic = %s AND partition = ANY(%s)",
-                (self.group, self.topic, [tp.partition for tp in partitions]),
-            ).fetchall()
-        return {TopicPartition(self.topic, p): int(o) for p, o in rows}
 
+class SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]
+    """On assignment, moves the consumer to the positions stored with the steps."""
 
-class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, worker: ChargeWorker) -> None:
-        self.worker = worker
+    def __init__(self, database_url: str, group: str, topic: str) -> None:
+        self.database_url = database_url
+        self.group = group
+        self.topic = topic
+        self.consumer: KafkaConsumer | None = None  # set once the consumer exists
 
     def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         """Nothing to flush: every step's position was committed with the step."""
 
     def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        for tp, offset in self.worker.stored_positions(list(assigned)).items():
-            self.worker.consumer.seek(tp, offset)
+        assert self.consumer is not None
+        for tp, offset in stored_positions(
+            self.database_url, self.group, self.topic, list(assigned)
+        ).items():
+            self.consumer.seek(tp, offset)
+
+
+def stored_positions(
+    database_url: str, group: str, topic: str, partitions: list[TopicPartition]
+) -> dict[TopicPartition, int]:
+    """The next offsets recorded for ``group`` on these partitions."""
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(
+            "SELECT partition, next_offset FROM billing.consumer_positions"
+            " WHERE group_name = %s AND topic = %s AND partition = ANY(%s)",
+            (group, topic, [tp.partition for tp in partitions]),
+        ).fetchall()
+    return {TopicPartition(topic, p): int(o) for p, o in rows}
 
 
 def _reserved(record: Any) -> UUID | None:

@@ -20,6 +20,7 @@ __all__ = ["main"]
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+ROLES = ("ingest", "relay", "project", "charge", "reconcile")
 
 
 class CliError(Exception):
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run workers against the configured services")
     run.add_argument(
         "--role",
-        choices=["ingest", "relay", "charge", "reconcile", "all"],
+        choices=[*ROLES, "all"],
         default="all",
         help="which worker to run (all: every one, each in its own thread)",
     )
@@ -107,8 +108,28 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true")
     show.set_defaults(handler=_show_account)
 
+    _add_views(sub)
     _add_bench(sub)
     return p
+
+
+def _add_views(sub: Any) -> None:
+    balances = sub.add_parser("balances", help="customer balances (the SQL read model)")
+    balances.add_argument("--customer", help="one customer only")
+    balances.add_argument("--json", action="store_true")
+    balances.set_defaults(handler=_balances)
+
+    txns = sub.add_parser("transactions", help="transactions, most recently updated first")
+    txns.add_argument("--state", help="metered, reserved, charge_failed, charged or compensated")
+    txns.add_argument("--customer", help="one customer only")
+    txns.add_argument("--limit", type=_int, default=50, help="at most this many (1-10000)")
+    txns.add_argument("--json", action="store_true")
+    txns.set_defaults(handler=_transactions)
+
+    rebuild = sub.add_parser("rebuild", help="recompute a projection from the first event")
+    rebuild.add_argument("projection", nargs="?", help="transactions or customer_balances")
+    rebuild.add_argument("--all", action="store_true", help="every projection")
+    rebuild.set_defaults(handler=_rebuild)
 
 
 def _add_bench(sub: Any) -> None:
@@ -205,7 +226,7 @@ def _run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    roles = ["ingest", "relay", "charge", "reconcile"] if args.role == "all" else [args.role]
+    roles = list(ROLES) if args.role == "all" else [args.role]
     with open_ledger(settings) as ledger:
         run_roles(
             settings, ledger, roles, stop,
@@ -297,6 +318,51 @@ def _show_account(args: argparse.Namespace) -> int:
     return 0
 
 
+def _balances(args: argparse.Namespace) -> int:
+    from projections.balances import COLUMNS, balances
+
+    rows = _query(lambda conn: balances(conn, customer=args.customer))
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        _print_table(rows, [c for c in COLUMNS if c != "updated_at"])
+    return 0
+
+
+def _transactions(args: argparse.Namespace) -> int:
+    from projections.transactions import transactions
+
+    rows = _query(
+        lambda conn: transactions(conn, state=args.state, customer=args.customer, limit=args.limit)
+    )
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        columns = ["transaction_id", "customer_id", "usage_id", "amount", "currency", "state"]
+        _print_table(rows, [*columns, "attempts", "updated_at", "last_error"])
+    return 0
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    from adapters.runtime import open_ledger
+    from adapters.settings import Settings
+    from projections.base import UnknownProjection
+    from projections.projector import PROJECTIONS, projection, rebuild
+
+    if args.all == (args.projection is not None):
+        raise _usage("give a projection name or --all, not both")
+    try:
+        names = [p.name for p in PROJECTIONS] if args.all else [projection(args.projection).name]
+    except UnknownProjection as exc:
+        raise _usage(str(exc)) from None
+    settings = Settings()
+    with open_ledger(settings) as ledger:
+        for name in names:
+            report = rebuild(settings.database_url, name, ledger.mapper.to_domain_event)
+            print(f"rebuilt {report.name}: {report.rows} rows from {report.events} events")
+    return 0
+
+
 def _bench_ingest(args: argparse.Namespace) -> int:
     from adapters.bench import render, run_ingest_bench
 
@@ -324,6 +390,31 @@ def _bench_load(args: argparse.Namespace) -> int:
 
 
 # -- helpers ----------------------------------------------------------------------
+
+
+def _query(run: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Run a read-model query; an invalid filter is misuse (exit 2)."""
+    import psycopg
+
+    from adapters.settings import Settings
+    from projections.base import InvalidFilter
+
+    try:
+        with psycopg.connect(Settings().database_url) as conn:
+            return run(conn)
+    except InvalidFilter as exc:
+        raise _usage(str(exc)) from None
+
+
+def _print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    if not rows:
+        print("(no rows)")
+        return
+    cells = [[("" if r[c] is None else str(r[c])) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _event_row(event: Any) -> dict[str, Any]:
@@ -380,6 +471,13 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
     return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
 def _positive_float(text: str) -> float:

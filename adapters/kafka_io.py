@@ -12,7 +12,13 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import (
+    ConsumerRebalanceListener,
+    KafkaAdminClient,
+    KafkaConsumer,
+    KafkaProducer,
+    TopicPartition,
+)
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
@@ -32,11 +38,19 @@ GROUP_TIMINGS: dict[str, Any] = {
 
 
 def make_consumer(
-    bootstrap: str, topic: str, group: str, *, max_poll_records: int = 2000, **extra: Any
+    bootstrap: str,
+    topic: str,
+    group: str,
+    *,
+    max_poll_records: int = 2000,
+    listener: ConsumerRebalanceListener | None = None,
+    **extra: Any,
 ) -> KafkaConsumer:
-    """A group consumer that commits only when told to."""
-    return KafkaConsumer(
-        topic,
+    """A group consumer of ``topic`` that commits only when told to.
+
+    ``listener`` hears partition assignments (subscribed once, before any poll).
+    """
+    consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=group,
         enable_auto_commit=False,
@@ -46,6 +60,8 @@ def make_consumer(
         max_partition_fetch_bytes=8 * 1024 * 1024,
         **{**GROUP_TIMINGS, **extra},
     )
+    consumer.subscribe([topic], listener=listener)
+    return consumer
 
 
 def make_producer(bootstrap: str, **extra: Any) -> KafkaProducer:

@@ -1,8 +1,9 @@
 """The relay: the event store's log, in commit order, published to Kafka.
 
 The event store is the outbox (DESIGN principle 4). The relay reads the events table
-gap-free without taking a lock: it takes only rows whose writing transaction
-(``xid``, set by ``LedgerRecorder``) is older than every transaction still open
+gap-free without taking a lock, with ``adapters.eventlog.read_after`` (the reader the
+projectors use too): it takes only rows whose writing transaction (``xid``, set by
+``LedgerRecorder``) is older than every transaction still open
 (``pg_snapshot_xmin``), ordered by ``(xid, notification_id)``. A row that commits
 late always has an xid at or above that horizon, so it cannot be skipped.
 
@@ -25,11 +26,11 @@ import psycopg
 from kafka import KafkaProducer
 from psycopg import sql
 
+from adapters.eventlog import EVENTS, START, LogRow, Position, read_after
+
 __all__ = ["SCHEMA_SQL", "Relay"]
 
 log = logging.getLogger(__name__)
-
-EVENTS = "billingledger_events"
 
 SCHEMA_SQL = f"""
 CREATE SCHEMA IF NOT EXISTS billing;
@@ -88,16 +89,7 @@ class Relay:
             self._conn = psycopg.connect(self.database_url, autocommit=True)
         conn = self._conn
         try:
-            xid, nid = self._position(conn)
-            rows = conn.execute(
-                sql.SQL(
-                    "SELECT xid::text, notification_id, originator_id, originator_version, topic,"
-                    " state FROM {} WHERE (xid, notification_id) > (%s::xid8, %s)"
-                    " AND xid < pg_snapshot_xmin(pg_current_snapshot())"
-                    " ORDER BY xid, notification_id LIMIT %s"
-                ).format(sql.Identifier(EVENTS)),
-                (xid, nid, self.batch),
-            ).fetchall()
+            rows = read_after(conn, self._position(conn), self.batch)
             if not rows:
                 return 0
             for row in rows:
@@ -108,7 +100,7 @@ class Relay:
                 "INSERT INTO billing.relay_position (name, xid, notification_id)"
                 " VALUES (%s, %s::xid8, %s) ON CONFLICT (name) DO UPDATE"
                 " SET xid = EXCLUDED.xid, notification_id = EXCLUDED.notification_id",
-                (self.name, last[0], last[1]),
+                (self.name, last.xid, last.notification_id),
             )
         except psycopg.OperationalError:
             self.close()  # reconnect on the next pump
@@ -116,14 +108,14 @@ class Relay:
         self.published += len(rows)
         return len(rows)
 
-    def _position(self, conn: psycopg.Connection[Any]) -> tuple[str, int]:
+    def _position(self, conn: psycopg.Connection[Any]) -> Position:
         row = conn.execute(
             "SELECT xid::text, notification_id FROM billing.relay_position WHERE name = %s",
             (self.name,),
         ).fetchone()
-        return (str(row[0]), int(row[1])) if row else ("0", 0)
+        return Position(str(row[0]), int(row[1])) if row else START
 
-    def _publish(self, conn: psycopg.Connection[Any], row: tuple[Any, ...]) -> None:
+    def _publish(self, conn: psycopg.Connection[Any], row: LogRow) -> None:
         _, nid, originator_id, version, topic, state = row
         event = topic.rsplit(".", 1)[-1]
         body = json.loads(bytes(state))

@@ -8,7 +8,7 @@ import psycopg
 from psycopg import errors as pgerrors
 
 from adapters import relay
-from adapters.charge_worker import ChargeWorker
+from adapters.charge_worker import ChargeWorker, SeekToStored
 from adapters.charging import Charger, Reconciler
 from adapters.eventstore import postgres_env
 from adapters.ingest import IngestWorker
@@ -17,9 +17,10 @@ from adapters.ledger import BillingLedger
 from adapters.relay import Relay
 from adapters.settings import Settings
 from adapters.stripe_client import StripeCharges
-from projections import dead_letters
+from projections import dead_letters, projector
+from projections.projector import Projector
 
-__all__ = ["build_ingest_worker", "open_ledger", "prepare"]
+__all__ = ["build_ingest_worker", "build_projector", "open_ledger", "prepare"]
 
 
 def prepare(settings: Settings, *, topics: bool = True) -> None:
@@ -31,6 +32,7 @@ def prepare(settings: Settings, *, topics: bool = True) -> None:
             open_ledger(settings, create_tables=True).close()
             with psycopg.connect(settings.database_url, autocommit=True) as conn:
                 conn.execute(relay.SCHEMA_SQL)
+                conn.execute(projector.schema_sql())
             break
         except (pgerrors.UniqueViolation, pgerrors.DuplicateObject):
             # Another process created the same objects at the same moment; look again.
@@ -93,13 +95,16 @@ def build_relay(settings: Settings) -> Relay:
 
 
 def build_charge_worker(settings: Settings, charger: Charger) -> ChargeWorker:
+    listener = SeekToStored(settings.database_url, settings.charge_group, settings.events_topic)
     consumer = make_consumer(
         settings.kafka_bootstrap,
         settings.events_topic,
         settings.charge_group,
         max_poll_records=200,
         fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        listener=listener,
     )
+    listener.consumer = consumer
     return ChargeWorker(
         charger,
         consumer,
@@ -112,3 +117,8 @@ def build_charge_worker(settings: Settings, charger: Charger) -> ChargeWorker:
 
 def build_reconciler(settings: Settings, charger: Charger) -> Reconciler:
     return Reconciler(charger, settings.database_url, parallel=settings.stripe_max_concurrency)
+
+
+def build_projector(settings: Settings, ledger: BillingLedger) -> Projector:
+    """The projector of the SQL read models, decoding with the ledger's own mapper."""
+    return Projector(settings.database_url, ledger.mapper.to_domain_event)

@@ -1,4 +1,5 @@
-"""Runs worker roles (ingest, relay, charge, reconcile), each in its own thread, until stopped."""
+"""Runs worker roles (ingest, relay, project, charge, reconcile), each in its own thread,
+until stopped."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from adapters.runtime import (
     build_charge_worker,
     build_charger,
     build_ingest_worker,
+    build_projector,
     build_reconciler,
     build_relay,
     close_worker,
@@ -39,6 +41,9 @@ def run_roles(
     if "relay" in roles:
         relay = build_relay(settings)
         targets["relay"] = lambda: _closing(lambda: relay.run(stop), relay.producer.close)
+    if "project" in roles:
+        projector = build_projector(settings, ledger)
+        targets["project"] = lambda: projector.run(stop)
     if "charge" in roles:
         charge = build_charge_worker(settings, build_charger(settings, ledger, drill=drill))
         targets["charge"] = lambda: _closing(lambda: charge.run(stop), charge.consumer.close)

@@ -21,7 +21,13 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstrai
 from domain.errors import InvalidUsage
 from domain.money import check_currency
 
-__all__ = ["DEFAULT_MAX_RECORD_BYTES", "UsageRecord", "decode_usage"]
+__all__ = [
+    "CUSTOMER_ID_MAX_LENGTH",
+    "CUSTOMER_ID_PATTERN",
+    "DEFAULT_MAX_RECORD_BYTES",
+    "UsageRecord",
+    "decode_usage",
+]
 
 DEFAULT_MAX_RECORD_BYTES = 16 * 1024
 
@@ -30,8 +36,11 @@ UsageId = Annotated[
 ]
 # No ':' in a customer id: it separates the customer from the usage id in the
 # transaction's key (domain.ids), so "acme:eu"/"x" and "acme"/"eu:x" cannot collide.
+CUSTOMER_ID_PATTERN = r"^[A-Za-z0-9_.@/+=-]+$"
+CUSTOMER_ID_MAX_LENGTH = 200
 CustomerId = Annotated[
-    str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.@/+=-]+$")
+    str,
+    StringConstraints(min_length=1, max_length=CUSTOMER_ID_MAX_LENGTH, pattern=CUSTOMER_ID_PATTERN),
 ]
 
 

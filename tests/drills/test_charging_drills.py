@@ -8,10 +8,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from uuid import UUID
 
 import pytest
 
+from adapters.charge_worker import ChargeWorker
 from adapters.charging import Charger, Reconciler
 from adapters.ledger import BillingLedger
 from adapters.runtime import build_charge_worker, build_charger, build_reconciler
@@ -34,6 +37,14 @@ def _reconcile_until_terminal(
         return all(ledger.transaction(i).state.is_terminal for i in ids)
 
     wait_for(all_terminal, timeout=60, what="every transaction to reach a terminal state")
+
+
+def _pump_until(worker: ChargeWorker, condition: Callable[[], bool], timeout: float = 60) -> None:
+    """Poll the process manager (no pause between polls: polling is its work) until done."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"process manager stuck: driven {worker.driven}"
+        worker.poll_once()
 
 
 def _charge_worker_process(settings: Settings, drill: str) -> subprocess.CompletedProcess[bytes]:
@@ -181,13 +192,10 @@ def test_the_relay_publishes_reserved_events_and_the_process_manager_charges_the
     assert _relay_all(charge_settings) == 12 * 2 + 2
     worker = build_charge_worker(charge_settings, build_charger(charge_settings, ledger))
     try:
-        wait_for(
-            lambda: (
-                worker.poll_once() >= 0
-                and all(ledger.transaction(i).state is TxnState.CHARGED for i in ids)
-            ),
+        _pump_until(
+            worker,
+            lambda: all(ledger.transaction(i).state is TxnState.CHARGED for i in ids),
             timeout=60,
-            what="the process manager to charge every Reserved transaction",
         )
     finally:
         worker.consumer.close()
@@ -265,13 +273,10 @@ def test_the_relay_killed_mid_stream_resumes_without_loss_and_duplicates_have_no
 
     worker = build_charge_worker(settings, build_charger(settings, ledger))
     try:
-        wait_for(
-            lambda: (
-                worker.poll_once() >= 0
-                and all(ledger.transaction(i).state is TxnState.CHARGED for i in ids)
-            ),
+        _pump_until(
+            worker,
+            lambda: all(ledger.transaction(i).state is TxnState.CHARGED for i in ids),
             timeout=120,
-            what="every transaction to be charged",
         )
     finally:
         worker.consumer.close()
@@ -375,12 +380,8 @@ def test_the_process_manager_resumes_from_the_positions_it_recorded_with_its_ste
     first = build_charge_worker(charge_settings, build_charger(charge_settings, ledger))
     first.consumer.commit = lambda *a, **k: None  # as if every Kafka offset commit were lost
     try:
-        wait_for(
-            lambda: (
-                first.poll_once() >= 0
-                and all(ledger.transaction(i).state is TxnState.CHARGED for i in ids)
-            ),
-            what="the first process manager to charge everything",
+        _pump_until(
+            first, lambda: all(ledger.transaction(i).state is TxnState.CHARGED for i in ids)
         )
     finally:
         first.consumer.close()
@@ -397,10 +398,7 @@ def test_the_process_manager_resumes_from_the_positions_it_recorded_with_its_ste
     # stored positions it would start from the earliest event and drive all again.
     second = build_charge_worker(charge_settings, build_charger(charge_settings, ledger))
     try:
-        wait_for(
-            lambda: second.poll_once(timeout_ms=100) >= 0 and second.consumer.assignment(),
-            what="the group to assign partitions to the second instance",
-        )
+        _pump_until(second, lambda: bool(second.consumer.assignment()))
         for _ in range(10):
             second.poll_once(timeout_ms=100)
     finally:

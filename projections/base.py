@@ -1,0 +1,152 @@
+"""What every SQL read model shares: the projection contract, the facts a projection
+looks up in the history, and the validation of query filters.
+
+Exceptions::
+
+    ValueError
+     └── InvalidFilter      a query filter (state, customer, limit) is not valid
+    LookupError
+     └── UnknownProjection  no projection has that name
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from uuid import UUID
+
+import psycopg
+from eventsourcing.persistence import StoredEvent
+from psycopg import sql
+
+from adapters.eventlog import read_created
+from domain.account import CustomerAccount
+from domain.transaction import BillingTransaction, TxnState
+from domain.usage import CUSTOMER_ID_MAX_LENGTH, CUSTOMER_ID_PATTERN
+
+__all__ = [
+    "MAX_LIMIT",
+    "SCHEMA",
+    "Decode",
+    "Facts",
+    "History",
+    "InvalidFilter",
+    "Projection",
+    "UnknownProjection",
+    "check_customer",
+    "check_limit",
+    "check_state",
+]
+
+SCHEMA = "billing"
+MAX_LIMIT = 10_000
+
+Decode = Callable[[StoredEvent], Any]
+"""The application's decoding of a stored event (``ledger.mapper.to_domain_event``)."""
+
+
+class InvalidFilter(ValueError):
+    """Raised when a query filter (state, customer, limit) is not valid."""
+
+
+class UnknownProjection(LookupError):
+    """Raised when no projection has the given name."""
+
+
+class Projection(Protocol):
+    """A read model in the ``billing`` schema, kept by applying events in log order."""
+
+    name: str  # also the name of its table
+    index_suffixes: tuple[str, ...]  # its indexes are named "{table}_{suffix}"
+
+    def ddl(self, table: str) -> sql.Composed:
+        """CREATE TABLE IF NOT EXISTS and CREATE INDEX IF NOT EXISTS for ``table``."""
+        ...
+
+    def apply(
+        self, conn: psycopg.Connection[Any], table: str, events: Sequence[Any], history: History
+    ) -> None:
+        """Apply ``events`` (in log order) to ``table``, inside the caller's transaction."""
+        ...
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the first event of a transaction or an account says about it."""
+
+    customer_id: str
+    currency: str
+    amount: int  # 0 for an account
+
+
+class History:
+    """Facts from the first event of aggregates, read from the immutable history.
+
+    A later event (Charged, LimitSet) does not repeat whose money it is; its first
+    event does, and history never changes, so a cached fact never goes stale.
+    """
+
+    def __init__(self, decode: Decode, *, max_cached: int = 100_000) -> None:
+        self.decode = decode
+        self.max_cached = max_cached
+        self._facts: dict[UUID, Facts] = {}
+
+    def remember(self, event: Any) -> None:
+        """Keep the facts of a first event seen in the log."""
+        if isinstance(event, BillingTransaction.Metered):
+            facts = Facts(event.customer_id, event.currency, event.amount)
+        elif isinstance(event, CustomerAccount.Opened):
+            facts = Facts(event.customer_id, event.currency, 0)
+        else:
+            return
+        if len(self._facts) >= self.max_cached:
+            self._facts.clear()  # cheap to read back; a bound on memory matters more
+        self._facts[event.originator_id] = facts
+
+    def prefetch(self, conn: psycopg.Connection[Any], originator_ids: Iterable[UUID]) -> None:
+        """Read the first events of those not known yet, in one query."""
+        missing = {i for i in originator_ids if i not in self._facts}
+        if missing:
+            for row in read_created(conn, missing):
+                self.remember(self.decode(row.notification()))
+
+    def facts(self, originator_id: UUID) -> Facts:
+        """The facts of an aggregate (``prefetch`` it first)."""
+        try:
+            return self._facts[originator_id]
+        except KeyError:
+            raise LookupError(f"no first event for aggregate {originator_id}") from None
+
+
+_CUSTOMER = re.compile(CUSTOMER_ID_PATTERN)
+_STATES = tuple(str(s) for s in TxnState)
+
+
+def check_state(state: str | None) -> TxnState | None:
+    """``state`` as a TxnState (raises InvalidFilter)."""
+    if state is None:
+        return None
+    if state not in _STATES:
+        raise InvalidFilter(f"unknown state {state!r} (one of: {', '.join(_STATES)})")
+    return TxnState(state)
+
+
+def check_customer(customer: str | None) -> str | None:
+    """``customer`` if it is a valid customer id (raises InvalidFilter)."""
+    if customer is None:
+        return None
+    if len(customer) > CUSTOMER_ID_MAX_LENGTH or not _CUSTOMER.fullmatch(customer):
+        raise InvalidFilter(
+            f"invalid customer {customer!r}: 1-{CUSTOMER_ID_MAX_LENGTH} characters of"
+            " A-Z a-z 0-9 _ . @ / + = -"
+        )
+    return customer
+
+
+def check_limit(limit: int) -> int:
+    """``limit`` if it is between 1 and MAX_LIMIT (raises InvalidFilter)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidFilter(f"invalid limit {limit!r}: a whole number from 1 to {MAX_LIMIT}")
+    return limit

@@ -1,0 +1,255 @@
+"""The projector: follows the event store and keeps the SQL read models, exactly once.
+
+It reads the log with the relay's gap-free reader (``adapters.eventlog.read_after``)
+and decodes rows with the application's own mapper. For each projection, one
+database transaction locks the projection's row in ``billing.projection_positions``,
+reads the next batch after that position, applies it to the projection's table and
+moves the position. The rows and the position commit together or not at all, so a
+crash mid-batch leaves both as they were and the batch is applied once, later. The
+row lock (held only inside that transaction, released by a crash like any other)
+makes two projectors of one projection take turns instead of both applying a batch.
+
+``rebuild(name)`` replays the whole history into a shadow table, then in one
+transaction catches it up to the end of the log, drops the live table, renames the
+shadow in its place and moves the position. A reader sees the old table or the new
+one, never an empty or partial one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from adapters.eventlog import START, Position, read_after
+from projections.balances import BalancesProjection
+from projections.base import SCHEMA, Decode, History, Projection, UnknownProjection
+from projections.transactions import TransactionsProjection
+
+__all__ = ["PROJECTIONS", "Projector", "RebuildReport", "projection", "rebuild", "schema_sql"]
+
+log = logging.getLogger(__name__)
+
+PROJECTIONS: tuple[Projection, ...] = (TransactionsProjection(), BalancesProjection())
+
+_POSITIONS = sql.SQL("""
+CREATE SCHEMA IF NOT EXISTS billing;
+CREATE TABLE IF NOT EXISTS billing.projection_positions (
+    name            text   PRIMARY KEY,
+    xid             xid8   NOT NULL,
+    notification_id bigint NOT NULL
+);
+""")
+
+_SHADOW_SUFFIX = "__rebuild"
+
+
+def schema_sql() -> sql.Composed:
+    """Every projection's table and position row (idempotent)."""
+    parts: list[sql.Composable] = [_POSITIONS]
+    for p in PROJECTIONS:
+        parts.append(p.ddl(p.name))
+        parts.append(
+            sql.SQL(
+                "INSERT INTO billing.projection_positions VALUES ({}, '0', 0)"
+                " ON CONFLICT (name) DO NOTHING;"
+            ).format(sql.Literal(p.name))
+        )
+    return sql.Composed(parts)
+
+
+def projection(name: str) -> Projection:
+    """The projection called ``name`` (raises UnknownProjection)."""
+    for p in PROJECTIONS:
+        if p.name == name:
+            return p
+    names = ", ".join(p.name for p in PROJECTIONS)
+    raise UnknownProjection(f"unknown projection {name!r} (one of: {names})")
+
+
+class Projector:
+    """Applies new events to each projection; ``pump()`` once, or ``run(stop)``."""
+
+    def __init__(
+        self,
+        database_url: str,
+        decode: Decode,
+        *,
+        projections: Sequence[Projection] = PROJECTIONS,
+        batch: int = 2000,
+    ) -> None:
+        self.database_url = database_url
+        self.decode = decode
+        self.projections = tuple(projections)
+        self.batch = batch
+        self.history = History(decode)
+        self.applied = 0
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def run(self, stop: threading.Event, idle_wait_s: float = 0.05) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    applied = self.pump()
+                except psycopg.OperationalError as exc:  # the database went away: retry
+                    log.warning("projector cannot reach the database: %s", exc)
+                    stop.wait(1.0)
+                    continue
+                if applied == 0:
+                    stop.wait(idle_wait_s)
+        finally:
+            self.close()
+
+    def __enter__(self) -> Projector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def pump(self) -> int:
+        """Apply the next batch of visible events to each projection; returns how many."""
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.database_url, autocommit=True)
+        try:
+            total = sum(self._pump(self._conn, p) for p in self.projections)
+        except psycopg.OperationalError:
+            self.close()  # reconnect on the next pump
+            raise
+        self.applied += total
+        return total
+
+    def pump_all(self) -> int:
+        """Pump until nothing visible is left; returns how many events were applied."""
+        total = 0
+        while applied := self.pump():
+            total += applied
+        return total
+
+    def _pump(self, conn: psycopg.Connection[Any], p: Projection) -> int:
+        with conn.transaction():
+            position = _lock_position(conn, p.name)
+            applied, last = _apply_next(
+                conn, p, p.name, position, limit=self.batch, history=self.history
+            )
+            if applied:
+                _store_position(conn, p.name, last)
+        return applied
+
+
+@dataclass(frozen=True)
+class RebuildReport:
+    name: str
+    events: int
+    rows: int
+
+
+def rebuild(
+    database_url: str,
+    name: str,
+    decode: Decode,
+    *,
+    batch: int = 5000,
+    before_swap: Callable[[], None] | None = None,
+) -> RebuildReport:
+    """Recompute projection ``name`` from the first event and swap it in atomically.
+
+    ``before_swap`` runs when the shadow table is built and before the swap (tests
+    use it to read the live table while the shadow exists).
+    """
+    p = projection(name)
+    shadow = p.name + _SHADOW_SUFFIX
+    history = History(decode)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(SCHEMA, shadow))
+        )  # a rebuild that died half way
+        conn.execute(p.ddl(shadow))
+        events, position = 0, START
+        while True:  # the bulk, in committed batches: the live projector keeps going
+            with conn.transaction():
+                applied, position = _apply_next(
+                    conn, p, shadow, position, limit=batch, history=history
+                )
+            events += applied
+            if not applied:
+                break
+        if before_swap is not None:
+            before_swap()
+        with conn.transaction():
+            _lock_position(conn, p.name)  # the live projector waits until the swap commits
+            while True:
+                applied, position = _apply_next(
+                    conn, p, shadow, position, limit=batch, history=history
+                )
+                events += applied
+                if not applied:
+                    break
+            _swap(conn, p, shadow)
+            _store_position(conn, p.name, position)
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(SCHEMA, p.name))
+        ).fetchone()
+    rows = int(row[0]) if row else 0
+    log.info("rebuilt %s: %d rows from %d events", p.name, rows, events)
+    return RebuildReport(p.name, events, rows)
+
+
+def _swap(conn: psycopg.Connection[Any], p: Projection, shadow: str) -> None:
+    conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(SCHEMA, p.name)))
+    conn.execute(
+        sql.SQL("ALTER TABLE {} RENAME TO {}").format(
+            sql.Identifier(SCHEMA, shadow), sql.Identifier(p.name)
+        )
+    )
+    for suffix in p.index_suffixes:
+        conn.execute(
+            sql.SQL("ALTER INDEX {} RENAME TO {}").format(
+                sql.Identifier(SCHEMA, f"{shadow}_{suffix}"), sql.Identifier(f"{p.name}_{suffix}")
+            )
+        )
+
+
+def _apply_next(
+    conn: psycopg.Connection[Any],
+    p: Projection,
+    table: str,
+    position: Position,
+    *,
+    limit: int,
+    history: History,
+) -> tuple[int, Position]:
+    """Apply the batch after ``position`` to ``table``; returns (count, new position)."""
+    rows = read_after(conn, position, limit)
+    if not rows:
+        return 0, position
+    p.apply(conn, table, [history.decode(r.notification()) for r in rows], history)
+    return len(rows), rows[-1].position
+
+
+def _lock_position(conn: psycopg.Connection[Any], name: str) -> Position:
+    row = conn.execute(
+        "SELECT xid::text, notification_id FROM billing.projection_positions"
+        " WHERE name = %s FOR UPDATE",
+        (name,),
+    ).fetchone()
+    if row is None:
+        raise LookupError(f"no position for projection {name!r}: run prepare first")
+    return Position(str(row[0]), int(row[1]))
+
+
+def _store_position(conn: psycopg.Connection[Any], name: str, position: Position) -> None:
+    conn.execute(
+        "UPDATE billing.projection_positions SET xid = %s::xid8, notification_id = %s"
+        " WHERE name = %s",
+        (position.xid, position.notification_id, name),
+    )

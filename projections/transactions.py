@@ -1,0 +1,211 @@
+"""The ``billing.transactions`` read model: one row per billing transaction.
+
+Each row is the transaction's current state, the time of each step, and what a
+person needs to know about a stuck one (attempts, last error, when the next
+attempt is due). Rows are written only by the projector (``projections.projector``),
+exactly once per event; ``transactions()`` is the query the CLI runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from domain.transaction import BillingTransaction, TxnState
+from projections.base import SCHEMA, History, check_customer, check_limit, check_state
+
+__all__ = ["COLUMNS", "TransactionsProjection", "transactions"]
+
+COLUMNS = (
+    "transaction_id",
+    "customer_id",
+    "usage_id",
+    "meter",
+    "quantity",
+    "amount",
+    "currency",
+    "state",
+    "attempts",
+    "last_error",
+    "next_attempt_at",
+    "stripe_object_id",
+    "compensation_reason",
+    "occurred_at",
+    "metered_at",
+    "reserved_at",
+    "charged_at",
+    "compensated_at",
+    "updated_at",
+)
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS {table} (
+    transaction_id      uuid        NOT NULL,
+    customer_id         text        NOT NULL,
+    usage_id            text        NOT NULL,
+    meter               text        NOT NULL,
+    quantity            numeric     NOT NULL,
+    amount              bigint      NOT NULL,
+    currency            char(3)     NOT NULL,
+    state               text        NOT NULL CHECK (state IN ({states})),
+    attempts            integer     NOT NULL DEFAULT 0,
+    last_error          text,
+    next_attempt_at     timestamptz,
+    stripe_object_id    text,
+    compensation_reason text,
+    occurred_at         timestamptz NOT NULL,
+    metered_at          timestamptz NOT NULL,
+    reserved_at         timestamptz,
+    charged_at          timestamptz,
+    compensated_at      timestamptz,
+    updated_at          timestamptz NOT NULL,
+    CONSTRAINT {pkey} PRIMARY KEY (transaction_id)
+);
+CREATE INDEX IF NOT EXISTS {customer_idx} ON {table} (customer_id, metered_at);
+CREATE INDEX IF NOT EXISTS {state_due_idx} ON {table} (state, next_attempt_at);
+"""
+
+
+class TransactionsProjection:
+    """Keeps ``billing.transactions``: inserts on Metered, updates on every later step."""
+
+    name: str = "transactions"
+    index_suffixes: tuple[str, ...] = ("pkey", "customer_idx", "state_due_idx")
+
+    def ddl(self, table: str) -> sql.Composed:
+        return sql.SQL(_DDL).format(
+            table=sql.Identifier(SCHEMA, table),
+            states=sql.SQL(", ").join(sql.Literal(str(s)) for s in TxnState),
+            **{s: sql.Identifier(f"{table}_{s}") for s in self.index_suffixes},
+        )
+
+    def apply(
+        self, conn: psycopg.Connection[Any], table: str, events: Sequence[Any], history: History
+    ) -> None:
+        new: dict[UUID, dict[str, Any]] = {}
+        changed: dict[UUID, dict[str, Any]] = {}
+        for event in events:
+            if isinstance(event, BillingTransaction.Metered):
+                new[event.originator_id] = _metered_row(event)
+                continue
+            change = _change(event)
+            if change is None:
+                continue
+            txn_id = event.originator_id
+            (new[txn_id] if txn_id in new else changed.setdefault(txn_id, {})).update(change)
+        target = sql.Identifier(SCHEMA, table)
+        with conn.cursor() as cur:
+            if new:
+                cur.executemany(
+                    sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+                        target,
+                        sql.SQL(", ").join(map(sql.Identifier, COLUMNS)),
+                        sql.SQL(", ").join(sql.Placeholder(c) for c in COLUMNS),
+                    ),
+                    list(new.values()),
+                )
+            by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+            for txn_id, change in changed.items():
+                by_columns.setdefault(tuple(sorted(change)), []).append(
+                    {**change, "transaction_id": txn_id}
+                )
+            for columns, params in by_columns.items():
+                cur.executemany(_update(target, columns), params)
+                if cur.rowcount != len(params):  # an event for a row that is not there
+                    raise LookupError(f"{table}: {len(params) - cur.rowcount} rows missing")
+
+
+def _metered_row(event: BillingTransaction.Metered) -> dict[str, Any]:
+    row: dict[str, Any] = dict.fromkeys(COLUMNS)
+    row.update(
+        transaction_id=event.originator_id,
+        customer_id=event.customer_id,
+        usage_id=event.usage_id,
+        meter=event.meter,
+        quantity=event.quantity,
+        amount=event.amount,
+        currency=event.currency,
+        state=str(TxnState.METERED),
+        attempts=0,
+        occurred_at=event.occurred_at,
+        metered_at=event.timestamp,
+        updated_at=event.timestamp,
+    )
+    return row
+
+
+def _change(event: Any) -> dict[str, Any] | None:
+    """The columns an event after Metered sets (None: not a transaction's event)."""
+    at = getattr(event, "timestamp", None)
+    if isinstance(event, BillingTransaction.Reserved):
+        return {"state": str(TxnState.RESERVED), "reserved_at": at, "updated_at": at}
+    if isinstance(event, BillingTransaction.ChargeFailed):
+        return {
+            "state": str(TxnState.CHARGE_FAILED),
+            "attempts": event.attempt,
+            "last_error": f"{event.error_class}: {event.message}",
+            "next_attempt_at": event.next_attempt_at,
+            "updated_at": at,
+        }
+    if isinstance(event, BillingTransaction.Charged):
+        return {
+            "state": str(TxnState.CHARGED),
+            "stripe_object_id": event.stripe_object_id,
+            "next_attempt_at": None,
+            "charged_at": at,
+            "updated_at": at,
+        }
+    if isinstance(event, BillingTransaction.Compensated):
+        return {
+            "state": str(TxnState.COMPENSATED),
+            "compensation_reason": event.reason,
+            "next_attempt_at": None,
+            "compensated_at": at,
+            "updated_at": at,
+        }
+    return None
+
+
+def _update(target: sql.Identifier, columns: tuple[str, ...]) -> sql.Composed:
+    return sql.SQL("UPDATE {} SET {} WHERE transaction_id = %(transaction_id)s").format(
+        target,
+        sql.SQL(", ").join(
+            sql.SQL("{} = {}").format(sql.Identifier(c), sql.Placeholder(c)) for c in columns
+        ),
+    )
+
+
+def transactions(
+    conn: psycopg.Connection[Any],
+    *,
+    state: str | None = None,
+    customer: str | None = None,
+    limit: int = 50,
+) -> list[dict[str, Any]]:
+    """The most recently updated transactions, filtered (raises InvalidFilter).
+
+    Every filter is validated first and reaches SQL only as a bound parameter.
+    """
+    checked_state = check_state(state)
+    checked_customer = check_customer(customer)
+    checked_limit = check_limit(limit)
+    where: list[sql.Composable] = []
+    params: list[Any] = []
+    if checked_state is not None:
+        where.append(sql.SQL("state = %s"))
+        params.append(str(checked_state))
+    if checked_customer is not None:
+        where.append(sql.SQL("customer_id = %s"))
+        params.append(checked_customer)
+    query = sql.SQL("SELECT {} FROM {}{} ORDER BY updated_at DESC, transaction_id LIMIT %s").format(
+        sql.SQL(", ").join(map(sql.Identifier, COLUMNS)),
+        sql.Identifier(SCHEMA, TransactionsProjection.name),
+        sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""),
+    )
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query, [*params, checked_limit]).fetchall()
