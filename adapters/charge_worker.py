@@ -25,6 +25,7 @@ import psycopg
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.errors import CommitFailedError
 
+from adapters import telemetry
 from adapters.charging import Charger
 from adapters.eventstore import ConsumerPosition
 
@@ -79,7 +80,14 @@ class ChargeWorker:
             txn_id = _reserved(record)
             if txn_id is None:
                 continue
-            result = self.charger.drive(txn_id, self._position(record))
+            with telemetry.span(
+                "charge",
+                parent=telemetry.extract_headers(record.headers),
+                billing__transaction_id=str(txn_id),
+                billing__customer_id=(record.key or b"").decode(errors="replace") or None,
+            ) as current:
+                result = self.charger.drive(txn_id, self._position(record))
+                current.set_attribute("billing.result", result)
             self.driven += 1
             if result in ("charged", "retry", "compensated"):
                 recorded_up_to = record.offset

@@ -26,6 +26,7 @@ import psycopg
 from kafka import KafkaProducer
 from psycopg import sql
 
+from adapters import telemetry
 from adapters.eventlog import EVENTS, START, LogRow, Position, read_after
 
 __all__ = ["SCHEMA_SQL", "Relay"]
@@ -127,12 +128,24 @@ class Relay:
             "topic": topic,
             "event": event,
         }
-        self.producer.send(
-            self.topic,
-            key=customer.encode(),
-            value=json.dumps(value).encode(),
-            headers=[("notification_id", str(nid).encode()), ("event", event.encode())],
-        )
+        txn = str(originator_id) if ":BillingTransaction." in topic else None
+        with telemetry.span(
+            "relay publish",
+            billing__transaction_id=txn,
+            billing__customer_id=customer,
+            billing__event=event,
+            billing__notification_id=nid,
+        ):
+            self.producer.send(
+                self.topic,
+                key=customer.encode(),
+                value=json.dumps(value).encode(),
+                headers=[
+                    ("notification_id", str(nid).encode()),
+                    ("event", event.encode()),
+                    *telemetry.inject_headers(),
+                ],
+            )
 
     def _customer(self, conn: psycopg.Connection[Any], originator_id: UUID, body: Any) -> str:
         if isinstance(body, dict) and isinstance(body.get("customer_id"), str):

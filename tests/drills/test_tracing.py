@@ -1,0 +1,67 @@
+"""Traces: one transaction's relay publish and charge are one trace across the Kafka hop."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from adapters.ledger import BillingLedger
+from adapters.runtime import build_charge_worker, build_charger
+from adapters.settings import Settings
+from domain.transaction import TxnState
+from infra.stripe_emulator import StripeEmulator
+from tests.drills.support import reserve
+from tests.drills.test_charging_drills import _pump_until, _relay_all
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def exporter() -> Iterator[InMemorySpanExporter]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    trace.set_tracer_provider(provider)
+    yield memory
+    provider.shutdown()
+
+
+def test_the_trace_context_travels_from_the_relay_to_the_charge_in_kafka_headers(
+    exporter: InMemorySpanExporter,
+    charge_settings: Settings,
+    ledger: BillingLedger,
+    emulator: StripeEmulator,
+) -> None:
+    exporter.clear()
+    ids = reserve(ledger, 3)
+    _relay_all(charge_settings)
+    worker = build_charge_worker(charge_settings, build_charger(charge_settings, ledger))
+    try:
+        _pump_until(
+            worker, lambda: all(ledger.transaction(i).state is TxnState.CHARGED for i in ids)
+        )
+    finally:
+        worker.consumer.close()
+        worker.pool.shutdown()
+
+    spans = exporter.get_finished_spans()
+    published = {
+        (s.attributes or {}).get("billing.transaction_id"): s
+        for s in spans
+        if s.name == "relay publish" and (s.attributes or {}).get("billing.event") == "Reserved"
+    }
+    charges = {
+        (s.attributes or {}).get("billing.transaction_id"): s for s in spans if s.name == "charge"
+    }
+    assert set(published) == set(charges) == {str(i) for i in ids}
+    for txn_id, charge in charges.items():
+        publish = published[txn_id]
+        assert charge.context.trace_id == publish.context.trace_id
+        assert charge.parent is not None and charge.parent.span_id == publish.context.span_id
+        assert (charge.attributes or {}).get("billing.customer_id") == "acme"
+        assert (charge.attributes or {}).get("billing.result") == "charged"
