@@ -11,7 +11,9 @@ a follower handled.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -19,7 +21,17 @@ import psycopg
 from eventsourcing.persistence import Notification
 from psycopg import sql
 
-__all__ = ["EVENTS", "START", "LogRow", "Position", "read_after", "read_created"]
+__all__ = [
+    "EVENTS",
+    "START",
+    "LogRow",
+    "Position",
+    "follow",
+    "read_after",
+    "read_created",
+]
+
+log = logging.getLogger(__name__)
 
 EVENTS = "billingledger_events"
 
@@ -83,3 +95,19 @@ def read_created(conn: psycopg.Connection[Any], originator_ids: Iterable[UUID]) 
     """The first event (version 1) of each of these aggregates that has one."""
     rows = conn.execute(_READ_CREATED, (list(set(originator_ids)),)).fetchall()
     return [LogRow(*row) for row in rows]
+
+
+def follow(
+    pump: Callable[[], int], stop: threading.Event, *, name: str, idle_wait_s: float
+) -> None:
+    """Call ``pump`` until ``stop``: at once while it finds work, after ``idle_wait_s``
+    when it finds none, and after a second when the database cannot be reached."""
+    while not stop.is_set():
+        try:
+            done = pump()
+        except psycopg.OperationalError as exc:  # the database went away: retry
+            log.warning("%s cannot reach the database: %s", name, exc)
+            stop.wait(1.0)
+            continue
+        if done == 0:
+            stop.wait(idle_wait_s)

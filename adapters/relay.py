@@ -27,7 +27,7 @@ from kafka import KafkaProducer
 from psycopg import sql
 
 from adapters import telemetry
-from adapters.eventlog import EVENTS, START, LogRow, Position, read_after
+from adapters.eventlog import EVENTS, START, LogRow, Position, follow, read_after
 
 __all__ = ["SCHEMA_SQL", "Relay"]
 
@@ -67,15 +67,7 @@ class Relay:
 
     def run(self, stop: threading.Event, idle_wait_s: float = 0.01) -> None:
         try:
-            while not stop.is_set():
-                try:
-                    published = self.pump()
-                except psycopg.OperationalError as exc:  # the database went away: retry
-                    log.warning("relay cannot reach the database: %s", exc)
-                    stop.wait(1.0)
-                    continue
-                if published == 0:
-                    stop.wait(idle_wait_s)
+            follow(self.pump, stop, name="relay", idle_wait_s=idle_wait_s)
         finally:
             self.close()
 

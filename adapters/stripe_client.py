@@ -158,7 +158,6 @@ class StripeCharges:
         self.concurrency = AimdLimit(settings.max_concurrency)
         self.limiter = Limiter(Rate(settings.rate_per_s, Duration.SECOND))
         self._customers: dict[str, str] = {}
-        self.calls_sent = 0
 
     # -- the charge path ---------------------------------------------------------
 
@@ -247,7 +246,6 @@ class StripeCharges:
                 "stripe", blocking=True, timeout=self.settings.timeout_s
             ):
                 raise CallRefused("Stripe rate limit saturated")
-            self.calls_sent += 1
             return fn()
         except Exception as exc:
             overloaded = _overload(exc)

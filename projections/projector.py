@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from adapters.eventlog import START, Position, read_after
+from adapters.eventlog import START, Position, follow, read_after
 from projections.balances import BalancesProjection
 from projections.base import SCHEMA, Decode, History, Projection, UnknownProjection
 from projections.transactions import TransactionsProjection
@@ -93,15 +93,7 @@ class Projector:
 
     def run(self, stop: threading.Event, idle_wait_s: float = 0.05) -> None:
         try:
-            while not stop.is_set():
-                try:
-                    applied = self.pump()
-                except psycopg.OperationalError as exc:  # the database went away: retry
-                    log.warning("projector cannot reach the database: %s", exc)
-                    stop.wait(1.0)
-                    continue
-                if applied == 0:
-                    stop.wait(idle_wait_s)
+            follow(self.pump, stop, name="projector", idle_wait_s=idle_wait_s)
         finally:
             self.close()
 

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from uuid import UUID
 
 import psycopg
 import pytest
@@ -233,7 +232,3 @@ def test_events_cannot_be_updated_or_deleted(settings: Settings, ledger: Billing
         with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
             conn.execute("UPDATE billingledger_events SET state = 'x'")
     assert count_events(settings.database_url) == 1
-
-
-def _txn_uuid(customer: str, usage_id: str) -> UUID:
-    return transaction_id(customer, usage_id)
