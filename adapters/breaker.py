@@ -37,6 +37,7 @@ class CircuitBreaker:
         reset_s: float,
         counts: Callable[[BaseException], bool] = lambda _: True,
         clock: Callable[[], float] = time.monotonic,
+        on_transition: Callable[[str, str], None] = lambda old, new: None,
     ) -> None:
         self.fail_max = fail_max
         self.reset_s = reset_s
@@ -46,6 +47,7 @@ class CircuitBreaker:
         self.opened_at = 0.0
         self.probing = False
         self.transitions: list[tuple[str, str]] = []
+        self.on_transition = on_transition  # (old, new); runs under the guard: keep it cheap
         self._state = self.CLOSED
         self._guard = threading.Lock()  # held for bookkeeping only, never during a call
 
@@ -95,4 +97,5 @@ class CircuitBreaker:
     def _move(self, state: str) -> None:
         if state != self._state:
             self.transitions.append((self._state, state))
+            self.on_transition(self._state, state)
             self._state = state

@@ -27,6 +27,7 @@ from eventsourcing.persistence import IntegrityError
 
 from adapters.eventstore import ConsumerPosition
 from adapters.ledger import BillingLedger
+from adapters.metrics import metrics
 from adapters.stripe_client import StripeCharges, classify
 from domain.account import CustomerAccount
 from domain.errors import IllegalTransition
@@ -97,6 +98,7 @@ class Charger:
             try:
                 result = self._step(txn, account, step, now, known)
                 if result is None:
+                    metrics().charge_steps.add(1, {"result": "deferred"})
                     return "deferred"
                 # The account changes only when a hold is released (compensation): a
                 # charge saves the transaction alone and never contends with ingest.
@@ -107,6 +109,7 @@ class Charger:
                 )
             except (IntegrityError, IllegalTransition):
                 continue  # another driver recorded first: reload and look again
+            _count(txn, result, now)
             log.info(
                 "charge step",
                 extra={"transaction_id": str(txn.id), "step": str(step), "status": result,
@@ -196,6 +199,15 @@ class Charger:
                 continue
             return "reversed"
         return "raced"
+
+
+def _count(txn: BillingTransaction, result: str, now: datetime) -> None:
+    m = metrics()
+    m.charge_steps.add(1, {"result": result})
+    if result == "retry":
+        m.retries.add(1)
+    elif result == "charged":
+        m.charge_latency.record((now - txn.created_on).total_seconds())
 
 
 @dataclass

@@ -7,10 +7,12 @@ broker, settings) gets one line and exit status 1. Never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -76,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="which worker to run (all: every one, each in its own thread)",
     )
     run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    run.add_argument(
+        "--health-port", type=_port_or_zero,
+        help="serve /healthz /readyz /health /metrics here (0: off; default: the setting)",
+    )  # fmt: skip
     run.add_argument("--drill-kill-after-save", action="store_true", help=argparse.SUPPRESS)
     run.add_argument(
         "--drill", choices=["kill_after_stripe", "kill_before_stripe"], default="",
@@ -126,8 +132,18 @@ def _add_views(sub: Any) -> None:
     txns.add_argument("--json", action="store_true")
     txns.set_defaults(handler=_transactions)
 
+    health = sub.add_parser("health", help="queue health: what is stuck, and why")
+    health.add_argument("--json", action="store_true")
+    health.add_argument(
+        "--watch", type=_positive_float, nargs="?", const=2.0, metavar="SECONDS",
+        help="refresh every SECONDS (default 2) until Ctrl-C",
+    )  # fmt: skip
+    health.set_defaults(handler=_health)
+
     rebuild = sub.add_parser("rebuild", help="recompute a projection from the first event")
-    rebuild.add_argument("projection", nargs="?", help="transactions or customer_balances")
+    rebuild.add_argument(
+        "projection", nargs="?", help="transactions, customer_balances or charge_attempts"
+    )
     rebuild.add_argument("--all", action="store_true", help="every projection")
     rebuild.set_defaults(handler=_rebuild)
 
@@ -215,6 +231,7 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from adapters.health import HealthProbe, HealthServer
     from adapters.logs import configure_logging
     from adapters.runtime import open_ledger, prepare
     from adapters.settings import Settings
@@ -227,12 +244,31 @@ def _run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     roles = list(ROLES) if args.role == "all" else [args.role]
-    with open_ledger(settings) as ledger:
+    port = settings.health_port if args.health_port is None else args.health_port
+    with contextlib.ExitStack() as stack:
+        if port:
+            stack.enter_context(HealthServer(HealthProbe(settings), settings.health_host, port))
+        ledger = stack.enter_context(open_ledger(settings))
         run_roles(
             settings, ledger, roles, stop,
             kill_after_save=args.drill_kill_after_save, drill=args.drill,
         )  # fmt: skip
     return 0
+
+
+def _health(args: argparse.Namespace) -> int:
+    from adapters.health import HealthProbe, render
+    from adapters.settings import Settings
+
+    probe = HealthProbe(Settings(), cache_s=0)
+    while True:
+        report = probe.report()
+        text = json.dumps(report, indent=2) if args.json else render(report)
+        if args.watch is None:
+            print(text)
+            return 0 if report["status"] == "ok" else EXIT_FAILURE
+        print("\x1b[H\x1b[2J" + text if sys.stdout.isatty() else text, flush=True)
+        time.sleep(args.watch)
 
 
 def _reverse(args: argparse.Namespace) -> int:
@@ -488,6 +524,10 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
     return value
+
+
+def _port_or_zero(text: str) -> int:
+    return 0 if text.strip() == "0" else _port(text)
 
 
 def _port(text: str) -> int:

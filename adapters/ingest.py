@@ -29,8 +29,9 @@ from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata
 
 from adapters.ledger import BillingLedger
+from adapters.metrics import metrics
 from domain.errors import InvalidUsage
-from domain.metering import Metering
+from domain.metering import MeteredBatch, Metering
 from domain.transaction import Source
 from domain.usage import decode_usage
 from projections.dead_letters import DeadLetter, DeadLetterStore
@@ -118,6 +119,7 @@ class IngestWorker:
         self._commit(records)
 
         elapsed = time.perf_counter() - started
+        _count(decision, len(letters))
         st = self.stats
         st.records += len(records)
         st.transactions += len(decision.transactions)
@@ -177,6 +179,22 @@ class IngestWorker:
             # records again and find them recorded. Nothing is lost or doubled.
             self.stats.commit_failures += 1
             log.warning("offset commit refused after a rebalance: %s", exc)
+
+
+def _count(decision: MeteredBatch, dead_letters: int) -> None:
+    """Count the batch's records by outcome (every record has exactly one)."""
+    m = metrics()
+    refused = len(decision.refused)
+    for outcome, n in (
+        ("reserved", len(decision.transactions) - refused),
+        ("refused", refused),
+        ("duplicate", len(decision.duplicates)),
+        ("dead_letter", dead_letters),
+    ):
+        if n:
+            m.ingested.add(n, {"outcome": outcome})
+    if dead_letters:
+        m.dead_letters.add(dead_letters)
 
 
 def _letter(rec: Any, reason: str) -> DeadLetter:

@@ -23,6 +23,7 @@ from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
 __all__ = [
+    "LagProbe",
     "consumer_lag",
     "end_offsets",
     "ensure_topics",
@@ -91,23 +92,42 @@ def ensure_topics(bootstrap: str, topics: Iterable[tuple[str, int]]) -> None:
 
 def consumer_lag(bootstrap: str, group: str, topic: str) -> dict[int, int]:
     """Per partition: messages on the topic not yet committed by the group."""
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=100_000
-    )
-    try:
-        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+    with LagProbe(bootstrap) as probe:
+        return {p: end - committed for p, (committed, end) in probe.offsets(group, topic).items()}
+
+
+class LagProbe:
+    """Reads a group's committed offsets and the partitions' ends, with its own clients
+    (so any thread may use it while the workers' consumers poll)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=100_000
+        )
+
+    def __enter__(self) -> LagProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.admin.close()
+
+    def offsets(self, group: str, topic: str) -> dict[int, tuple[int, int]]:
+        """Per partition of ``topic``: (offset committed by ``group``, end offset)."""
+        known = self.consumer.partitions_for_topic(topic) or ()
+        partitions = [TopicPartition(topic, p) for p in known]
         if not partitions:
             return {}
-        ends = end_offsets(consumer, partitions)
-        committed = admin.list_group_offsets({group: partitions}).get(group, {})
+        ends = end_offsets(self.consumer, partitions)
+        committed = self.admin.list_group_offsets({group: partitions}).get(group, {})
         return {
-            tp.partition: ends[tp] - max(committed[tp].offset if tp in committed else 0, 0)
+            tp.partition: (max(committed[tp].offset if tp in committed else 0, 0), ends[tp])
             for tp in partitions
         }
-    finally:
-        consumer.close()
-        admin.close()
 
 
 def end_offsets(

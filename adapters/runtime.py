@@ -17,7 +17,7 @@ from adapters.ledger import BillingLedger
 from adapters.relay import Relay
 from adapters.settings import Settings
 from adapters.stripe_client import StripeCharges
-from projections import dead_letters, projector
+from projections import dead_letters, projector, queue_health
 from projections.projector import Projector
 
 __all__ = ["build_ingest_worker", "build_projector", "open_ledger", "prepare"]
@@ -33,6 +33,14 @@ def prepare(settings: Settings, *, topics: bool = True) -> None:
             with psycopg.connect(settings.database_url, autocommit=True) as conn:
                 conn.execute(relay.SCHEMA_SQL)
                 conn.execute(projector.schema_sql())
+                conn.execute(queue_health.SCHEMA_SQL)
+                queue_health.write_settings(
+                    conn,
+                    retry_horizon_s=settings.retry_horizon_s,
+                    reconcile_interval_s=settings.reconcile_interval_s,
+                    stale_after_s=settings.stale_after_s,
+                    heartbeat_timeout_s=settings.heartbeat_timeout_s(),
+                )
             break
         except (pgerrors.UniqueViolation, pgerrors.DuplicateObject):
             # Another process created the same objects at the same moment; look again.

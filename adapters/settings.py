@@ -62,6 +62,20 @@ class Settings(BaseSettings):
     stale_after_s: float = Field(30.0, gt=0, description="reconciler drives Reserved after")
     reconcile_interval_s: float = Field(5.0, gt=0)
 
+    # -- health ---------------------------------------------------------------------
+    health_host: str = Field("127.0.0.1", description="address the health server listens on")
+    health_port: int = Field(
+        9464, ge=0, le=65535, description="port of /healthz /readyz /health /metrics (0: off)"
+    )
+    heartbeat_interval_s: float = Field(
+        5.0, gt=0, description="how often workers record heartbeat, breaker state and lag"
+    )
+    health_max_consumer_lag: int = Field(10_000, ge=0, description="degraded above this lag")
+
+    def heartbeat_timeout_s(self) -> float:
+        """A worker whose last heartbeat is older than this is reported silent."""
+        return 3 * self.heartbeat_interval_s
+
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(
             max_attempts=self.retry_max_attempts,

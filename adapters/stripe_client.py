@@ -19,7 +19,9 @@ gets Stripe's saved result.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,12 +31,15 @@ import stripe
 from pyrate_limiter import Duration, Limiter, Rate
 
 from adapters.breaker import BreakerOpen, CircuitBreaker
+from adapters.metrics import metrics
 from domain.saga import ChargeFailure, idempotency_key
 from domain.transaction import BillingTransaction
 
 __all__ = ["AimdLimit", "StripeCharges", "StripeSettings", "classify"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -154,7 +159,9 @@ class StripeCharges:
             fail_max=settings.breaker_fail_max,
             reset_s=settings.breaker_reset_s,
             counts=lambda e: classify(e).retryable,  # a 4xx answer is not an outage
+            on_transition=self._breaker_moved,
         )
+        self.breaker_name = metrics().watch_breaker(self.breaker)
         self.concurrency = AimdLimit(settings.max_concurrency)
         self.limiter = Limiter(Rate(settings.rate_per_s, Duration.SECOND))
         self._customers: dict[str, str] = {}
@@ -169,6 +176,7 @@ class StripeCharges:
             if existing is not None:
                 return existing
         item = self._call(
+            "invoice_items.create",
             lambda: self.client.v1.invoice_items.create(
                 params={
                     "customer": customer,
@@ -178,7 +186,7 @@ class StripeCharges:
                     "metadata": {"txn_id": str(txn.id), "usage_id": txn.usage_id},
                 },
                 options={"idempotency_key": idempotency_key("charge", txn.id)},
-            )
+            ),
         )
         return str(item.id)
 
@@ -186,7 +194,8 @@ class StripeCharges:
         """The live invoice item of ``txn``, looked up by its metadata, if any."""
         customer = customer or self.customer(txn.customer_id)
         page = self._call(
-            lambda: self.client.v1.invoice_items.list(params={"customer": customer, "limit": 100})
+            "invoice_items.list",
+            lambda: self.client.v1.invoice_items.list(params={"customer": customer, "limit": 100}),
         )
         for item in page.auto_paging_iter():
             metadata = item.to_dict().get("metadata") or {}
@@ -201,9 +210,10 @@ class StripeCharges:
             return None
         try:
             self._call(
+                "invoice_items.delete",
                 lambda: self.client.v1.invoice_items.delete(
                     item_id, options={"idempotency_key": idempotency_key("reverse", txn.id)}
-                )
+                ),
             )
         except stripe.InvalidRequestError as exc:
             if exc.http_status != 404:  # already gone: the reversal holds
@@ -215,18 +225,20 @@ class StripeCharges:
         if customer_id in self._customers:
             return self._customers[customer_id]
         found = self._call(
+            "customers.search",
             lambda: self.client.v1.customers.search(
                 params={"query": f"metadata['customer_id']:'{customer_id}'", "limit": 1}
-            )
+            ),
         )
         if found.data:
             stripe_id = str(found.data[0].id)
         else:
             created = self._call(
+                "customers.create",
                 lambda: self.client.v1.customers.create(
                     params={"name": customer_id, "metadata": {"customer_id": customer_id}},
                     options={"idempotency_key": idempotency_key("customer", customer_id)},
-                )
+                ),
             )
             stripe_id = str(created.id)
         self._customers[customer_id] = stripe_id
@@ -234,8 +246,28 @@ class StripeCharges:
 
     # -- pressure ------------------------------------------------------------------
 
-    def _call(self, fn: Callable[[], T]) -> T:
-        return self.breaker.call(lambda: self._limited(fn))
+    def _call(self, operation: str, fn: Callable[[], T]) -> T:
+        """One Stripe call through the breaker and the limits, counted and timed."""
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            return self.breaker.call(lambda: self._limited(fn))
+        except Exception as exc:
+            outcome = classify(exc).error_class
+            raise
+        finally:
+            attrs = {"operation": operation, "outcome": outcome}
+            m = metrics()
+            m.stripe_requests.add(1, attrs)
+            if outcome not in ("circuit_open", "throttled"):  # sent: its latency is Stripe's
+                m.stripe_latency.record(time.perf_counter() - started, attrs)
+
+    def _breaker_moved(self, old: str, new: str) -> None:
+        metrics().breaker_transitions.add(1, {"from_state": old, "to_state": new})
+        log.warning(
+            "Stripe circuit breaker %s", new,
+            extra={"step": "breaker", "status": new, "from_state": old},
+        )  # fmt: skip
 
     def _limited(self, fn: Callable[[], T]) -> T:
         if not self.concurrency.acquire(timeout=self.settings.timeout_s):

@@ -7,6 +7,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from adapters.breaker import CircuitBreaker
+from adapters.heartbeat import Heartbeat
 from adapters.ledger import BillingLedger
 from adapters.runtime import (
     build_charge_worker,
@@ -35,9 +37,14 @@ def run_roles(
 ) -> None:
     """Start the roles; return when ``stop`` is set (or a role fails, which stops all)."""
     targets: dict[str, Callable[[], None]] = {}
+    breakers: list[CircuitBreaker] = []
+    stats: dict[str, Callable[[], object]] = {}
     if "ingest" in roles:
         ingest = build_ingest_worker(settings, ledger, kill_after_save=kill_after_save)
         targets["ingest"] = lambda: _closing(lambda: ingest.run(stop), lambda: close_worker(ingest))
+        stats["ingest"] = lambda: {
+            k: v for k, v in vars(ingest.stats).items() if isinstance(v, int)
+        }
     if "relay" in roles:
         relay = build_relay(settings)
         targets["relay"] = lambda: _closing(lambda: relay.run(stop), relay.producer.close)
@@ -47,8 +54,11 @@ def run_roles(
     if "charge" in roles:
         charge = build_charge_worker(settings, build_charger(settings, ledger, drill=drill))
         targets["charge"] = lambda: _closing(lambda: charge.run(stop), charge.consumer.close)
+        breakers.append(charge.charger.stripe.breaker)
+        stats["charge"] = lambda: {"driven": charge.driven}
     if "reconcile" in roles:
         reconciler = build_reconciler(settings, build_charger(settings, ledger, drill=drill))
+        breakers.append(reconciler.charger.stripe.breaker)
 
         def reconcile() -> None:
             while not stop.is_set():
@@ -58,6 +68,10 @@ def run_roles(
                 stop.wait(settings.reconcile_interval_s)
 
         targets["reconcile"] = reconcile
+    heartbeat = Heartbeat(
+        settings, roles, breakers=breakers, stats=lambda: {k: f() for k, f in stats.items()}
+    )
+    targets["heartbeat"] = lambda: heartbeat.run(stop)
 
     failures: list[str] = []
     threads = [

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -79,6 +80,7 @@ class Facts:
     customer_id: str
     currency: str
     amount: int  # 0 for an account
+    created_at: datetime  # when it was metered (a transaction) or opened (an account)
 
 
 class History:
@@ -96,9 +98,9 @@ class History:
     def remember(self, event: Any) -> None:
         """Keep the facts of a first event seen in the log."""
         if isinstance(event, BillingTransaction.Metered):
-            facts = Facts(event.customer_id, event.currency, event.amount)
+            facts = Facts(event.customer_id, event.currency, event.amount, event.timestamp)
         elif isinstance(event, CustomerAccount.Opened):
-            facts = Facts(event.customer_id, event.currency, 0)
+            facts = Facts(event.customer_id, event.currency, 0, event.timestamp)
         else:
             return
         if len(self._facts) >= self.max_cached:

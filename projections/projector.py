@@ -29,13 +29,18 @@ from psycopg import sql
 from adapters.eventlog import START, Position, follow, read_after
 from projections.balances import BalancesProjection
 from projections.base import SCHEMA, Decode, History, Projection, UnknownProjection
+from projections.charge_attempts import ChargeAttemptsProjection
 from projections.transactions import TransactionsProjection
 
 __all__ = ["PROJECTIONS", "Projector", "RebuildReport", "projection", "rebuild", "schema_sql"]
 
 log = logging.getLogger(__name__)
 
-PROJECTIONS: tuple[Projection, ...] = (TransactionsProjection(), BalancesProjection())
+PROJECTIONS: tuple[Projection, ...] = (
+    TransactionsProjection(),
+    BalancesProjection(),
+    ChargeAttemptsProjection(),
+)
 
 _POSITIONS = sql.SQL("""
 CREATE SCHEMA IF NOT EXISTS billing;

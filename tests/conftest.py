@@ -19,6 +19,7 @@ from psycopg import sql
 
 from adapters.settings import Settings
 from infra.embedded import EmbeddedPostgres, TansuBroker
+from infra.stripe_emulator import StripeEmulator
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +63,15 @@ def settings(database_url: str, broker: TansuBroker) -> Settings:
         charge_group=f"charge-{tag}",
         usage_partitions=4,
         batch_max_records=200,
+        health_port=0,  # a test that wants the health server picks a free port
     )
+
+
+@pytest.fixture
+def emulator() -> Iterator[StripeEmulator]:
+    """A Stripe emulator on a free loopback port."""
+    with StripeEmulator(port=0) as emu:
+        yield emu
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

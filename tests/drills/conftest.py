@@ -13,12 +13,6 @@ from infra.stripe_emulator import StripeEmulator
 
 
 @pytest.fixture
-def emulator() -> Iterator[StripeEmulator]:
-    with StripeEmulator(port=0) as emu:
-        yield emu
-
-
-@pytest.fixture
 def charge_settings(settings: Settings, emulator: StripeEmulator) -> Settings:
     return settings.model_copy(
         update={

@@ -26,7 +26,7 @@ from domain.transaction import Source, TxnState
 from infra.stripe_emulator import StripeEmulator
 from projections.balances import balances
 from projections.base import History, InvalidFilter
-from projections.projector import Projector, rebuild
+from projections.projector import PROJECTIONS, Projector, rebuild
 from projections.summary import Balances
 from projections.transactions import TransactionsProjection, transactions
 from tests.conftest import settings_env
@@ -35,12 +35,6 @@ from tests.integration.support import count_events, usage, wait_for
 pytestmark = pytest.mark.integration
 
 CLI = [sys.executable, "-m", "adapters.cli"]
-
-
-@pytest.fixture
-def emulator() -> Iterator[StripeEmulator]:
-    with StripeEmulator(port=0) as emu:
-        yield emu
 
 
 @pytest.fixture
@@ -76,6 +70,9 @@ def _snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
             "balances": conn.execute(
                 "SELECT * FROM billing.customer_balances ORDER BY customer_id, currency"
             ).fetchall(),
+            "charge_attempts": conn.execute(
+                "SELECT * FROM billing.charge_attempts ORDER BY transaction_id, version"
+            ).fetchall(),
         }
 
 
@@ -88,7 +85,7 @@ def _positions(url: str) -> dict[str, Position]:
 
 
 def _rebuild_all(url: str, ledger: BillingLedger) -> None:
-    for name in ("transactions", "customer_balances"):
+    for name in (p.name for p in PROJECTIONS):
         rebuild(url, name, ledger.mapper.to_domain_event, batch=5)
 
 
@@ -184,6 +181,19 @@ def test_after_a_mixed_workload_live_projections_equal_rebuilt_ones_and_the_fold
     assert got["capped", "USD"]["refused"] == 1 and got["capped", "USD"]["available"] == 300
     assert got["acme", "USD"]["compensated"] == rows[txns["reversed"]]["amount"] > 0
 
+    attempts = {(r[0], r[4]): r for r in live["charge_attempts"]}  # (txn, outcome) -> row
+    charged = {txn_id for txn_id, outcome in attempts if outcome == "charged"}
+    assert charged == {txns["charged"], txns["reversed"], rows_by_usage(rows, "c-1")}
+    assert attempts[txns["retry"], "failed"][5] == "connection"  # error class, retryable
+    assert attempts[txns["retry"], "failed"][6] is True
+    assert attempts[txns["failed"], "failed"][6] is False
+    assert all(attempts[t, "charged"][7] >= 0 for t in charged)  # seconds since metered
+
+
+def rows_by_usage(rows: dict[UUID, dict[str, Any]], usage_id: str) -> UUID:
+    (txn_id,) = [t for t, r in rows.items() if r["usage_id"] == usage_id]
+    return txn_id
+
 
 class _FailsOnce(TransactionsProjection):
     """The real projection, which raises after writing its rows, on its second batch."""
@@ -261,8 +271,8 @@ def test_applying_again_is_impossible_once_the_position_moved_even_for_racing_pr
             t.join(60)
         assert errors == []
         events = 4 * (50 * 2 + 2)  # Metered+Reserved each; Opened+AmountsReserved per account
-        # Both projections saw every event once, between the three of them.
-        assert sum(p.applied for p in racers) == 2 * events
+        # Each projection saw every event once, between the three of them.
+        assert sum(p.applied for p in racers) == len(PROJECTIONS) * events
         live = _snapshot(settings.database_url)
 
         with Projector(settings.database_url, decode) as fresh:  # no memory of its own

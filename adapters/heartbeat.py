@@ -1,0 +1,101 @@
+"""Each worker process says it is alive, what its circuit breakers are doing and how far
+behind its consumer groups are, every ``heartbeat_interval_s``, in
+``billing.workers`` and ``billing.consumer_lag`` (read by ``billing.queue_health``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from adapters.breaker import CircuitBreaker
+from adapters.kafka_io import LagProbe
+from adapters.settings import Settings
+from projections.queue_health import WorkerBeat, record_heartbeat, record_lag
+
+__all__ = ["Heartbeat", "worst_state"]
+
+log = logging.getLogger(__name__)
+
+_SEVERITY = {CircuitBreaker.CLOSED: 0, CircuitBreaker.HALF_OPEN: 1, CircuitBreaker.OPEN: 2}
+
+
+def worst_state(breakers: Sequence[CircuitBreaker]) -> str | None:
+    """The most open state among ``breakers`` (None when the process has none)."""
+    states = [b.state for b in breakers]
+    return max(states, key=lambda s: _SEVERITY.get(s, 2)) if states else None
+
+
+class Heartbeat:
+    """Records this process's heartbeat and its groups' lag; ``run(stop)`` repeats it."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        roles: Sequence[str],
+        *,
+        breakers: Sequence[CircuitBreaker] = (),
+        stats: Callable[[], Mapping[str, Any]] = dict,
+    ) -> None:
+        self.settings = settings
+        self.roles = list(roles)
+        self.breakers = list(breakers)
+        self.stats = stats
+        host = socket.gethostname()
+        self.beat = WorkerBeat(
+            worker_id=f"{host}:{os.getpid()}:{'+'.join(self.roles)}",
+            roles=self.roles,
+            host=host,
+            pid=os.getpid(),
+            started_at=datetime.now(UTC),
+        )
+        self.groups: list[tuple[str, str]] = []
+        if "ingest" in self.roles:
+            self.groups.append((settings.ingest_group, settings.usage_topic))
+        if "charge" in self.roles:
+            self.groups.append((settings.charge_group, settings.events_topic))
+        self._lag: LagProbe | None = None
+
+    def run(self, stop: threading.Event) -> None:
+        """Beat now, then every interval, until ``stop``; a failed beat is logged, not fatal."""
+        try:
+            while True:
+                try:
+                    self.beat_once()
+                except Exception as exc:
+                    log.warning(
+                        "heartbeat not recorded: %s", exc,
+                        extra={"step": "heartbeat", "status": "failed"},
+                    )  # fmt: skip
+                    self._close_lag()  # reconnect next time
+                if stop.wait(self.settings.heartbeat_interval_s):
+                    return
+        finally:
+            self._close_lag()
+
+    def beat_once(self) -> None:
+        beat = WorkerBeat(
+            **{**vars(self.beat), "breaker_state": worst_state(self.breakers),
+               "stats": dict(self.stats())},
+        )  # fmt: skip
+        offsets = {}
+        if self.groups:
+            if self._lag is None:
+                self._lag = LagProbe(self.settings.kafka_bootstrap)
+            offsets = {(g, t): self._lag.offsets(g, t) for g, t in self.groups}
+        with psycopg.connect(self.settings.database_url, connect_timeout=5) as conn:
+            record_heartbeat(conn, beat)
+            for (group, topic), by_partition in offsets.items():
+                record_lag(conn, group, topic, by_partition)
+
+    def _close_lag(self) -> None:
+        if self._lag is not None:
+            self._lag.close()
+            self._lag = None

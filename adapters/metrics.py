@@ -1,0 +1,169 @@
+"""Prometheus metrics, through OpenTelemetry's Prometheus exporter. One set per process.
+
+The instruments are created once per process (``metrics()``) and recorded where the
+work happens: ingest, the Stripe client, the breaker, the charger. The health server
+serves ``render()`` at ``/metrics``. Gauges of the shared queue state (backlog, lag,
+oldest unfinished transaction) are read from ``billing.queue_health`` at scrape time
+through the figures source the health server installs.
+
+Exposed series (Prometheus names; the dashboard in ``infra/grafana`` uses them and a
+test checks it names only these):
+
+======================================================  ===================================
+``billing_ingest_records_total{outcome}``               usage records consumed: reserved,
+                                                        refused, duplicate, dead_letter
+``billing_dead_letters_total``                          records quarantined
+``billing_stripe_requests_total{operation,outcome}``    Stripe calls; outcome ok or the
+                                                        error class (http_503, ...)
+``billing_stripe_request_duration_seconds``             their latency (histogram)
+``billing_charge_steps_total{result}``                  charge steps: charged, retry, ...
+``billing_charge_retries_total``                        failed attempts that will be retried
+``billing_charge_latency_seconds``                      metered to charged (histogram)
+``billing_breaker_transitions_total{from_state,to_state}``  circuit breaker moves
+``billing_breaker_state{client}``                       0 closed, 1 half-open, 2 open
+``billing_backlog{state}``                              unfinished transactions by state
+``billing_oldest_open_age_seconds``                     age of the oldest unfinished one
+``billing_retries_due``                                 failed attempts due now
+``billing_consumer_lag{group,topic,partition}``         messages not yet consumed
+======================================================  ===================================
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from prometheus_client import CollectorRegistry, generate_latest
+
+__all__ = ["CONTENT_TYPE", "Metrics", "metrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+_BREAKER_LEVEL = {"closed": 0, "half_open": 1, "open": 2}
+
+Figures = Callable[[], Mapping[str, Any] | None]
+
+
+class Metrics:
+    """The process's instruments and the registry ``/metrics`` renders."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        reader = PrometheusMetricReader(
+            disable_target_info=True, scope_info_enabled=False, registry=self.registry
+        )
+        self.provider = MeterProvider(metric_readers=[reader])
+        meter = self.provider.get_meter("billing-ledger")
+        self.ingested = meter.create_counter(
+            "billing.ingest.records", unit="{record}", description="usage records consumed"
+        )
+        self.dead_letters = meter.create_counter(
+            "billing.dead_letters", unit="{record}", description="usage records quarantined"
+        )
+        self.stripe_requests = meter.create_counter(
+            "billing.stripe.requests", unit="{request}", description="Stripe API calls"
+        )
+        self.stripe_latency = meter.create_histogram(
+            "billing.stripe.request.duration",
+            unit="s",
+            description="Stripe API call latency",
+            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
+        )
+        self.charge_steps = meter.create_counter(
+            "billing.charge.steps", unit="{step}", description="charge steps by result"
+        )
+        self.retries = meter.create_counter(
+            "billing.charge.retries", unit="{attempt}", description="failed attempts to retry"
+        )
+        self.charge_latency = meter.create_histogram(
+            "billing.charge.latency",
+            unit="s",
+            description="from Metered to Charged",
+            explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
+        )
+        self.breaker_transitions = meter.create_counter(
+            "billing.breaker.transitions", unit="{transition}", description="breaker moves"
+        )
+        meter.create_observable_gauge(
+            "billing.breaker.state",
+            [self._observe_breakers],
+            description="0 closed, 1 half-open, 2 open",
+        )
+        meter.create_observable_gauge(
+            "billing.backlog", [self._observe_backlog], unit="{transaction}",
+            description="unfinished transactions by state",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            "billing.oldest_open_age", [self._observe_age], unit="s",
+            description="age of the oldest unfinished transaction",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            "billing.retries_due", [self._observe_due], unit="{transaction}",
+            description="failed attempts due now",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            "billing.consumer.lag", [self._observe_lag], unit="{message}",
+            description="messages on a partition not yet consumed by the group",
+        )  # fmt: skip
+        self._breakers: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+        self._numbers = itertools.count(1)
+        self._figures: Figures = lambda: None
+        self._guard = threading.Lock()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every series."""
+        return generate_latest(self.registry)
+
+    def watch_breaker(self, breaker: Any) -> str:
+        """Report ``breaker.state`` in ``billing_breaker_state``; returns its label."""
+        with self._guard:
+            name = f"stripe-{next(self._numbers)}"
+            self._breakers[name] = breaker
+        return name
+
+    def use_figures(self, figures: Figures) -> None:
+        """Where the queue gauges come from (the health server's cached queue_health)."""
+        self._figures = figures
+
+    def _observe_breakers(self, _: CallbackOptions) -> Iterable[Observation]:
+        for name, breaker in list(self._breakers.items()):
+            yield Observation(_BREAKER_LEVEL.get(breaker.state, 2), {"client": name})
+
+    def _observe_backlog(self, _: CallbackOptions) -> Iterable[Observation]:
+        figures = self._figures()
+        if figures:
+            for state in ("metered", "reserved", "charge_failed"):
+                yield Observation(figures[f"backlog_{state}"], {"state": state})
+
+    def _observe_age(self, _: CallbackOptions) -> Iterable[Observation]:
+        figures = self._figures()
+        if figures:
+            yield Observation(figures["oldest_open_age_s"])
+
+    def _observe_due(self, _: CallbackOptions) -> Iterable[Observation]:
+        figures = self._figures()
+        if figures:
+            yield Observation(figures["retries_due"])
+
+    def _observe_lag(self, _: CallbackOptions) -> Iterable[Observation]:
+        figures = self._figures()
+        for row in (figures or {}).get("consumer_lag", ()):
+            yield Observation(
+                row["lag"],
+                {"group": row["group_name"], "topic": row["topic"], "partition": row["partition"]},
+            )
+
+
+_METRICS = Metrics()
+
+
+def metrics() -> Metrics:
+    """This process's metrics."""
+    return _METRICS

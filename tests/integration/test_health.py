@@ -1,0 +1,377 @@
+"""Queue health, the health server and the metrics, against what a test set up."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from adapters.breaker import CircuitBreaker
+from adapters.health import HealthProbe, HealthServer
+from adapters.heartbeat import Heartbeat
+from adapters.ledger import BillingLedger
+from adapters.runtime import build_charger, build_projector, open_ledger, prepare
+from adapters.settings import Settings
+from domain.metering import Metering
+from domain.transaction import Source
+from infra.embedded import free_port
+from infra.stripe_emulator import StripeEmulator
+from projections.dead_letters import DeadLetter, DeadLetterStore
+from projections.queue_health import write_settings
+from tests.conftest import settings_env
+from tests.integration.support import produce, usage, wait_for
+
+pytestmark = pytest.mark.integration
+
+CLI = [sys.executable, "-m", "adapters.cli"]
+
+
+@pytest.fixture
+def health_settings(settings: Settings, emulator: StripeEmulator) -> Settings:
+    return settings.model_copy(
+        update={
+            "stripe_api_base": emulator.url,
+            "stripe_timeout_s": 3.0,
+            "stale_after_s": 0.2,
+            "retry_base_s": 0.05,
+            "retry_max_delay_s": 0.2,
+            "heartbeat_interval_s": 0.5,
+        }
+    )
+
+
+@pytest.fixture
+def ledger(health_settings: Settings) -> Iterator[BillingLedger]:
+    prepare(health_settings)
+    with open_ledger(health_settings) as app:
+        yield app
+
+
+def _get(port: int, path: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
+            status, body, kind = resp.status, resp.read(), resp.headers["Content-Type"]
+    except urllib.error.HTTPError as exc:
+        status, body, kind = exc.code, exc.read(), exc.headers["Content-Type"]
+    return status, json.loads(body) if kind == "application/json" else body.decode()
+
+
+def _queue_health(url: str) -> dict[str, Any]:
+    with psycopg.connect(url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        row = cur.execute("SELECT * FROM billing.queue_health").fetchone()
+    assert row is not None
+    return row
+
+
+def _set_up_trouble(
+    settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
+) -> dict[str, Any]:
+    """One charge, one failed attempt due again at once, two reservations left alone,
+    one dead letter, and a worker whose circuit breaker is open."""
+    batch = [Metering(usage(f"a-{i}"), Source("usage", 0, i)) for i in range(4)]
+    txns = [t.id for t in ledger.record_usage(batch).transactions]
+    charger = build_charger(settings, ledger)
+    assert charger.drive(txns[0]) == "charged"
+    charger.stripe.customer("acme")
+    emulator.set_faults(drop_response_after_execute=1)
+    assert charger.drive(txns[1]) == "retry"
+    DeadLetterStore(settings.database_url).record(
+        [DeadLetter("usage", 0, 99, None, b"{not json", "invalid JSON: expecting a value")]
+    )
+    breaker = CircuitBreaker(fail_max=1, reset_s=3600)
+    with pytest.raises(ConnectionError):
+        breaker.call(lambda: (_ for _ in ()).throw(ConnectionError("Stripe down")))
+    heartbeat = Heartbeat(settings, ["reconcile"], breakers=[breaker])
+    heartbeat.beat_once()
+    with build_projector(settings, ledger) as projector:
+        projector.pump_all()
+    return {"txns": txns, "worker": heartbeat.beat.worker_id}
+
+
+def test_queue_health_and_the_health_endpoint_report_what_a_test_set_up(
+    health_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
+) -> None:
+    url = health_settings.database_url
+    setup = _set_up_trouble(health_settings, ledger, emulator)
+
+    # Time passes: the reservations go stale and the failed attempt falls due.
+    row = wait_for(
+        lambda: (h := _queue_health(url))["stale_reserved"] == 2 and h["retries_due"] == 1 and h,
+        what="stale reservations and a due retry",
+    )
+    assert (row["backlog_metered"], row["backlog_reserved"], row["backlog_charge_failed"]) == (
+        0,
+        2,
+        1,
+    )
+    assert row["oldest_open_age_s"] > 0 and row["past_deadline"] == 0
+    assert row["dead_letters_last_hour"] == 1
+    assert (row["stripe_errors_1m"], row["stripe_errors_5m"], row["stripe_errors_15m"]) == (1, 1, 1)
+    assert row["stripe_errors_by_class"] == {"connection": {"1m": 1, "5m": 1, "15m": 1}}
+    assert row["charges_last_minute"] == 1
+    assert (row["workers_alive"], row["workers_silent"], row["breakers_not_closed"]) == (1, 0, 1)
+    assert row["projector_behind"] == 0
+
+    with psycopg.connect(url) as conn:
+        stuck = dict(
+            conn.execute("SELECT transaction_id, stuck_because FROM billing.stuck_transactions")
+        )
+    txns = setup["txns"]
+    assert stuck == {
+        txns[1]: "retry due",
+        txns[2]: "not charged after stale_after_s",
+        txns[3]: "not charged after stale_after_s",
+    }
+
+    with HealthServer(HealthProbe(health_settings, cache_s=0), "127.0.0.1", 0) as server:
+        status, body = _get(server.port, "/health")
+        assert status == 200 and body["status"] == "degraded"
+        assert set(body["reasons"]) == {
+            f"Stripe circuit breaker open in worker {setup['worker']}",
+            "2 reserved transaction(s) not charged",
+            "1 dead letter(s) in the last hour",
+            "1 Stripe error(s) in 5 min (connection: 1)",
+        }
+        assert body["retries_due"] == 1 and body["workers"][0]["breaker_state"] == "open"
+
+        with psycopg.connect(url, autocommit=True) as conn:  # the horizon is now behind them
+            write_settings(
+                conn,
+                retry_horizon_s=0,
+                reconcile_interval_s=0,
+                stale_after_s=0.2,
+                heartbeat_timeout_s=60,
+            )
+        status, body = _get(server.port, "/health")
+        assert status == 503 and body["status"] == "failing"
+        assert body["reasons"][0] == "3 transaction(s) past their deadline"
+
+        assert _get(server.port, "/healthz") == (200, {"status": "alive"})
+        assert _get(server.port, "/readyz") == (200, {"database": "ok", "broker": "ok"})
+
+
+def test_the_health_server_refuses_bad_parameters_and_reports_an_unreachable_broker(
+    health_settings: Settings, ledger: BillingLedger
+) -> None:
+    url = health_settings.database_url
+    recorded = ledger.record_usage(
+        [Metering(usage(f"b-{i}"), Source("usage", 0, i)) for i in range(3)]
+    )
+    held = sum(t.amount for t in recorded.transactions)
+    with build_projector(health_settings, ledger) as projector:
+        projector.pump_all()
+    with psycopg.connect(url) as conn:
+        before = conn.execute("SELECT * FROM billing.transactions ORDER BY 1").fetchall()
+
+    with HealthServer(HealthProbe(health_settings), "127.0.0.1", 0) as server:
+        status, rows = _get(server.port, "/transactions?customer=acme&state=reserved&limit=2")
+        assert status == 200 and len(rows) == 2
+        assert {r["usage_id"] for r in rows} <= {"b-0", "b-1", "b-2"}
+        status, rows = _get(server.port, "/balances?customer=acme")
+        assert status == 200 and [(r["customer_id"], r["in_flight"]) for r in rows] == [
+            ("acme", held)
+        ]
+        refusals = {
+            "/transactions?state=stuck": "unknown state 'stuck'",
+            "/transactions?customer=acme%27%20OR%20%271%27=%271": "invalid customer",
+            "/transactions?limit=1;DROP%20TABLE%20billing.transactions": "invalid limit",
+            "/transactions?limit=0": "invalid limit 0",
+            "/transactions?customer=acme&customer=x": "more than once",
+            "/transactions?sort=amount": "unknown parameter(s) sort",
+            "/health?verbose=1": "unknown parameter(s) verbose",
+        }
+        for path, reason in refusals.items():
+            status, body = _get(server.port, path)
+            assert status == 400 and reason in body["error"], (path, body)
+        assert _get(server.port, "/nope")[0] == 404
+
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT * FROM billing.transactions ORDER BY 1").fetchall() == before
+
+    unreachable = health_settings.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{free_port()}"})
+    with HealthServer(HealthProbe(unreachable), "127.0.0.1", 0) as server:
+        status, body = _get(server.port, "/readyz")
+    assert status == 503 and body["database"] == "ok" and "Connection refused" in body["broker"]
+
+
+def _series(text: str) -> dict[str, float]:
+    """Prometheus text as {'name{labels}': value}."""
+    series = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            series[name] = float(value)
+    return series
+
+
+def _value(series: dict[str, float], name: str, **labels: str) -> float:
+    """The sample of ``name`` whose labels include ``labels`` (0 when absent)."""
+    for key, value in series.items():
+        metric, _, rest = key.partition("{")
+        got = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+        if metric == name and all(got.get(k) == v for k, v in labels.items()):
+            return value
+    return 0.0
+
+
+def test_metrics_expose_the_named_series_with_the_right_values_after_a_known_workload(
+    health_settings: Settings, emulator: StripeEmulator
+) -> None:
+    """A real ``billing-ledger run`` process: 12 records for 3 customers and 2 bad ones."""
+    prepare(health_settings)
+    port = free_port()
+    env = settings_env(health_settings)
+    env["BILLING_LEDGER_STALE_AFTER_S"] = "60"  # only the process manager charges here
+    worker = subprocess.Popen(
+        [*CLI, "run", "--health-port", str(port), "--log-level", "WARNING"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: _reachable(port), what="the health server")
+        records = [usage(f"m-{i}", customer=f"cust-{i % 3}") for i in range(12)]
+        produce(
+            health_settings,
+            [*((r.customer_id.encode(), r.to_json()) for r in records),
+             (b"cust-0", b"{not json"), (b"cust-1", b'{"usage_id": "x"}')],
+        )  # fmt: skip
+        series = wait_for(
+            lambda: (
+                _value(s := _metrics(port), "billing_charge_steps_total", result="charged") >= 12
+                and s
+            ),
+            what="12 charges in /metrics",
+        )
+        assert _value(series, "billing_ingest_records_total", outcome="reserved") == 12
+        assert _value(series, "billing_ingest_records_total", outcome="dead_letter") == 2
+        assert _value(series, "billing_ingest_records_total", outcome="duplicate") == 0
+        assert _value(series, "billing_dead_letters_total") == 2
+        assert _value(series, "billing_charge_steps_total", result="charged") == 12
+        assert _value(series, "billing_charge_retries_total") == 0
+        create = {"operation": "invoice_items.create", "outcome": "ok"}
+        assert _value(series, "billing_stripe_requests_total", **create) == 12
+        assert _value(series, "billing_stripe_request_duration_seconds_count", **create) == 12
+        assert _value(series, "billing_stripe_requests_total", operation="customers.create") == 3
+        assert _value(series, "billing_charge_latency_seconds_count") == 12
+        assert _value(series, "billing_breaker_state", client="stripe-1") == 0
+        assert len(emulator.live_invoice_items()) == 12
+
+        # The gauges come from queue_health once the projector and the heartbeat caught up.
+        def settled() -> dict[str, float] | None:
+            s = _metrics(port)
+            lag = _value(s, "billing_consumer_lag", group=health_settings.ingest_group)
+            done = _value(s, "billing_backlog", state="reserved") == 0
+            return s if done and "billing_consumer_lag{" in str(s) and lag == 0 else None
+
+        series = wait_for(settled, what="backlog 0 and the ingest lag recorded")
+        assert _value(series, "billing_backlog", state="charge_failed") == 0
+        assert _value(series, "billing_retries_due") == 0
+
+        # The breaker opens in an outage: the transition is counted and /health says why.
+        emulator.set_faults(outage=True)
+        produce(
+            health_settings,
+            [(b"cust-0", usage(f"o-{i}", customer="cust-0").to_json()) for i in range(8)],
+        )
+        opened = {"from_state": "closed", "to_state": "open"}
+        series = wait_for(
+            lambda: (
+                _value(s := _metrics(port), "billing_breaker_transitions_total", **opened) and s
+            ),
+            what="the breaker to open",
+        )
+        assert _value(series, "billing_stripe_requests_total", outcome="http_503") >= 5
+        report = wait_for(
+            lambda: (b := _get(port, "/health")[1])["breakers_not_closed"] and b,
+            what="the heartbeat to report the open breaker",
+        )
+        assert report["status"] == "degraded"
+        assert any(r.startswith("Stripe circuit breaker") for r in report["reasons"])
+
+        # Every series the Grafana dashboard queries is one this process exposes.
+        exposed = {key.partition("{")[0] for key in _metrics(port)}
+        assert _dashboard_metrics() <= exposed, _dashboard_metrics() - exposed
+    finally:
+        worker.terminate()
+        _, err = worker.communicate(timeout=60)
+        print("WORKER STDERR", worker.returncode, err[-5000:])
+    assert worker.returncode == 0, err[-2000:]
+    assert "Traceback" not in err
+
+
+def _metrics(port: int) -> dict[str, float]:
+    status, text = _get(port, "/metrics")
+    assert status == 200, text
+    return _series(text)
+
+
+def _dashboard_metrics() -> set[str]:
+    dashboard = Path(__file__).resolve().parents[2] / "infra/grafana/dashboards/billing-ledger.json"
+    panels = json.loads(dashboard.read_text())["panels"]
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
+    names = {n for e in exprs for n in re.findall(r"\bbilling_[a-z_]+", e)}
+    assert len(panels) >= 10 and len(names) >= 10
+    return names
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def _reachable(port: int) -> bool:
+    try:
+        return _get(port, "/healthz")[0] == 200
+    except OSError:
+        return False
+
+
+def test_the_health_command_shows_the_figures_as_a_table_json_and_live(
+    health_settings: Settings,
+) -> None:
+    prepare(health_settings, topics=False)
+    env = settings_env(health_settings)
+    quiet = _cli("health", env=env)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout.startswith("status: ok\n") and "backlog: reserved" in quiet.stdout
+
+    DeadLetterStore(health_settings.database_url).record(
+        [DeadLetter("usage", 1, 5, b"k", b"[]", "not an object")]
+    )
+    shown = _cli("health", "--json", env=env)
+    assert shown.returncode == 1  # not ok: scripts can tell
+    report = json.loads(shown.stdout)
+    assert (report["status"], report["reasons"]) == (
+        "degraded",
+        ["1 dead letter(s) in the last hour"],
+    )
+    assert report["dead_letters_last_hour"] == 1
+
+    with subprocess.Popen(
+        [*CLI, "health", "--watch", "0.1"], env=env, stdout=subprocess.PIPE, text=True
+    ) as watch:
+        assert watch.stdout is not None
+        seen = 0
+        for line in watch.stdout:  # two refreshes, then SIGTERM stops it like Ctrl-C
+            seen += line.startswith("status: degraded")
+            if seen == 2:
+                break
+        watch.terminate()
+        assert watch.wait(timeout=30) == 130 and seen == 2
+
+    down = {**env, "BILLING_LEDGER_DATABASE_URL": f"postgresql://x@127.0.0.1:{free_port()}/x"}
+    failing = _cli("health", env=down)
+    assert failing.returncode == 1 and "Traceback" not in failing.stderr
+    assert failing.stdout.splitlines()[0] == "status: failing"
+    assert failing.stdout.splitlines()[1].startswith("  - database unreachable:")
