@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -61,6 +62,15 @@ class Settings(BaseSettings):
     retry_max_delay_s: float = Field(300.0, gt=0)
     stale_after_s: float = Field(30.0, gt=0, description="reconciler drives Reserved after")
     reconcile_interval_s: float = Field(5.0, gt=0)
+
+    # -- traces -----------------------------------------------------------------
+    trace_exporter: Literal["none", "console", "otlp"] = Field(
+        "none", description="where spans go: nowhere, stdout (JSON), or an OTLP/HTTP collector"
+    )
+    otlp_endpoint: str = Field(
+        "http://127.0.0.1:4318/v1/traces", description="OTLP/HTTP traces endpoint"
+    )
+    service_name: str = Field("billing-ledger", description="service.name of the spans")
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(

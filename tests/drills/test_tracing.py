@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from adapters.ledger import BillingLedger
@@ -21,23 +16,12 @@ from tests.drills.test_charging_drills import _pump_until, _relay_all
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def exporter() -> Iterator[InMemorySpanExporter]:
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    trace.set_tracer_provider(provider)
-    yield memory
-    provider.shutdown()
-
-
 def test_the_trace_context_travels_from_the_relay_to_the_charge_in_kafka_headers(
-    exporter: InMemorySpanExporter,
+    spans: InMemorySpanExporter,
     charge_settings: Settings,
     ledger: BillingLedger,
     emulator: StripeEmulator,
 ) -> None:
-    exporter.clear()
     ids = reserve(ledger, 3)
     _relay_all(charge_settings)
     worker = build_charge_worker(charge_settings, build_charger(charge_settings, ledger))
@@ -49,14 +33,16 @@ def test_the_trace_context_travels_from_the_relay_to_the_charge_in_kafka_headers
         worker.consumer.close()
         worker.pool.shutdown()
 
-    spans = exporter.get_finished_spans()
+    finished = spans.get_finished_spans()
     published = {
         (s.attributes or {}).get("billing.transaction_id"): s
-        for s in spans
+        for s in finished
         if s.name == "relay publish" and (s.attributes or {}).get("billing.event") == "Reserved"
     }
     charges = {
-        (s.attributes or {}).get("billing.transaction_id"): s for s in spans if s.name == "charge"
+        (s.attributes or {}).get("billing.transaction_id"): s
+        for s in finished
+        if s.name == "charge"
     }
     assert set(published) == set(charges) == {str(i) for i in ids}
     for txn_id, charge in charges.items():
