@@ -1,9 +1,10 @@
-"""Trace plumbing without services: ids, parents, the console exporter, settings."""
+"""Trace and log plumbing without services: ids, parents, the console exporter, JSON lines."""
 
 from __future__ import annotations
 
 import io
 import json
+import logging
 from uuid import UUID
 
 import pytest
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 
 from adapters import telemetry
 from adapters.cli import _one_line
+from adapters.logs import JsonFormatter, step_fields
 from adapters.settings import Settings
 
 TXN = UUID("6f1c2a3b-4d5e-5f60-8a7b-9c0d1e2f3a4b")
@@ -79,3 +81,35 @@ def test_an_unknown_exporter_is_a_one_line_settings_error() -> None:
     assert _one_line(caught.value) == (
         "setting BILLING_LEDGER_TRACE_EXPORTER: Input should be 'none', 'console' or 'otlp'"
     )
+
+
+def test_a_step_log_line_is_one_json_object_with_the_step_fields_and_the_trace_ids() -> None:
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("test.telemetry")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        logger.info("outside", extra=step_fields("ingest", "ok", records=3))
+        with telemetry.span("charge", telemetry.transaction_context(TXN)):
+            logger.info(
+                "charge retry",
+                extra=step_fields("charge", "retry", transaction_id=TXN, error_code="http_503"),
+            )
+    finally:
+        logger.removeHandler(handler)
+
+    outside, inside = (json.loads(line) for line in out.getvalue().splitlines())
+    assert outside["message"] == "outside"
+    assert (outside["step"], outside["status"], outside["records"]) == ("ingest", "ok", 3)
+    assert outside["transaction_id"] is None and outside["error_code"] is None
+    assert "trace_id" not in outside
+    assert inside["transaction_id"] == str(TXN)
+    assert (inside["step"], inside["status"], inside["error_code"]) == (
+        "charge",
+        "retry",
+        "http_503",
+    )
+    assert inside["trace_id"] == TXN.hex
+    assert len(inside["span_id"]) == 16
