@@ -13,8 +13,11 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 from uuid import UUID
+
+if TYPE_CHECKING:
+    from adapters.settings import Settings
 
 __all__ = ["main"]
 
@@ -225,28 +228,33 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from adapters.logs import configure_logging
-    from adapters.runtime import open_ledger, prepare
     from adapters.settings import Settings
     from adapters.telemetry import configure_tracing
-    from adapters.workers import run_roles
 
     settings = Settings()  # first: a bad setting is one line, before anything starts
-    configure_logging(args.log_level)
     shutdown_tracing = configure_tracing(settings)
     try:
-        prepare(settings)
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-        roles = list(ROLES) if args.role == "all" else [args.role]
-        with open_ledger(settings) as ledger:
-            run_roles(
-                settings, ledger, roles, stop,
-                kill_after_save=args.drill_kill_after_save, drill=args.drill,
-            )  # fmt: skip
+        return _run_workers(args, settings)
     finally:
         shutdown_tracing()  # flushes the spans still queued
+
+
+def _run_workers(args: argparse.Namespace, settings: Settings) -> int:
+    from adapters.logs import configure_logging
+    from adapters.runtime import open_ledger, prepare
+    from adapters.workers import run_roles
+
+    configure_logging(args.log_level)
+    prepare(settings)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    roles = list(ROLES) if args.role == "all" else [args.role]
+    with open_ledger(settings) as ledger:
+        run_roles(
+            settings, ledger, roles, stop,
+            kill_after_save=args.drill_kill_after_save, drill=args.drill,
+        )  # fmt: skip
     return 0
 
 
