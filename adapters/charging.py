@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from uuid import UUID
@@ -25,8 +26,10 @@ from uuid import UUID
 import psycopg
 from eventsourcing.persistence import IntegrityError
 
+from adapters import telemetry
 from adapters.eventstore import ConsumerPosition
 from adapters.ledger import BillingLedger
+from adapters.logs import step_fields
 from adapters.metrics import metrics
 from adapters.stripe_client import StripeCharges, classify
 from domain.account import CustomerAccount
@@ -102,18 +105,21 @@ class Charger:
                     return "deferred"
                 # The account changes only when a hold is released (compensation): a
                 # charge saves the transaction alone and never contends with ingest.
-                self.ledger.save(
-                    txn,
-                    account if account.pending_events else None,
-                    positions=[position] if position else [],
-                )
+                with _record_span(txn):
+                    self.ledger.save(
+                        txn,
+                        account if account.pending_events else None,
+                        positions=[position] if position else [],
+                    )
             except (IntegrityError, IllegalTransition):
                 continue  # another driver recorded first: reload and look again
+            failure = known[0] if known and isinstance(known[0], ChargeFailure) else None
             _count(txn, result, now)
             log.info(
-                "charge step",
-                extra={"transaction_id": str(txn.id), "step": str(step), "status": result,
-                       "attempt": txn.attempts},
+                f"charge {result}",
+                extra=step_fields(str(step), result, transaction_id=txn.id,
+                                  error_code=failure.error_class if failure else None,
+                                  customer_id=txn.customer_id, attempt=txn.attempts),
             )  # fmt: skip
             return result
         return "raced"
@@ -131,6 +137,11 @@ class Charger:
         if self.drill == "kill_before_stripe":
             os.kill(os.getpid(), signal.SIGKILL)
         if not known:
+            log.info(
+                "charge attempted",
+                extra=step_fields("charge", "attempted", transaction_id=txn.id,
+                                  customer_id=txn.customer_id, attempt=txn.attempts + 1),
+            )  # fmt: skip
             known.append(self._attempt(txn, now))
         outcome = known[0]
         if self.drill == "kill_after_stripe":
@@ -168,9 +179,11 @@ class Charger:
             except Exception as exc:
                 # Cannot know Stripe holds nothing: compensating now could leave a live
                 # charge behind. Record nothing; the reconciler comes back.
+                failure = classify(exc)
                 log.warning(
-                    "compensation deferred: %s", classify(exc).message,
-                    extra={"transaction_id": str(txn.id), "step": "compensate"},
+                    "compensation deferred: %s", failure.message,
+                    extra=step_fields("compensate", "deferred", transaction_id=txn.id,
+                                      error_code=failure.error_class),
                 )  # fmt: skip
                 return None
         txn.compensate(reason)
@@ -194,9 +207,14 @@ class Charger:
             txn.compensate(reason, stripe_reversal_id=f"deleted:{reversal}")
             account.release(txn.id, txn.amount)
             try:
-                self.ledger.save(txn, account)
+                with _record_span(txn):
+                    self.ledger.save(txn, account)
             except IntegrityError:
                 continue
+            log.info(
+                "charge reversed",
+                extra=step_fields("reverse", "reversed", transaction_id=txn.id, reason=reason),
+            )
             return "reversed"
         return "raced"
 
@@ -208,6 +226,16 @@ def _count(txn: BillingTransaction, result: str, now: datetime) -> None:
         m.retries.add(1)
     elif result == "charged":
         m.charge_latency.record((now - txn.created_on).total_seconds())
+
+
+def _record_span(txn: BillingTransaction) -> AbstractContextManager[telemetry.Span]:
+    """The ``record`` span: the save of the transaction's new events."""
+    return telemetry.span(
+        "record",
+        billing__transaction_id=str(txn.id),
+        billing__customer_id=txn.customer_id,
+        billing__events=",".join(type(e).__name__ for e in txn.pending_events),
+    )
 
 
 @dataclass
@@ -243,9 +271,24 @@ class Reconciler:
         report.driven = len(due)
         if due:
             with ThreadPoolExecutor(self.parallel, thread_name_prefix="reconcile") as pool:
-                results = Counter(pool.map(self.charger.drive, due))
+                results = Counter(pool.map(self._drive, due))
             report.results = dict(results)
         return report
+
+    def _drive(self, txn_id: UUID) -> str:
+        """One reconciler action: a ``reconcile`` span in the transaction's trace."""
+        with telemetry.span(
+            "reconcile",
+            telemetry.transaction_context(txn_id),
+            billing__transaction_id=str(txn_id),
+        ) as current:
+            result = self.charger.drive(txn_id)
+            current.set_attribute("billing.result", result)
+            log.info(
+                "transaction reconciled",
+                extra=step_fields("reconcile", result, transaction_id=txn_id),
+            )
+        return result
 
     def open_transactions(self) -> list[UUID]:
         """Transactions whose latest event is neither Charged nor Compensated.

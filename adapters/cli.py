@@ -15,8 +15,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 from uuid import UUID
+
+if TYPE_CHECKING:
+    from adapters.settings import Settings
 
 __all__ = ["main"]
 
@@ -185,8 +188,15 @@ def _add_bench(sub: Any) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from adapters.demo import render_summary, run_demo
+    from adapters.settings import Settings
+    from adapters.telemetry import configure_tracing
 
-    summary = run_demo(args.records, seed=args.seed)
+    # The demo starts its own services: only the trace settings are read here.
+    shutdown_tracing = configure_tracing(Settings())
+    try:
+        summary = run_demo(args.records, seed=args.seed)
+    finally:
+        shutdown_tracing()
     print(json.dumps(summary, indent=2) if args.json else render_summary(summary))
     return 0 if summary["conserved"] else EXIT_FAILURE
 
@@ -207,38 +217,51 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from adapters.kafka_io import ensure_topics, make_producer
+    from adapters.kafka_io import ensure_topics, make_producer, send_usage
     from adapters.settings import Settings
+    from adapters.telemetry import configure_tracing
 
     settings = Settings()
     stream = sys.stdin.buffer if args.file == "-" else _open_input(args.file)
     ensure_topics(settings.kafka_bootstrap, [(settings.usage_topic, settings.usage_partitions)])
     producer = make_producer(settings.kafka_bootstrap)
+    shutdown_tracing = configure_tracing(settings)
     sent = 0
     try:
         for line in stream:
             value = line.rstrip(b"\r\n")
             if not value.strip():
                 continue
-            producer.send(settings.usage_topic, key=_customer_key(value), value=value)
+            send_usage(producer, settings.usage_topic, _customer_key(value), value)
             sent += 1
         producer.flush()
     finally:
         producer.close()
         stream.close()
+        shutdown_tracing()
     print(f"sent {sent} record(s) to {settings.usage_topic}", file=sys.stderr)
     return 0
 
 
 def _run(args: argparse.Namespace) -> int:
+    from adapters.settings import Settings
+    from adapters.telemetry import configure_tracing
+
+    settings = Settings()  # first: a bad setting is one line, before anything starts
+    shutdown_tracing = configure_tracing(settings)
+    try:
+        return _run_workers(args, settings)
+    finally:
+        shutdown_tracing()  # flushes the spans still queued
+
+
+def _run_workers(args: argparse.Namespace, settings: Settings) -> int:
     from adapters.health import HealthProbe, HealthServer
     from adapters.logs import configure_logging
     from adapters.runtime import open_ledger, prepare
-    from adapters.settings import Settings
     from adapters.workers import run_roles
 
     configure_logging(args.log_level)
-    settings = Settings()
     prepare(settings)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

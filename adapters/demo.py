@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import Any
 
 from adapters.ingest import IngestStats
-from adapters.kafka_io import make_producer
+from adapters.kafka_io import make_producer, send_usage
 from adapters.ledger import BillingLedger
 from adapters.logs import configure_logging
 from adapters.runtime import (
@@ -170,7 +170,7 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
             )
             producer = make_producer(settings.kafka_bootstrap)
             for p in produced:
-                producer.send(settings.usage_topic, key=p.key, value=p.value)
+                send_usage(producer, settings.usage_topic, p.key, p.value)
             producer.flush()
             producer.close()
 

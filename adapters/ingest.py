@@ -28,7 +28,9 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata
 
+from adapters import telemetry
 from adapters.ledger import BillingLedger
+from adapters.logs import step_fields
 from adapters.metrics import metrics
 from domain.errors import InvalidUsage
 from domain.metering import MeteredBatch, Metering
@@ -95,6 +97,10 @@ class IngestWorker:
 
     def process(self, records: Sequence[Any]) -> None:
         """Handle one polled batch of ConsumerRecords, then commit their offsets."""
+        with telemetry.span("ingest batch", billing__records=len(records)) as batch:
+            self._process(records, batch)
+
+    def _process(self, records: Sequence[Any], batch: telemetry.Span) -> None:
         started = time.perf_counter()
         valid: list[Metering] = []
         letters: list[DeadLetter] = []
@@ -107,7 +113,9 @@ class IngestWorker:
             except InvalidUsage as exc:
                 letters.append(_letter(rec, str(exc)))
 
+        saving = time.time_ns()
         decision = self.ledger.record_usage(valid)
+        _trace_reserve(batch, records, valid, decision, (saving, time.time_ns()))
         if self.kill_after_save:  # drill hook: die between the database and the offset commit
             os.kill(os.getpid(), signal.SIGKILL)
         raw_by_source = {(r.topic, r.partition, r.offset): r for r in records}
@@ -129,17 +137,17 @@ class IngestWorker:
         st.batches += 1
         st.conflicts += self.ledger.last_save.attempts - 1
         st.batch_seconds.append(elapsed)
+        counts = {
+            "records": len(records),
+            "transactions": len(decision.transactions),
+            "duplicates": len(decision.duplicates),
+            "refused": len(decision.refused),
+            "dead_letters": len(letters),
+        }
+        batch.set_attributes({f"billing.{k}": v for k, v in counts.items()})
         log.info(
             "ingest batch",
-            extra={
-                "step": "ingest",
-                "status": "ok",
-                "records": len(records),
-                "transactions": len(decision.transactions),
-                "duplicates": len(decision.duplicates),
-                "dead_letters": len(letters),
-                "seconds": round(elapsed, 4),
-            },
+            extra={**step_fields("ingest", "ok"), **counts, "seconds": round(elapsed, 4)},
         )
 
     def _quarantine(self, letters: list[DeadLetter]) -> None:
@@ -149,8 +157,8 @@ class IngestWorker:
         for d in letters:
             log.warning(
                 "usage record quarantined",
-                extra={"step": "ingest", "status": "dead_letter", "reason": d.reason,
-                       "source": f"{d.topic}/{d.partition}@{d.offset}"},
+                extra=step_fields("ingest", "dead_letter", error_code=_error_code(d.reason),
+                                  reason=d.reason, source=f"{d.topic}/{d.partition}@{d.offset}"),
             )  # fmt: skip
             self.producer.send(
                 self.dlq_topic,
@@ -195,6 +203,56 @@ def _count(decision: MeteredBatch, dead_letters: int) -> None:
             m.ingested.add(n, {"outcome": outcome})
     if dead_letters:
         m.dead_letters.add(dead_letters)
+
+
+def _trace_reserve(
+    batch: telemetry.Span,
+    records: Sequence[Any],
+    valid: Sequence[Metering],
+    decision: MeteredBatch,
+    save_ns: tuple[int, int],
+) -> None:
+    """A ``reserve`` span per valid record, timed as the batch's save, in the record's
+    transaction trace (``telemetry.usage_parent``) and linked to the batch span. Skipped
+    when the batch is not recorded (no exporter): thousands of no-op spans cost time."""
+    if not batch.is_recording():
+        return
+    headers = {(r.topic, r.partition, r.offset): r.headers for r in records}
+    results: dict[Any, str] = {id(m): "duplicate" for m in decision.duplicates}
+    results.update({id(m): "rejected" for m, _ in decision.rejected})
+    refused = {t.metered.originator_id for t in decision.refused}
+    batch_link = telemetry.link_to(batch)
+    for m in valid:
+        txn_id, s = m.transaction_id, m.source
+        parent, links = telemetry.usage_parent(headers[(s.topic, s.partition, s.offset)], txn_id)
+        result = results.get(id(m)) or ("refused" if txn_id in refused else "reserved")
+        telemetry.start_span(
+            "reserve",
+            parent,
+            [*links, batch_link],
+            start_time=save_ns[0],
+            billing__transaction_id=str(txn_id),
+            billing__customer_id=m.record.customer_id,
+            billing__usage_id=m.record.usage_id,
+            billing__result=result,
+            billing__source=str(s),
+        ).end(save_ns[1])
+
+
+_CODES = (
+    ("empty message", "empty"),
+    ("payload of", "oversized"),
+    ("not valid JSON", "not_json"),
+    ("expected a JSON object", "not_object"),
+    ("unknown currency", "unknown_currency"),
+    ("currency ", "currency_mismatch"),
+    ("unknown meter", "unknown_meter"),
+)
+
+
+def _error_code(reason: str) -> str:
+    """A dead letter's reason as a short code for logs (``invalid``: a field failed)."""
+    return next((code for prefix, code in _CODES if reason.startswith(prefix)), "invalid")
 
 
 def _letter(rec: Any, reason: str) -> DeadLetter:

@@ -8,6 +8,7 @@ and rebalances after a crash wait as long; both work against Apache Kafka too.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -22,6 +23,9 @@ from kafka import (
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
+from adapters import telemetry
+from domain.ids import transaction_id
+
 __all__ = [
     "LagProbe",
     "consumer_lag",
@@ -29,6 +33,7 @@ __all__ = [
     "ensure_topics",
     "make_consumer",
     "make_producer",
+    "send_usage",
 ]
 
 GROUP_TIMINGS: dict[str, Any] = {
@@ -75,6 +80,26 @@ def make_producer(bootstrap: str, **extra: Any) -> KafkaProducer:
         max_request_size=16 * 1024 * 1024,
         **extra,
     )
+
+
+def send_usage(producer: KafkaProducer, topic: str, key: bytes | None, value: bytes) -> None:
+    """Send one usage record in a ``produce usage`` span of its transaction's trace, with
+    the span's context in the headers (W3C ``traceparent``): ingest continues it. A
+    record without a string ``customer_id`` and ``usage_id`` gets a trace of its own."""
+    txn_id, customer = None, None
+    with contextlib.suppress(ValueError):
+        doc = json.loads(value)
+        if isinstance(doc, dict):
+            customer, usage = doc.get("customer_id"), doc.get("usage_id")
+            if isinstance(customer, str) and isinstance(usage, str):
+                txn_id = transaction_id(customer, usage)
+    with telemetry.span(
+        "produce usage",
+        telemetry.transaction_context(txn_id) if txn_id else None,
+        billing__transaction_id=str(txn_id) if txn_id else None,
+        billing__customer_id=customer if isinstance(customer, str) else None,
+    ):
+        producer.send(topic, key=key, value=value, headers=telemetry.inject_headers())
 
 
 def ensure_topics(bootstrap: str, topics: Iterable[tuple[str, int]]) -> None:

@@ -8,10 +8,11 @@ projectors use too): it takes only rows whose writing transaction (``xid``, set 
 late always has an xid at or above that horizon, so it cannot be skipped.
 
 Each event goes to the ``billing.events`` topic keyed by customer id, with its
-notification id and event type in headers. The position is stored in
-``billing.relay_position`` after the broker acknowledged the batch: after a crash
-the relay resumes there and may publish the last batch again (at-least-once;
-consumers are idempotent).
+notification id, event type and trace context in headers (a transaction's
+``relay publish`` span is in the transaction's trace: ``adapters.telemetry``). The
+position is stored in ``billing.relay_position`` after the broker acknowledged the
+batch: after a crash the relay resumes there and may publish the last batch again
+(at-least-once; consumers are idempotent).
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ class Relay:
         txn = str(originator_id) if ":BillingTransaction." in topic else None
         with telemetry.span(
             "relay publish",
+            telemetry.transaction_context(originator_id) if txn else None,
             billing__transaction_id=txn,
             billing__customer_id=customer,
             billing__event=event,

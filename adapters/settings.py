@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -75,6 +76,15 @@ class Settings(BaseSettings):
     def heartbeat_timeout_s(self) -> float:
         """A worker whose last heartbeat is older than this is reported silent."""
         return 3 * self.heartbeat_interval_s
+
+    # -- traces -----------------------------------------------------------------
+    trace_exporter: Literal["none", "console", "otlp"] = Field(
+        "none", description="where spans go: nowhere, stdout (JSON), or an OTLP/HTTP collector"
+    )
+    otlp_endpoint: str = Field(
+        "http://127.0.0.1:4318/v1/traces", description="OTLP/HTTP traces endpoint"
+    )
+    service_name: str = Field("billing-ledger", description="service.name of the spans")
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(

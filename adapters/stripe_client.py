@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
@@ -30,6 +31,7 @@ from typing import TypeVar
 import stripe
 from pyrate_limiter import Duration, Limiter, Rate
 
+from adapters import telemetry
 from adapters.breaker import BreakerOpen, CircuitBreaker
 from adapters.metrics import metrics
 from domain.saga import ChargeFailure, idempotency_key
@@ -144,6 +146,40 @@ def _overload(exc: BaseException) -> bool:
     return isinstance(exc, stripe.StripeError) and (exc.http_status or 0) >= 500
 
 
+@contextmanager
+def _traced(operation: str, txn: BillingTransaction) -> Iterator[None]:
+    """A ``stripe <operation>`` span with its outcome: ``billing.outcome`` (ok or error),
+    and on error ``error.type`` (the ChargeFailure class), ``billing.retryable`` and
+    ``http.response.status_code`` when Stripe answered."""
+    with telemetry.span(
+        f"stripe {operation}",
+        billing__transaction_id=str(txn.id),
+        billing__customer_id=txn.customer_id,
+    ) as current:
+        try:
+            yield
+        except Exception as exc:
+            failure = classify(exc)
+            current.set_attributes(
+                {
+                    "billing.outcome": "error",
+                    "error.type": failure.error_class,
+                    "billing.retryable": failure.retryable,
+                }
+            )
+            if isinstance(exc, stripe.StripeError) and exc.http_status:
+                current.set_attribute("http.response.status_code", exc.http_status)
+            raise
+        current.set_attribute("billing.outcome", "ok")
+
+
+def _http_status(obj: stripe.StripeObject) -> None:
+    """Put the HTTP status of the response that made ``obj`` on the current span."""
+    response = obj.last_response
+    if response is not None:
+        telemetry.current_span().set_attribute("http.response.status_code", response.code)
+
+
 class StripeCharges:
     """Invoice items for billing transactions, one per transaction, exactly once."""
 
@@ -170,6 +206,10 @@ class StripeCharges:
 
     def charge(self, txn: BillingTransaction, now_age: timedelta) -> str:
         """Create the transaction's invoice item (or find it); returns its Stripe id."""
+        with _traced("charge", txn):
+            return self._charge(txn, now_age)
+
+    def _charge(self, txn: BillingTransaction, now_age: timedelta) -> str:
         customer = self.customer(txn.customer_id)
         if now_age >= self.settings.key_window:
             existing = self.find_charge(txn, customer)
@@ -188,6 +228,7 @@ class StripeCharges:
                 options={"idempotency_key": idempotency_key("charge", txn.id)},
             ),
         )
+        _http_status(item)
         return str(item.id)
 
     def find_charge(self, txn: BillingTransaction, customer: str | None = None) -> str | None:
@@ -205,6 +246,10 @@ class StripeCharges:
 
     def remove_charge(self, txn: BillingTransaction, stripe_object_id: str | None) -> str | None:
         """Delete the transaction's invoice item (by id, else by metadata); returns its id."""
+        with _traced("remove_charge", txn):
+            return self._remove_charge(txn, stripe_object_id)
+
+    def _remove_charge(self, txn: BillingTransaction, stripe_object_id: str | None) -> str | None:
         item_id = stripe_object_id or self.find_charge(txn)
         if item_id is None:
             return None

@@ -5,16 +5,27 @@
   test gets a database of its own.
 * Kafka: a Tansu broker (memory storage) for the session; each test gets topics and a
   consumer group of its own.
+* Traces: ``spans`` records the spans of one test in memory. The tracer provider is
+  process-wide and can be set once, so it is installed once per session with a sampler
+  that records nothing outside the tests that ask for ``spans``.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import psycopg
 import pytest
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+from opentelemetry.trace import Link, SpanKind, TraceState
+from opentelemetry.util.types import Attributes
 from psycopg import sql
 
 from adapters.settings import Settings
@@ -80,3 +91,47 @@ def settings_env(settings: Settings) -> dict[str, str]:
     for key, value in settings.model_dump().items():
         env[f"BILLING_LEDGER_{key.upper()}"] = str(value)
     return env
+
+
+class _Switch(Sampler):
+    """Records every span while ``on``, none otherwise."""
+
+    on = False
+
+    def should_sample(  # noqa: PLR0917 (the SDK's signature)
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        if not self.on:
+            return SamplingResult(Decision.DROP)
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)  # the span keeps these
+
+    def get_description(self) -> str:
+        return "switch"
+
+
+@pytest.fixture(scope="session")
+def _tracing() -> Iterator[tuple[_Switch, InMemorySpanExporter]]:
+    switch, memory = _Switch(), InMemorySpanExporter()
+    provider = TracerProvider(sampler=switch)
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    trace.set_tracer_provider(provider)
+    yield switch, memory
+    provider.shutdown()
+
+
+@pytest.fixture
+def spans(_tracing: tuple[_Switch, InMemorySpanExporter]) -> Iterator[InMemorySpanExporter]:
+    """The finished spans of this test (``spans.get_finished_spans()``)."""
+    switch, memory = _tracing
+    memory.clear()
+    switch.on = True
+    yield memory
+    switch.on = False
+    memory.clear()
