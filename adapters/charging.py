@@ -291,17 +291,27 @@ class Reconciler:
         return result
 
     def open_transactions(self) -> list[UUID]:
-        """Transactions whose latest event is neither Charged nor Compensated.
+        """Transactions that are neither Charged nor Compensated.
 
-        Interim: scans the latest event of every transaction in the store. The
-        ``transactions`` projection (next issue) will answer this from an index.
+        Those the ``transactions`` projection has seen come from its (state,
+        next_attempt_at) index; those recorded after the projection's position (in
+        commit order, as the projector reads) are found in the events past it, so a projector that is behind or stopped never
+        hides a transaction from the reconciler. A row that is out of date only costs
+        a load: ``next_step`` decides from the aggregate itself.
         """
         prefix = f"{BillingTransaction.__module__}:{BillingTransaction.__qualname__}."
         with psycopg.connect(self.database_url) as conn:
             rows = conn.execute(
+                "SELECT transaction_id FROM billing.transactions"
+                " WHERE state IN ('metered', 'reserved', 'charge_failed')"
+                " UNION "
                 "SELECT originator_id FROM ("
                 " SELECT DISTINCT ON (originator_id) originator_id, topic"
-                " FROM billingledger_events WHERE topic LIKE %s"
+                " FROM billingledger_events"
+                " WHERE (xid, notification_id) > coalesce("
+                "  (SELECT (p.xid, p.notification_id) FROM billing.projection_positions p"
+                "   WHERE p.name = 'transactions'), ('0'::xid8, 0::bigint))"
+                " AND topic LIKE %s"
                 " ORDER BY originator_id, originator_version DESC) latest"
                 " WHERE topic <> ALL(%s)",
                 (prefix + "%", [prefix + "Charged", prefix + "Compensated"]),

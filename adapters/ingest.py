@@ -15,8 +15,10 @@ transactions already recorded and counts them as duplicates. Nothing is locked.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import random
 import signal
 import threading
 import time
@@ -29,7 +31,7 @@ from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata
 
 from adapters import telemetry
-from adapters.ledger import BillingLedger
+from adapters.ledger import BillingLedger, ConcurrencyExhausted
 from adapters.logs import step_fields
 from adapters.metrics import metrics
 from domain.errors import InvalidUsage
@@ -55,6 +57,7 @@ class IngestStats:
     batches: int = 0
     conflicts: int = 0
     commit_failures: int = 0
+    contended_batches: int = 0  # batches that lost every concurrency retry and waited
     batch_seconds: list[float] = field(default_factory=list)
 
 
@@ -90,10 +93,28 @@ class IngestWorker:
         while not stop.is_set():
             polled = self.consumer.poll(timeout_ms=self.poll_timeout_ms)
             records = [r for batch in polled.values() for r in batch]
-            if records:
+            saved = bool(records) and self._process_until_saved(records, stop)
+            if saved and on_batch is not None:
+                on_batch(self.stats)
+
+    def _process_until_saved(self, records: Sequence[Any], stop: threading.Event) -> bool:
+        """``process``, again after a jittered pause while the batch keeps losing
+        concurrency races (nothing was saved, no offset committed). False when stopped
+        first: the uncommitted batch is delivered again, to this worker or another."""
+        for attempt in itertools.count():
+            try:
                 self.process(records)
-                if on_batch is not None:
-                    on_batch(self.stats)
+                return True
+            except ConcurrencyExhausted as exc:
+                self.stats.contended_batches += 1
+                delay = random.uniform(0, min(5.0, 0.1 * 2**attempt))
+                log.warning(
+                    "batch not saved, trying again in %.2fs: %s", delay, exc,
+                    extra={"step": "ingest", "status": "contended", "attempt": attempt + 1},
+                )  # fmt: skip
+                if stop.wait(delay):
+                    return False
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def process(self, records: Sequence[Any]) -> None:
         """Handle one polled batch of ConsumerRecords, then commit their offsets."""

@@ -17,7 +17,12 @@ import pytest
 from adapters.charge_worker import ChargeWorker
 from adapters.charging import Charger, Reconciler
 from adapters.ledger import BillingLedger
-from adapters.runtime import build_charge_worker, build_charger, build_reconciler
+from adapters.runtime import (
+    build_charge_worker,
+    build_charger,
+    build_projector,
+    build_reconciler,
+)
 from adapters.settings import Settings
 from adapters.stripe_client import StripeCharges
 from domain.transaction import TxnState
@@ -407,3 +412,29 @@ def test_the_process_manager_resumes_from_the_positions_it_recorded_with_its_ste
     assert second.driven == 0
     assert len(emulator.requests()) == requests_before
     assert assert_invariants(ledger, emulator, ids) == {"charged": 8}
+
+
+def test_the_reconciler_finds_open_transactions_in_the_projection_and_past_its_position(
+    charge_settings: Settings, ledger: BillingLedger
+) -> None:
+    """Projected rows answer from the index; what the projector has not reached yet is
+    found in the events after its position; a stopped projector hides nothing."""
+    first = reserve(ledger, 3, customer="early")
+    with build_projector(charge_settings, ledger) as projector:
+        projector.pump_all()
+    charger = build_charger(charge_settings, ledger)
+    assert charger.drive(first[0]) == "charged"  # the projection still says reserved
+    later = reserve(ledger, 2, customer="late")  # past the projection's position
+    reconciler = build_reconciler(charge_settings, charger)
+    assert set(reconciler.open_transactions()) == {*first, *later}
+
+    with build_projector(charge_settings, ledger) as projector:
+        projector.pump_all()
+    assert set(reconciler.open_transactions()) == {first[1], first[2], *later}
+
+    _reconcile_until_terminal(reconciler, ledger, [*first, *later])
+    with build_projector(charge_settings, ledger) as projector:
+        projector.pump_all()
+    (done,) = reserve(ledger, 1, customer="done")
+    assert charger.drive(done) == "charged"  # past the position, and terminal there
+    assert reconciler.open_transactions() == []

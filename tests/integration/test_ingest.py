@@ -6,7 +6,9 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -220,6 +222,44 @@ def test_a_spend_limit_refuses_usage_past_it_and_releases_nothing_it_did_not_res
     account = ledger.account("acme", "USD")
     assert account is not None
     assert (account.reserved, account.available) == (200, 50)
+
+
+def test_a_batch_that_keeps_losing_concurrency_races_waits_and_is_saved_not_fatal(
+    settings: Settings, ledger: BillingLedger
+) -> None:
+    """Another writer moves acme's account between each of three loads and saves, with
+    one save attempt per batch: three real version conflicts, three pauses, no crash."""
+    ledger.max_attempts = 1
+    contentions = [3]
+    load = ledger._load_account
+
+    def contended_load(customer_id: str, currency: str) -> Any:
+        account = load(customer_id, currency)
+        if contentions[0]:
+            contentions[0] -= 1
+            with open_ledger(settings) as other:
+                other.set_spend_limit(customer_id, currency, 1_000_000 + contentions[0])
+        return account
+
+    ledger._load_account = contended_load  # type: ignore[method-assign]
+    records = [usage(f"c-{i}") for i in range(5)]
+    produce_records(settings, records)
+    worker = build_ingest_worker(settings, ledger)
+    stop = threading.Event()
+    runner = threading.Thread(target=worker.run, args=(stop,))
+    runner.start()
+    try:
+        wait_for(lambda: worker.stats.records == 5 or not runner.is_alive(), what="the batch")
+    finally:
+        stop.set()
+        runner.join(30)
+        close_worker(worker)
+
+    assert worker.stats.records == 5 and worker.stats.contended_batches == 3
+    assert sorted(metered_usage_ids(settings.database_url)) == [r.usage_id for r in records]
+    account = ledger.account("acme", "USD")
+    assert account is not None and account.spend_limit == 1_000_000  # the rival's last write
+    assert total_lag(settings) == 0
 
 
 def test_events_cannot_be_updated_or_deleted(settings: Settings, ledger: BillingLedger) -> None:
