@@ -295,9 +295,10 @@ class Reconciler:
 
         Those the ``transactions`` projection has seen come from its (state,
         next_attempt_at) index; those recorded after the projection's position (in
-        commit order, as the projector reads) are found in the events past it, so a projector that is behind or stopped never
-        hides a transaction from the reconciler. A row that is out of date only costs
-        a load: ``next_step`` decides from the aggregate itself.
+        commit order, as the projector reads) are found in the events past it, so a
+        projector that is behind or stopped never hides a transaction from the
+        reconciler. A row that is out of date only costs a load: ``next_step``
+        decides from the aggregate itself.
         """
         prefix = f"{BillingTransaction.__module__}:{BillingTransaction.__qualname__}."
         with psycopg.connect(self.database_url) as conn:

@@ -19,6 +19,9 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import psycopg
+
+from adapters.health import health_report
 from adapters.ingest import IngestStats
 from adapters.kafka_io import make_producer, send_usage
 from adapters.ledger import BillingLedger
@@ -26,6 +29,7 @@ from adapters.logs import configure_logging
 from adapters.runtime import (
     build_charger,
     build_ingest_worker,
+    build_projector,
     build_reconciler,
     close_worker,
     open_ledger,
@@ -39,6 +43,7 @@ from domain.usage import UsageRecord
 from infra.embedded import EmbeddedPostgres, TansuBroker
 from infra.stripe_emulator import StripeEmulator
 from projections.dead_letters import DeadLetterStore
+from projections.queue_health import Thresholds
 from projections.summary import Balances
 
 __all__ = [
@@ -208,6 +213,7 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
                 )
                 _charge_everything(charging, ledger, deadline=time.monotonic() + timeout)
                 summary = summarize(ledger, settings, produced)
+                summary["health"] = _health(charging, ledger)
                 items = stripe.live_invoice_items()
                 summary["stripe"] = {
                     "live_invoice_items": len(items),
@@ -242,6 +248,16 @@ def _charge_everything(settings: Settings, ledger: BillingLedger, *, deadline: f
     finally:
         stop.set()
         workers.join()
+
+
+def _health(settings: Settings, ledger: BillingLedger) -> dict[str, Any]:
+    """Queue health once the read models have caught up (what ``billing-ledger health``
+    would print now): the demo's poison records show up as dead letters."""
+    with build_projector(settings, ledger) as projector:
+        projector.pump_all()
+    with psycopg.connect(settings.database_url) as conn:
+        report = health_report(conn, Thresholds())
+    return {"status": report["status"], "reasons": report["reasons"]}
 
 
 def _amounts(items: list[dict[str, Any]]) -> dict[str, int]:
@@ -303,5 +319,8 @@ def render_summary(summary: dict[str, Any]) -> str:
     if summary["dead_letter_reasons"]:
         lines += ["", "dead letters by reason:"]
         lines += [f"  {n:>6,}  {reason}" for reason, n in summary["dead_letter_reasons"].items()]
+    if "health" in summary:
+        lines += ["", f"queue health: {summary['health']['status']}"]
+        lines += [f"  - {reason}" for reason in summary["health"]["reasons"]]
     lines.append(f"\nfinished in {summary.get('seconds', 0):.1f}s")
     return "\n".join(lines)

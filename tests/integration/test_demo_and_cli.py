@@ -88,6 +88,11 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
             charged_by_currency[cur] += bal["charged"]
     assert summary["stripe"]["amount_by_currency"] == dict(charged_by_currency)
     assert "ingested" in proc.stderr  # progress was shown
+    # Everything settled: queue health has nothing against it but the poison records.
+    assert summary["health"] == {
+        "status": "degraded",
+        "reasons": [f"{invalid} dead letter(s) in the last hour"],
+    }
 
 
 def test_history_shows_a_transactions_events_by_id_and_by_customer_and_usage_id(
