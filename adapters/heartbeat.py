@@ -18,7 +18,7 @@ import psycopg
 from adapters.breaker import CircuitBreaker
 from adapters.kafka_io import LagProbe
 from adapters.settings import Settings
-from projections.queue_health import WorkerBeat, record_heartbeat, record_lag
+from projections.queue_health import WorkerBeat, forget_worker, record_heartbeat, record_lag
 
 __all__ = ["Heartbeat", "worst_state"]
 
@@ -79,6 +79,15 @@ class Heartbeat:
                     return
         finally:
             self._close_lag()
+            self._sign_off()
+
+    def _sign_off(self) -> None:
+        """A clean stop: this worker is gone, not silent."""
+        try:
+            with psycopg.connect(self.settings.database_url, connect_timeout=5) as conn:
+                forget_worker(conn, self.beat.worker_id)
+        except psycopg.Error as exc:
+            log.warning("worker not signed off: %s", exc, extra={"step": "heartbeat"})
 
     def beat_once(self) -> None:
         beat = WorkerBeat(

@@ -10,7 +10,8 @@ Objects in the ``billing`` schema:
 * ``billing.stuck_transactions`` (a view): every unfinished transaction that should
   have moved by now, with why (``stuck_because``) and its last error.
 * ``billing.workers``: one row per worker process, its heartbeat and breaker state
-  (written by the workers every ``heartbeat_interval_s``).
+  (written by the workers every ``heartbeat_interval_s``; removed when a worker stops
+  cleanly; a silent one is reported, then forgotten after an hour).
 * ``billing.consumer_lag``: per consumer group, topic and partition, the committed
   offset, the end of the partition and the lag (written by the workers).
 * ``billing.health_settings``: the deadlines the view judges by (written at start).
@@ -39,6 +40,7 @@ __all__ = [
     "Thresholds",
     "WorkerBeat",
     "assess",
+    "forget_worker",
     "read_health",
     "record_heartbeat",
     "record_lag",
@@ -46,6 +48,7 @@ __all__ = [
 ]
 
 OK, DEGRADED, FAILING = "ok", "degraded", "failing"
+FORGET_SILENT_AFTER_S = 3600.0  # a worker silent this long is dropped from billing.workers
 
 SCHEMA_SQL = """
 CREATE SCHEMA IF NOT EXISTS billing;
@@ -215,6 +218,15 @@ def record_heartbeat(conn: psycopg.Connection[Any], beat: WorkerBeat) -> None:
             Jsonb(dict(beat.stats)),
         ),
     )
+    conn.execute(
+        "DELETE FROM billing.workers WHERE heartbeat_at < now() - make_interval(secs => %s)",
+        (FORGET_SILENT_AFTER_S,),
+    )
+
+
+def forget_worker(conn: psycopg.Connection[Any], worker_id: str) -> None:
+    """Remove a worker that stopped cleanly (a crashed one stays, silent, for an hour)."""
+    conn.execute("DELETE FROM billing.workers WHERE worker_id = %s", (worker_id,))
 
 
 def record_lag(

@@ -90,8 +90,13 @@ def _set_up_trouble(
     breaker = CircuitBreaker(fail_max=1, reset_s=3600)
     with pytest.raises(ConnectionError):
         breaker.call(lambda: (_ for _ in ()).throw(ConnectionError("Stripe down")))
+    with psycopg.connect(settings.database_url) as conn:  # a worker that died long ago
+        conn.execute(
+            "INSERT INTO billing.workers VALUES ('gone:1:ingest', '{ingest}', 'gone', 1,"
+            " now() - interval '3 hours', now() - interval '2 hours', NULL, '{}')"
+        )
     heartbeat = Heartbeat(settings, ["reconcile"], breakers=[breaker])
-    heartbeat.beat_once()
+    heartbeat.beat_once()  # ... is forgotten by the next heartbeat
     with build_projector(settings, ledger) as projector:
         projector.pump_all()
     return {"txns": txns, "worker": heartbeat.beat.worker_id}
@@ -306,6 +311,8 @@ def test_metrics_expose_the_named_series_with_the_right_values_after_a_known_wor
         _, err = worker.communicate(timeout=60)
         print(err[-4000:])  # shown when the test fails
     assert worker.returncode == 0, err[-2000:]
+    with psycopg.connect(health_settings.database_url) as conn:  # stopped cleanly: signed off
+        assert conn.execute("SELECT worker_id FROM billing.workers").fetchall() == []
     # Ours, that is: kafka-python 3 may log a socket it closed itself while stopping.
     ours = [line for line in err.splitlines() if '"logger": "kafka.' not in line]
     assert not [line for line in ours if "Traceback" in line], err[-2000:]
