@@ -22,9 +22,11 @@ from domain.transaction import ALLOWED_FROM, TxnState
 __all__ = [
     "Balance",
     "Finding",
+    "InvoiceItem",
     "TxnAudit",
     "balances_of",
     "check_balances",
+    "check_stripe",
     "check_transactions",
 ]
 
@@ -236,3 +238,69 @@ def check_balances(balances: Mapping[tuple[str, str], Balance]) -> list[Finding]
         for (customer, currency), bal in sorted(balances.items())
         if not bal.conserved
     ]
+
+
+@dataclass(frozen=True)
+class InvoiceItem:
+    """A live invoice item in Stripe, with the transaction id its metadata names (if any)."""
+
+    id: str
+    txn_id: str | None
+    amount: int
+    currency: str
+
+
+def check_stripe(
+    items: Iterable[InvoiceItem], txns: Mapping[str, TxnAudit], *, foreign_items: bool = True
+) -> list[Finding]:
+    """Charges Stripe has that the ledger does not, and the reverse (I3).
+
+    Each Charged transaction has exactly its recorded item, of its amount; a
+    Compensated one has none, an unfinished one at most one. ``foreign_items``: also report items that name no
+    transaction of the ledger (off when only part of the history was replayed).
+    """
+    findings: list[Finding] = []
+    by_txn: dict[str, list[InvoiceItem]] = {}
+    for item in items:
+        if item.txn_id is not None and item.txn_id in txns:
+            by_txn.setdefault(item.txn_id, []).append(item)
+        elif foreign_items:
+            findings.append(
+                Finding(
+                    "stripe",
+                    item.id,
+                    f"Stripe has a charge of {item.amount} {item.currency.upper()} the ledger"
+                    f" does not (metadata txn_id {item.txn_id or 'missing'})",
+                )
+            )
+    for txn_id, txn in txns.items():
+        live = by_txn.get(txn_id, [])
+        if txn.state is TxnState.CHARGED:
+            findings.extend(_charged_vs_stripe(txn, live))
+        elif live and (txn.state is TxnState.COMPENSATED or len(live) > 1):
+            # One item of an unfinished transaction is a charge whose answer was lost:
+            # the reconciler finds it. A compensated one must have none.
+            findings.append(
+                Finding("stripe", txn_id, f"{txn.state}, but Stripe holds {_ids(live)}")
+            )
+    return findings
+
+
+def _charged_vs_stripe(txn: TxnAudit, live: list[InvoiceItem]) -> list[Finding]:
+    ids = [i.id for i in live]
+    if ids == [txn.stripe_object_id]:
+        item = live[0]
+        if (item.amount, item.currency.upper()) == (txn.amount, txn.currency):
+            return []
+        detail = (
+            f"charged {txn.amount} {txn.currency}, Stripe item is {item.amount} {item.currency}"
+        )
+    elif not live:
+        detail = f"charged as {txn.stripe_object_id}, which Stripe does not hold"
+    else:
+        detail = f"charged as {txn.stripe_object_id}, Stripe holds {_ids(live)}"
+    return [Finding("stripe", txn.transaction_id, detail)]
+
+
+def _ids(items: list[InvoiceItem]) -> str:
+    return ", ".join(i.id for i in items)
