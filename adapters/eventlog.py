@@ -72,7 +72,11 @@ class LogRow(NamedTuple):
         )
 
 
-_COLUMNS = sql.SQL("xid::text, notification_id, originator_id, originator_version, topic, state")
+# The text of the xid is named xid_text: an ORDER BY xid would otherwise sort by this
+# output column, as text ('1000' < '985'), and skip rows past the stored position.
+_COLUMNS = sql.SQL(
+    "xid::text AS xid_text, notification_id, originator_id, originator_version, topic, state"
+)
 
 _READ_AFTER = sql.SQL(
     "SELECT {} FROM {} WHERE (xid, notification_id) > (%s::xid8, %s)"
