@@ -37,7 +37,8 @@ from domain.audit import (
     check_stripe,
     check_transactions,
 )
-from domain.chain import GENESIS, ChainBreak, ChainLink, event_hash, link_problem
+from domain.chain import GENESIS, ChainBreak, ChainLink, link_hash, link_problem, topic_header
+from projections.transactions import COLUMNS as TXN_COLUMNS
 
 __all__ = [
     "HISTORY_COPY",
@@ -57,13 +58,16 @@ EVENTS = "billingledger_events"
 _TXN = "domain.transaction:BillingTransaction."
 _ACCOUNT = "domain.account:CustomerAccount."
 HISTORY_COPY = sql.SQL(
-    "COPY (SELECT originator_id, originator_version, topic, state, prev_hash, hash FROM {}"
+    "COPY (SELECT uuid_send(originator_id), originator_version, topic, state, prev_hash, hash"
+    " FROM {}"
     " ORDER BY originator_id, originator_version) TO STDOUT (FORMAT BINARY)"
 ).format(sql.Identifier(EVENTS))
-HISTORY_TYPES = ["uuid", "int8", "text", "bytea", "bytea", "bytea"]
+HISTORY_TYPES = ["bytea", "int8", "text", "bytea", "bytea", "bytea"]  # ids as 16 bytes: faster
 _PROGRESS_EVERY = 50_000
 
-Row = tuple[UUID, int, str, bytes, bytes | None, bytes | None]
+Row = tuple[bytes, int, str, bytes, bytes | None, bytes | None]
+"""One stored event as the replay reads it: the aggregate id's 16 bytes, version, topic,
+state, prev_hash, hash."""
 
 
 @dataclass(frozen=True)
@@ -121,51 +125,67 @@ class _Aggregate:
 
     __slots__ = ("account", "expected", "id", "prev", "txn")
 
-    def __init__(self, originator_id: UUID) -> None:
-        self.id = originator_id
+    def __init__(self, id_bytes: bytes) -> None:
+        self.id = id_bytes
         self.expected = 1
         self.prev = GENESIS
         self.txn: TxnAudit | None = None
         self.account: tuple[str, str] | None = None
 
 
+_SKIP = "skip"
+_ALWAYS = frozenset({"metered", "Opened", "LimitSet"})  # else only for a transaction in scope
+_NO_DATA: dict[str, Any] = {}
+_WRAPPED = {"metered": ("quantity", "timestamp"), "ChargeFailed": ("next_attempt_at",)}
+
+
 def replay(
     rows: Iterable[Row], scope: Scope = Scope(), tick: Callable[[int], None] | None = None
 ) -> Replay:
-    """Fold the history (rows by aggregate and version) into transactions and limits."""
+    """Fold the history (rows by aggregate and version) into transactions and limits.
+
+    The hot loop of an audit: ids stay bytes, each topic is classified and its hash
+    header built once, and a Reserved event (nothing in it is checked) is not decoded
+    unless its time matters.
+    """
     out = Replay()
-    agg = _Aggregate(UUID(int=0))
-    kinds: dict[str, str] = {}
+    agg = _Aggregate(b"")
+    topics: dict[str, tuple[str, bytes]] = {}
+    events = 0
     for row in rows:
-        originator_id, version, topic, state, prev_hash, digest = row
-        out.events += 1
-        if originator_id != agg.id:
-            agg = _Aggregate(originator_id)
+        id_bytes, version, topic, state, prev_hash, digest = row
+        events += 1
+        if id_bytes != agg.id:
+            agg = _Aggregate(id_bytes)
             out.aggregates += 1
+        known = topics.get(topic)
+        if known is None:
+            known = topics[topic] = (_kind(topic), topic_header(topic))
+        kind, header = known
         if (
             version != agg.expected
             or prev_hash != agg.prev
-            or digest != event_hash(agg.prev, originator_id, version, topic, state)
+            or digest != link_hash(agg.prev, id_bytes, version, header, state)
         ):
             _chain_break(out, agg, row)
         agg.expected, agg.prev = version + 1, digest or GENESIS
-        kind = kinds.get(topic) or kinds.setdefault(topic, _kind(topic))
-        if kind in _ALWAYS or (kind != "skip" and agg.txn is not None):
+        if kind == "Reserved" and not scope.partial:
+            if agg.txn is not None:
+                agg.txn.apply(kind, _NO_DATA, version)
+        elif kind in _ALWAYS or (kind != _SKIP and agg.txn is not None):
             _route(out, agg, kind, version, state, scope)
-        if tick is not None and out.events % _PROGRESS_EVERY == 0:
-            tick(out.events)
+        if tick is not None and events % _PROGRESS_EVERY == 0:
+            tick(events)
+    out.events = events
     return out
 
 
 def _chain_break(out: Replay, agg: _Aggregate, row: Row) -> None:
-    originator_id, version, topic, state, prev_hash, digest = row
-    link = ChainLink(originator_id, version, topic, state, prev_hash, digest)
+    id_bytes, version, topic, state, prev_hash, digest = row
+    link = ChainLink(UUID(bytes=id_bytes), version, topic, state, prev_hash, digest)
     problem = link_problem(link, agg.expected, agg.prev)
     if problem is not None:
-        out.breaks.append(ChainBreak(originator_id, version, problem))
-
-
-_ALWAYS = frozenset({"metered", "Opened", "LimitSet"})  # else only for a transaction in scope
+        out.breaks.append(ChainBreak(link.originator_id, version, problem))
 
 
 def _kind(topic: str) -> str:
@@ -174,19 +194,21 @@ def _kind(topic: str) -> str:
         return "metered" if name == "Metered" else name
     if topic in (_ACCOUNT + "Opened", _ACCOUNT + "LimitSet"):
         return topic[len(_ACCOUNT) :]
-    return "skip"  # an account's reservations: not needed to recompute anything
+    return _SKIP  # an account's reservations: not needed to recompute anything
 
 
 def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
     out: Replay, agg: _Aggregate, kind: str, version: int, state: bytes, scope: Scope
 ) -> None:
-    data = _plain(orjson.loads(state))
-    at = datetime.fromisoformat(data["timestamp"]) if scope.partial else None
+    data = orjson.loads(state)
+    for key in _WRAPPED.get(kind, ()):
+        data[key] = _unwrap(data[key])
+    at = datetime.fromisoformat(_unwrap(data["timestamp"])) if scope.partial else None
     if scope.as_of is not None and at is not None and at > scope.as_of:
         return
     if kind == "metered":
         if scope.includes(data["customer_id"], at):
-            agg.txn = TxnAudit.metered(str(agg.id), data)
+            agg.txn = TxnAudit.metered(_uuid_text(agg.id), data)
             out.transactions[agg.txn.transaction_id] = agg.txn
     elif kind == "Opened":
         if scope.customer in (None, data["customer_id"]):
@@ -199,9 +221,15 @@ def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
         agg.txn.apply(kind, data, version)
 
 
-def _plain(data: dict[str, Any]) -> dict[str, Any]:
-    """Registered types (datetimes, decimals, UUIDs) as the strings they are stored as."""
-    return {k: v["_data_"] if type(v) is dict and "_data_" in v else v for k, v in data.items()}
+def _uuid_text(id_bytes: bytes) -> str:
+    """``str(UUID(bytes=id_bytes))``, several times faster."""
+    h = id_bytes.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _unwrap(value: Any) -> Any:
+    """A registered type (datetime, Decimal, UUID) as the string it is stored as."""
+    return value["_data_"] if type(value) is dict else value
 
 
 # -- the audit -----------------------------------------------------------------------
@@ -289,21 +317,13 @@ def _history_findings(
     return findings + check_balances(balances)
 
 
-_TXN_COMPARED = (
-    "customer_id",
-    "usage_id",
-    "meter",
-    "quantity",
-    "amount",
-    "currency",
-    "state",
-    "attempts",
-    "last_error",
-    "next_attempt_at",
-    "stripe_object_id",
-    "compensation_reason",
-    "metered_at",
-)
+# What a TxnAudit knows; the other columns are the times of the later steps.
+_TXN_COMPARED = tuple(
+    c
+    for c in TXN_COLUMNS
+    if c not in {"transaction_id", "occurred_at", "reserved_at", "charged_at", "compensated_at",
+                 "updated_at"}
+)  # fmt: skip
 
 
 def compare_transactions(
@@ -520,7 +540,7 @@ def export_events(
         cur.execute(_EXPORT, (firsts, customer))
         for position, originator_id, version, topic, state, prev_hash, digest in cur:
             data = orjson.loads(state)
-            at = datetime.fromisoformat(_plain(data)["timestamp"])
+            at = datetime.fromisoformat(_unwrap(data["timestamp"]))
             if (start is not None and at < start) or (end is not None and at >= end):
                 continue
             yield {

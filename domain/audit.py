@@ -256,8 +256,8 @@ def check_stripe(
     """Charges Stripe has that the ledger does not, and the reverse (I3).
 
     Each Charged transaction has exactly its recorded item, of its amount; a
-    Compensated one has none, an unfinished one at most one. ``foreign_items``: also report items that name no
-    transaction of the ledger (off when only part of the history was replayed).
+    Compensated one has none, an unfinished one at most one. ``foreign_items``: also
+    report items that name no transaction of the ledger (off for part of the history).
     """
     findings: list[Finding] = []
     by_txn: dict[str, list[InvoiceItem]] = {}

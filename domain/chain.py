@@ -14,26 +14,35 @@ from dataclasses import dataclass
 from hashlib import sha256
 from uuid import UUID
 
-__all__ = ["GENESIS", "ChainBreak", "ChainLink", "check_chain", "event_hash"]
+__all__ = [
+    "GENESIS",
+    "ChainBreak",
+    "ChainLink",
+    "check_chain",
+    "event_hash",
+    "link_hash",
+    "link_problem",
+    "topic_header",
+]
 
 GENESIS = bytes(32)
 
 
 def event_hash(prev: bytes, originator_id: UUID, version: int, topic: str, state: bytes) -> bytes:
     """The hash a stored event carries (see the module docstring)."""
-    topic_bytes = topic.encode()
-    return sha256(
-        b"".join(
-            (
-                prev,
-                originator_id.bytes,
-                version.to_bytes(8, "big"),
-                len(topic_bytes).to_bytes(4, "big"),
-                topic_bytes,
-                state,
-            )
-        )
-    ).digest()
+    return link_hash(prev, originator_id.bytes, version, topic_header(topic), state)
+
+
+def topic_header(topic: str) -> bytes:
+    """The topic as hashed: its UTF-8 length in 4 bytes, then its UTF-8 bytes."""
+    encoded = topic.encode()
+    return len(encoded).to_bytes(4, "big") + encoded
+
+
+def link_hash(prev: bytes, id_bytes: bytes, version: int, header: bytes, state: bytes) -> bytes:
+    """``event_hash`` from the aggregate id's 16 bytes and ``topic_header(topic)``: for a
+    replay that reads ids as bytes and reuses each topic's header."""
+    return sha256(b"".join((prev, id_bytes, version.to_bytes(8, "big"), header, state))).digest()
 
 
 @dataclass(frozen=True)

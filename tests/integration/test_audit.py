@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -16,7 +15,7 @@ import pytest
 import stripe
 
 from adapters.ledger import BillingLedger
-from adapters.runtime import build_charger, open_ledger, prepare
+from adapters.runtime import build_charger
 from adapters.settings import Settings
 from domain.chain import GENESIS
 from infra.stripe_emulator import StripeEmulator
@@ -29,26 +28,6 @@ from tests.integration.support import mixed_workload, record
 pytestmark = pytest.mark.integration
 
 CLI = [sys.executable, "-m", "adapters.cli"]
-
-
-@pytest.fixture
-def emulator() -> Iterator[StripeEmulator]:
-    with StripeEmulator(port=0) as emu:
-        yield emu
-
-
-@pytest.fixture
-def stripe_settings(settings: Settings, emulator: StripeEmulator) -> Settings:
-    return settings.model_copy(
-        update={"stripe_api_base": emulator.url, "stripe_timeout_s": 3.0, "retry_base_s": 30.0}
-    )
-
-
-@pytest.fixture
-def ledger(stripe_settings: Settings) -> Iterator[BillingLedger]:
-    prepare(stripe_settings, topics=False)
-    with open_ledger(stripe_settings) as app:
-        yield app
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,26 +33,6 @@ from tests.integration.support import count_events, mixed_workload, record, wait
 pytestmark = pytest.mark.integration
 
 CLI = [sys.executable, "-m", "adapters.cli"]
-
-
-@pytest.fixture
-def emulator() -> Iterator[StripeEmulator]:
-    with StripeEmulator(port=0) as emu:
-        yield emu
-
-
-@pytest.fixture
-def stripe_settings(settings: Settings, emulator: StripeEmulator) -> Settings:
-    return settings.model_copy(
-        update={"stripe_api_base": emulator.url, "stripe_timeout_s": 3.0, "retry_base_s": 30.0}
-    )
-
-
-@pytest.fixture
-def ledger(stripe_settings: Settings) -> Iterator[BillingLedger]:
-    prepare(stripe_settings, topics=False)
-    with open_ledger(stripe_settings) as app:
-        yield app
 
 
 def _snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
