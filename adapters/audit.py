@@ -1,7 +1,8 @@
 """Replays of the event history for auditors: ``audit``, ``balances --as-of``, ``export``.
 
-The history is read in one binary ``COPY`` ordered by aggregate and version, inside
-one repeatable-read transaction (the projections are read in the same snapshot).
+The history is read in one binary ``COPY`` in log order (``notification_id``: the
+table's own order, so the server reads it sequentially), inside one repeatable-read
+transaction (the projections are read in the same snapshot).
 Each row's hash chain is checked (``domain.chain``) and its stored JSON decoded with
 orjson straight into the audit's fold (``domain.audit``): no aggregate is rebuilt.
 The results are compared with the live read models and, with ``--stripe``, with
@@ -10,6 +11,7 @@ the invoice items in Stripe. Nothing here decides what is legal; the domain does
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -59,8 +61,7 @@ _TXN = "domain.transaction:BillingTransaction."
 _ACCOUNT = "domain.account:CustomerAccount."
 HISTORY_COPY = sql.SQL(
     "COPY (SELECT uuid_send(originator_id), originator_version, topic, state, prev_hash, hash"
-    " FROM {}"
-    " ORDER BY originator_id, originator_version) TO STDOUT (FORMAT BINARY)"
+    " FROM {} ORDER BY notification_id) TO STDOUT (FORMAT BINARY)"
 ).format(sql.Identifier(EVENTS))
 HISTORY_TYPES = ["bytea", "int8", "text", "bytea", "bytea", "bytea"]  # ids as 16 bytes: faster
 _PROGRESS_EVERY = 50_000
@@ -109,7 +110,11 @@ class Replay:
 
 
 def read_history(conn: psycopg.Connection[Any]) -> Iterator[Row]:
-    """Every stored event, by aggregate and version, as one binary COPY."""
+    """Every stored event in log order, as one binary COPY.
+
+    An aggregate's events are in version order within it: a version is appended only
+    after the one before it committed, so it has the higher notification id.
+    """
     with conn.cursor() as cur, cur.copy(HISTORY_COPY) as copy:
         copy.set_types(HISTORY_TYPES)
         yield from copy.rows()
@@ -142,22 +147,34 @@ _WRAPPED = {"metered": ("quantity", "timestamp"), "ChargeFailed": ("next_attempt
 def replay(
     rows: Iterable[Row], scope: Scope = Scope(), tick: Callable[[int], None] | None = None
 ) -> Replay:
-    """Fold the history (rows by aggregate and version) into transactions and limits.
+    """``_replay`` with the cyclic garbage collector paused: it would walk the millions of
+    objects a replay keeps, again and again, and none of them form cycles."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _replay(rows, scope, tick)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _replay(rows: Iterable[Row], scope: Scope, tick: Callable[[int], None] | None) -> Replay:
+    """Fold the history (rows in log order) into transactions and limits.
 
     The hot loop of an audit: ids stay bytes, each topic is classified and its hash
     header built once, and a Reserved event (nothing in it is checked) is not decoded
-    unless its time matters.
+    unless its time matters. Each aggregate's chain is followed in a dict by id.
     """
     out = Replay()
-    agg = _Aggregate(b"")
+    aggregates: dict[bytes, _Aggregate] = {}
     topics: dict[str, tuple[str, bytes]] = {}
     events = 0
     for row in rows:
         id_bytes, version, topic, state, prev_hash, digest = row
         events += 1
-        if id_bytes != agg.id:
-            agg = _Aggregate(id_bytes)
-            out.aggregates += 1
+        agg = aggregates.get(id_bytes)
+        if agg is None:
+            agg = aggregates[id_bytes] = _Aggregate(id_bytes)
         known = topics.get(topic)
         if known is None:
             known = topics[topic] = (_kind(topic), topic_header(topic))
@@ -176,7 +193,7 @@ def replay(
             _route(out, agg, kind, version, state, scope)
         if tick is not None and events % _PROGRESS_EVERY == 0:
             tick(events)
-    out.events = events
+    out.events, out.aggregates = events, len(aggregates)
     return out
 
 

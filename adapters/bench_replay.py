@@ -7,7 +7,7 @@ One run, one database server:
   binary COPY with hash chains), then Charged for half the transactions and
   Compensated for a tenth (appended the same way, chained to the stored events);
 * database read: the server's own sequential read of the very rows the audit reads
-  (the same ``COPY (SELECT ... ORDER BY aggregate, version) TO STDOUT``, bytes only);
+  (the same ``COPY (SELECT ... ORDER BY notification_id) TO STDOUT``, bytes only);
 * audit replay: those rows read, every hash chain verified, every event decoded and
   folded, balances computed and every invariant checked (``adapters.audit.replay``
   and the domain's checks; the read models are not compared: none are built here).

@@ -13,7 +13,7 @@ Findings are facts, not exceptions: an audit reports all of them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -67,7 +67,7 @@ class TxnAudit:
     compensation_reason: str | None = None
     refused: bool = False  # compensated straight from Metered (the spend limit said no)
     charges: int = 0
-    problems: list[str] = field(default_factory=list)
+    problems: tuple[str, ...] = ()  # a tuple: millions of these are built per audit
 
     @classmethod
     def metered(cls, transaction_id: str, data: Mapping[str, Any]) -> TxnAudit:
@@ -87,15 +87,15 @@ class TxnAudit:
         """Apply one later event; an illegal one is recorded in ``problems`` and applied."""
         allowed = ALLOWED_FROM.get(name)
         if allowed is None:
-            self.problems.append(f"v{version}: {name} is not a transaction event after Metered")
+            self.problems += (f"v{version}: {name} is not a transaction event after Metered",)
             return
         if self.state not in allowed:
-            self.problems.append(f"v{version}: {name} after {self.state} (illegal transition)")
+            self.problems += (f"v{version}: {name} after {self.state} (illegal transition)",)
         check = _CHECKS.get(name)
         if check is not None:
             problem = check(self, data)
             if problem:
-                self.problems.append(f"v{version}: {problem}")
+                self.problems += (f"v{version}: {problem}",)
         _APPLY[name](self, data)
         self.state = _TO_STATE[name]
 

@@ -112,7 +112,7 @@ def test_the_fold_accepts_exactly_what_the_aggregate_accepts_and_ends_in_its_sta
                 break
             (event,) = txn.collect_events()
             fold.apply(type(event).__name__, _plain(event), event.originator_version)
-            assert fold.problems == [], (names, fold.problems)
+            assert fold.problems == (), (names, fold.problems)
             assert _fields(fold) == _fields(txn), names
     assert checked_illegal > 0
 
@@ -132,14 +132,14 @@ def test_a_compensation_must_name_its_reason_and_its_true_from_state() -> None:
     fold.apply("Compensated", {"reason": " ", "from_state": "metered"}, 2)
     other = TxnAudit.metered("t", _plain(_new_txn().collect_events()[0]))
     other.apply("Compensated", {"reason": "x", "from_state": "reserved"}, 2)
-    assert fold.problems == ["v2: Compensated without a reason"]
-    assert other.problems == ["v2: Compensated says from reserved, the history says metered"]
+    assert fold.problems == ("v2: Compensated without a reason",)
+    assert other.problems == ("v2: Compensated says from reserved, the history says metered",)
 
 
 def test_an_unknown_event_is_a_sequence_problem() -> None:
     fold = TxnAudit.metered("t", _plain(_new_txn().collect_events()[0]))
     fold.apply("Metered", {}, 2)
-    assert fold.problems == ["v2: Metered is not a transaction event after Metered"]
+    assert fold.problems == ("v2: Metered is not a transaction event after Metered",)
 
 
 def test_non_terminal_past_the_horizon_without_a_reason_is_overdue() -> None:
