@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -268,3 +268,34 @@ def test_audit_misuse_is_one_line_and_exit_2(
     proc = _cli(settings, *args)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_the_scope_selects_a_customer_or_a_range_of_metered_times(
+    stripe_settings: Settings, workload: dict[str, UUID]
+) -> None:
+    with psycopg.connect(stripe_settings.database_url) as conn:
+        row = conn.execute(
+            "SELECT min(metered_at), max(metered_at) FROM billing.transactions"
+        ).fetchone()
+    assert row is not None
+    first, last = row
+    assert _audit(stripe_settings, "--customer", "acme")[1]["transactions"] == 4
+    just_after = (first + timedelta(microseconds=1)).isoformat()
+    status, after_first = _audit(stripe_settings, "--from", just_after, "--stripe")
+    assert status == 0 and 0 < after_first["transactions"] < 8
+    status, before_last = _audit(stripe_settings, "--to", last.isoformat())
+    assert status == 0 and 0 < before_last["transactions"] < 8
+    assert _audit(stripe_settings, "--from", "2999-01-01T00:00:00Z")[1]["transactions"] == 0
+
+
+def test_a_dead_letter_without_a_reason_is_named(
+    stripe_settings: Settings, workload: dict[str, UUID]
+) -> None:
+    with psycopg.connect(stripe_settings.database_url) as conn:
+        conn.execute(
+            "INSERT INTO billing.dead_letters (source_topic, source_partition, source_offset,"
+            " reason) VALUES ('usage', 2, 41, ' ')"
+        )
+    status, report = _audit(stripe_settings)
+    assert status == 1
+    assert _findings(report) == {("dead_letter", "usage/2@41")}
