@@ -290,6 +290,7 @@ def audit(
             result = _replay_with_progress(conn, scope, progress)
             balances = result.balances()
             findings = _history_findings(result, balances, horizon)
+            findings += projection_lag(conn)
             findings += compare_transactions(conn, result.transactions, scope)
             if not scope.partial:
                 findings += compare_balances(conn, balances, scope.customer)
@@ -446,6 +447,26 @@ def compare_balances(
                     )
                 )
     return findings
+
+
+def projection_lag(conn: psycopg.Connection[Any]) -> list[Finding]:
+    """Read models that have not applied every event yet (their differences may be lag)."""
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT p.name, (SELECT count(*) FROM {} e"
+            " WHERE (e.xid, e.notification_id) > (p.xid, p.notification_id))"
+            " FROM billing.projection_positions p ORDER BY p.name"
+        ).format(sql.Identifier(EVENTS))
+    ).fetchall()
+    return [
+        Finding(
+            "projection_lag",
+            name,
+            f"{behind} event(s) not applied yet: run the project role, then audit again",
+        )
+        for name, behind in rows
+        if behind
+    ]
 
 
 def dead_letters_without_reason(conn: psycopg.Connection[Any]) -> list[Finding]:

@@ -299,3 +299,15 @@ def test_a_dead_letter_without_a_reason_is_named(
     status, report = _audit(stripe_settings)
     assert status == 1
     assert _findings(report) == {("dead_letter", "usage/2@41")}
+
+
+def test_a_projection_behind_the_log_is_named_as_lag(
+    stripe_settings: Settings, ledger: BillingLedger, workload: dict[str, UUID]
+) -> None:
+    record(ledger, "late", ["l-1"])  # not projected: the projector is not running
+    status, report = _audit(stripe_settings)
+    assert status == 1
+    lag = {f["subject"]: f["detail"] for f in report["findings"] if f["kind"] == "projection_lag"}
+    assert set(lag) == {"transactions", "customer_balances"}
+    # Opened and AmountsReserved of the account, Metered and Reserved of the transaction
+    assert lag["transactions"].startswith("4 event(s) not applied yet")
