@@ -85,7 +85,7 @@ def run_ingest_bench(
             admin_url = database_url
         step("starting the Tansu broker")
         broker = stack.enter_context(TansuBroker())
-        urls = {name: _fresh_database(admin_url, f"bench_{name}") for name in ("e2e", *RECORDERS)}
+        urls = {name: fresh_database(admin_url, f"bench_{name}") for name in ("e2e", *RECORDERS)}
         settings = Settings(
             database_url=urls["e2e"],
             kafka_bootstrap=broker.bootstrap,
@@ -394,7 +394,7 @@ def _app(settings: Settings, url: str, recorder: str) -> BillingLedger:
     return BillingLedger(settings.load_prices(), env=env)
 
 
-def _fresh_database(admin_url: str, name: str) -> str:
+def fresh_database(admin_url: str, name: str) -> str:
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 from uuid import UUID
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(handler=_show_account)
 
     _add_views(sub)
+    _add_audit(sub)
     _add_bench(sub)
     return p
 
@@ -125,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_views(sub: Any) -> None:
     balances = sub.add_parser("balances", help="customer balances (the SQL read model)")
     balances.add_argument("--customer", help="one customer only")
+    balances.add_argument(
+        "--as-of", type=_timestamp, help="as they were at this instant, from the history alone"
+    )
     balances.add_argument("--json", action="store_true")
     balances.set_defaults(handler=_balances)
 
@@ -149,6 +154,23 @@ def _add_views(sub: Any) -> None:
     )
     rebuild.add_argument("--all", action="store_true", help="every projection")
     rebuild.set_defaults(handler=_rebuild)
+
+
+def _add_audit(sub: Any) -> None:
+    audit = sub.add_parser("audit", help="replay the history, check every invariant and chain")
+    audit.add_argument("--customer", help="one customer only")
+    audit.add_argument("--from", dest="start", type=_timestamp, help="metered at or after")
+    audit.add_argument("--to", dest="end", type=_timestamp, help="metered before")
+    audit.add_argument("--stripe", action="store_true", help="cross-check Stripe's invoice items")
+    audit.add_argument("--json", action="store_true")
+    audit.add_argument("--out", type=Path, help="write the report to this file too")
+    audit.set_defaults(handler=_audit)
+
+    export = sub.add_parser("export", help="a customer's events as JSON lines, with hashes")
+    export.add_argument("--customer", required=True)
+    export.add_argument("--from", dest="start", type=_timestamp, help="events at or after")
+    export.add_argument("--to", dest="end", type=_timestamp, help="events before")
+    export.set_defaults(handler=_export)
 
 
 def _add_bench(sub: Any) -> None:
@@ -181,6 +203,11 @@ def _add_bench(sub: Any) -> None:
     b_out.add_argument("--concurrency", type=_positive_int, default=16)
     b_out.add_argument("--json", action="store_true")
     b_out.set_defaults(handler=_bench_load)
+    b_replay = bench_sub.add_parser("replay", help="audit replay vs the database's own read")
+    b_replay.add_argument("--events", type=_positive_int, default=1_000_000)
+    b_replay.add_argument("--database-url", help="use this PostgreSQL instead of an embedded one")
+    b_replay.add_argument("--json", action="store_true")
+    b_replay.set_defaults(handler=_bench_replay)
 
 
 # -- commands ---------------------------------------------------------------------
@@ -380,11 +407,71 @@ def _show_account(args: argparse.Namespace) -> int:
 def _balances(args: argparse.Namespace) -> int:
     from projections.balances import COLUMNS, balances
 
+    if args.as_of is not None:
+        return _balances_as_of(args, [c for c in COLUMNS if c != "updated_at"])
     rows = _query(lambda conn: balances(conn, customer=args.customer))
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     else:
         _print_table(rows, [c for c in COLUMNS if c != "updated_at"])
+    return 0
+
+
+def _balances_as_of(args: argparse.Namespace, columns: list[str]) -> int:
+    from adapters.audit import balances_as_of
+    from adapters.settings import Settings
+
+    customer = _checked_customer(args.customer)
+    state = balances_as_of(Settings().database_url, args.as_of, customer)
+    if args.json:
+        print(json.dumps(state, indent=2))
+        return 0
+    print(f"as of {state['as_of']}")
+    _print_table(state["balances"], columns)
+    counts: dict[tuple[str, str], int] = {}
+    for t in state["transactions"]:
+        counts[t["customer_id"], t["state"]] = counts.get((t["customer_id"], t["state"]), 0) + 1
+    rows = [
+        {"customer_id": c, "state": s, "transactions": n} for (c, s), n in sorted(counts.items())
+    ]
+    _print_table(rows, ["customer_id", "state", "transactions"])
+    return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from adapters.audit import Scope, audit, render, stripe_invoice_items
+    from adapters.settings import Settings
+
+    if args.start and args.end and args.start >= args.end:
+        raise _usage("--from must be before --to")
+    scope = Scope(customer=_checked_customer(args.customer), start=args.start, end=args.end)
+    settings = Settings()
+    items = (
+        (lambda: stripe_invoice_items(settings.stripe(), scope.customer)) if args.stripe else None
+    )
+    horizon = settings.retry_policy().horizon + timedelta(seconds=settings.reconcile_interval_s)
+    report = audit(settings.database_url, scope, horizon=horizon, stripe_items=items)
+    text = json.dumps(report.as_dict(), indent=2) if args.json else render(report)
+    print(text)
+    if args.out is not None:
+        try:
+            args.out.write_text(text + "\n")
+        except OSError as exc:
+            raise CliError(f"cannot write {args.out}: {exc.strerror}") from None
+    return 0 if report.ok else EXIT_FAILURE
+
+
+def _export(args: argparse.Namespace) -> int:
+    from adapters.audit import export_events
+    from adapters.settings import Settings
+
+    customer = _checked_customer(args.customer)
+    assert customer is not None  # required by the parser
+    count = 0
+    for line in export_events(Settings().database_url, customer, args.start, args.end):
+        sys.stdout.write(json.dumps(line) + "\n")
+        count += 1
+    print(f"exported {count} event(s) of {customer}", file=sys.stderr)
     return 0
 
 
@@ -432,6 +519,14 @@ def _bench_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_replay(args: argparse.Namespace) -> int:
+    from adapters.bench_replay import render_replay, run_replay_bench
+
+    result = run_replay_bench(args.events, database_url=args.database_url)
+    print(json.dumps(result, indent=2) if args.json else render_replay(result))
+    return 0 if result["audit_ok"] else EXIT_FAILURE
+
+
 def _bench_load(args: argparse.Namespace) -> int:
     from adapters.bench_charge import render_load, run_load
 
@@ -461,6 +556,16 @@ def _query(run: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     try:
         with psycopg.connect(Settings().database_url) as conn:
             return run(conn)
+    except InvalidFilter as exc:
+        raise _usage(str(exc)) from None
+
+
+def _checked_customer(customer: str | None) -> str | None:
+    """``customer`` if valid; an invalid one is misuse (exit 2)."""
+    from projections.base import InvalidFilter, check_customer
+
+    try:
+        return check_customer(customer)
     except InvalidFilter as exc:
         raise _usage(str(exc)) from None
 
@@ -558,6 +663,15 @@ def _port(text: str) -> int:
     if value > 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port")
     return value
+
+
+def _timestamp(text: str) -> datetime:
+    """An ISO 8601 instant (``2026-12-02T10:00:00Z``); without an offset, UTC."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 timestamp") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def _uuid(text: str) -> UUID:

@@ -28,7 +28,7 @@ from domain.ids import transaction_id
 from domain.pricing import PriceList
 from domain.usage import UsageRecord
 
-__all__ = ["BillingTransaction", "Source", "TxnState"]
+__all__ = ["ALLOWED_FROM", "BillingTransaction", "Source", "TxnState"]
 
 
 class TxnState(StrEnum):
@@ -44,6 +44,21 @@ class TxnState(StrEnum):
     def is_terminal(self) -> bool:
         """Charged and Compensated end the saga (a Charged one may still be reversed)."""
         return self in (TxnState.CHARGED, TxnState.COMPENSATED)
+
+
+ALLOWED_FROM: dict[str, tuple[TxnState, ...]] = {
+    "Reserved": (TxnState.METERED,),
+    "ChargeFailed": (TxnState.RESERVED, TxnState.CHARGE_FAILED),
+    "Charged": (TxnState.RESERVED, TxnState.CHARGE_FAILED),
+    "Compensated": (
+        TxnState.METERED,
+        TxnState.RESERVED,
+        TxnState.CHARGE_FAILED,
+        TxnState.CHARGED,
+    ),
+}
+"""The states each event after Metered may follow: the lifecycle above, as data
+(the commands below and ``domain.audit``'s fold both check against it)."""
 
 
 @dataclass(frozen=True)
@@ -160,7 +175,7 @@ class BillingTransaction(Aggregate):
 
     def reserve(self, account_id: UUID) -> None:
         """Record that the amount is held against the customer's spend limit."""
-        self._require("reserve", TxnState.METERED)
+        self._require("reserve", *ALLOWED_FROM["Reserved"])
         self._reserved(account_id)
 
     @event(Reserved)
@@ -174,7 +189,7 @@ class BillingTransaction(Aggregate):
         self, error_class: str, message: str, *, retryable: bool, next_attempt_at: datetime | None
     ) -> None:
         """Record one failed charge attempt and when (if ever) the next is due."""
-        self._require("record a charge failure", TxnState.RESERVED, TxnState.CHARGE_FAILED)
+        self._require("record a charge failure", *ALLOWED_FROM["ChargeFailed"])
         if retryable and next_attempt_at is None:
             raise ValueError("a retryable failure needs next_attempt_at")
         self._charge_failed(
@@ -203,7 +218,7 @@ class BillingTransaction(Aggregate):
 
     def record_charged(self, stripe_object_id: str) -> None:
         """Record that Stripe accepted the charge."""
-        self._require("record a charge", TxnState.RESERVED, TxnState.CHARGE_FAILED)
+        self._require("record a charge", *ALLOWED_FROM["Charged"])
         self._charged(stripe_object_id)
 
     @event(Charged)
@@ -216,13 +231,7 @@ class BillingTransaction(Aggregate):
 
     def compensate(self, reason: str, stripe_reversal_id: str | None = None) -> None:
         """Release the reservation (and record the Stripe reversal of a charge)."""
-        self._require(
-            "compensate",
-            TxnState.METERED,
-            TxnState.RESERVED,
-            TxnState.CHARGE_FAILED,
-            TxnState.CHARGED,
-        )
+        self._require("compensate", *ALLOWED_FROM["Compensated"])
         if not reason.strip():
             raise ValueError("a compensation needs a reason")
         if self.state is TxnState.CHARGED and not stripe_reversal_id:

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 import psycopg
 
 from adapters.ingest import IngestWorker
 from adapters.kafka_io import consumer_lag, make_producer
+from adapters.ledger import BillingLedger
+from adapters.runtime import build_charger
 from adapters.settings import Settings
+from domain.metering import Metering
+from domain.transaction import Source
 from domain.usage import UsageRecord
+from infra.stripe_emulator import StripeEmulator
+from projections.projector import Projector
 
 METERED_TOPIC = "domain.transaction:BillingTransaction.Metered"
 
@@ -91,3 +98,50 @@ def count_events(url: str) -> int:
         row = conn.execute("SELECT count(*) FROM billingledger_events").fetchone()
     assert row is not None
     return int(row[0])
+
+
+def record(ledger: BillingLedger, customer: str, ids: Sequence[str], qty: int = 5000) -> list[UUID]:
+    batch = [
+        Metering(usage(u, customer=customer, quantity=qty + i), Source("usage", 0, i))
+        for i, u in enumerate(ids)
+    ]
+    return [t.id for t in ledger.record_usage(batch).transactions]
+
+
+def mixed_workload(
+    settings: Settings, ledger: BillingLedger, emulator: StripeEmulator, projector: Projector
+) -> dict[str, UUID]:
+    """Duplicates, a spend-limit refusal, charges, a permanent failure compensated, a
+    retry due, a reversal; the projector pumped between the steps."""
+    ledger.set_spend_limit("capped", "USD", 800)  # 8.00 USD: the second record is refused
+    acme = record(ledger, "acme", ["a-1", "a-2", "a-3", "a-4"])
+    projector.pump()
+    capped = record(ledger, "capped", ["c-1", "c-2"])  # 5.00 USD each
+    dup = ledger.record_usage(
+        [Metering(usage("a-1", customer="acme", quantity=5000), Source("usage", 0, 9))]
+    )
+    assert dup.transactions == []  # a duplicate: no new transaction
+    perm = record(ledger, "perm", ["p-1"])
+    slow = record(ledger, "slow", ["s-1"])
+    projector.pump()
+
+    charger = build_charger(settings, ledger)
+    assert charger.drive(acme[0]) == "charged"
+    assert charger.drive(acme[1]) == "charged"
+    assert charger.drive(capped[0]) == "charged"
+    projector.pump()
+    charger.stripe._customers["perm"] = "cus_does_not_exist"  # Stripe answers 400
+    assert charger.drive(perm[0]) == "compensated"
+    charger.stripe.customer("slow")
+    emulator.set_faults(drop_response_after_execute=1)
+    assert charger.drive(slow[0]) == "retry"  # due again in ~30 s
+    assert charger.reverse(acme[1], "goodwill") == "reversed"
+    projector.pump_all()
+    return {
+        "charged": acme[0],
+        "reversed": acme[1],
+        "reserved": acme[2],
+        "refused": capped[1],
+        "failed": perm[0],
+        "retry": slow[0],
+    }

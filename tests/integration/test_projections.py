@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -19,10 +19,9 @@ import pytest
 
 from adapters.eventlog import START, Position
 from adapters.ledger import BillingLedger
-from adapters.runtime import build_charger, build_projector, open_ledger, prepare
+from adapters.runtime import build_projector, open_ledger, prepare
 from adapters.settings import Settings
-from domain.metering import Metering
-from domain.transaction import Source, TxnState
+from domain.transaction import TxnState
 from infra.stripe_emulator import StripeEmulator
 from projections.balances import balances
 from projections.base import History, InvalidFilter
@@ -30,35 +29,11 @@ from projections.projector import PROJECTIONS, Projector, rebuild
 from projections.summary import Balances
 from projections.transactions import TransactionsProjection, transactions
 from tests.conftest import settings_env
-from tests.integration.support import count_events, usage, wait_for
+from tests.integration.support import count_events, mixed_workload, record, wait_for
 
 pytestmark = pytest.mark.integration
 
 CLI = [sys.executable, "-m", "adapters.cli"]
-
-
-@pytest.fixture
-def stripe_settings(settings: Settings, emulator: StripeEmulator) -> Settings:
-    return settings.model_copy(
-        update={"stripe_api_base": emulator.url, "stripe_timeout_s": 3.0, "retry_base_s": 30.0}
-    )
-
-
-@pytest.fixture
-def ledger(stripe_settings: Settings) -> Iterator[BillingLedger]:
-    prepare(stripe_settings, topics=False)
-    with open_ledger(stripe_settings) as app:
-        yield app
-
-
-def _record(
-    ledger: BillingLedger, customer: str, ids: Sequence[str], qty: int = 5000
-) -> list[UUID]:
-    batch = [
-        Metering(usage(u, customer=customer, quantity=qty + i), Source("usage", 0, i))
-        for i, u in enumerate(ids)
-    ]
-    return [t.id for t in ledger.record_usage(batch).transactions]
 
 
 def _snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
@@ -89,51 +64,12 @@ def _rebuild_all(url: str, ledger: BillingLedger) -> None:
         rebuild(url, name, ledger.mapper.to_domain_event, batch=5)
 
 
-def _mixed_workload(
-    settings: Settings, ledger: BillingLedger, emulator: StripeEmulator, projector: Projector
-) -> dict[str, UUID]:
-    """Duplicates, a spend-limit refusal, charges, a permanent failure compensated, a
-    retry due, a reversal; the projector pumped between the steps."""
-    ledger.set_spend_limit("capped", "USD", 800)  # 8.00 USD: the second record is refused
-    acme = _record(ledger, "acme", ["a-1", "a-2", "a-3", "a-4"])
-    projector.pump()
-    capped = _record(ledger, "capped", ["c-1", "c-2"])  # 5.00 USD each
-    dup = ledger.record_usage(
-        [Metering(usage("a-1", customer="acme", quantity=5000), Source("usage", 0, 9))]
-    )
-    assert dup.transactions == []  # a duplicate: no new transaction
-    perm = _record(ledger, "perm", ["p-1"])
-    slow = _record(ledger, "slow", ["s-1"])
-    projector.pump()
-
-    charger = build_charger(settings, ledger)
-    assert charger.drive(acme[0]) == "charged"
-    assert charger.drive(acme[1]) == "charged"
-    assert charger.drive(capped[0]) == "charged"
-    projector.pump()
-    charger.stripe._customers["perm"] = "cus_does_not_exist"  # Stripe answers 400
-    assert charger.drive(perm[0]) == "compensated"
-    charger.stripe.customer("slow")
-    emulator.set_faults(drop_response_after_execute=1)
-    assert charger.drive(slow[0]) == "retry"  # due again in ~30 s
-    assert charger.reverse(acme[1], "goodwill") == "reversed"
-    projector.pump_all()
-    return {
-        "charged": acme[0],
-        "reversed": acme[1],
-        "reserved": acme[2],
-        "refused": capped[1],
-        "failed": perm[0],
-        "retry": slow[0],
-    }
-
-
 def test_after_a_mixed_workload_live_projections_equal_rebuilt_ones_and_the_fold(
     stripe_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
 ) -> None:
     url = stripe_settings.database_url
     with Projector(url, ledger.mapper.to_domain_event, batch=7) as projector:
-        txns = _mixed_workload(stripe_settings, ledger, emulator, projector)
+        txns = mixed_workload(stripe_settings, ledger, emulator, projector)
     live = _snapshot(url)
     positions = _positions(url)
 
@@ -218,7 +154,7 @@ def test_a_batch_that_fails_before_its_commit_leaves_rows_and_position_as_they_w
 ) -> None:
     prepare(settings, topics=False)
     with open_ledger(settings) as ledger:
-        _record(ledger, "acme", [f"r-{i}" for i in range(10)])
+        record(ledger, "acme", [f"r-{i}" for i in range(10)])
         decode = ledger.mapper.to_domain_event
         failing = _FailsOnce()
         projector = Projector(settings.database_url, decode, projections=[failing], batch=6)
@@ -249,7 +185,7 @@ def test_applying_again_is_impossible_once_the_position_moved_even_for_racing_pr
     prepare(settings, topics=False)
     with open_ledger(settings) as ledger:
         for chunk in range(4):
-            _record(ledger, f"cust-{chunk}", [f"r-{i}" for i in range(50)])
+            record(ledger, f"cust-{chunk}", [f"r-{i}" for i in range(50)])
         decode = ledger.mapper.to_domain_event
         racers = [Projector(settings.database_url, decode, batch=9) for _ in range(3)]
         for racer in racers:
@@ -292,7 +228,7 @@ def test_rebuild_under_concurrent_reads_never_shows_an_empty_or_partial_table(
     url = settings.database_url
     prepare(settings, topics=False)
     with open_ledger(settings) as ledger:
-        _record(ledger, "acme", [f"r-{i}" for i in range(300)])
+        record(ledger, "acme", [f"r-{i}" for i in range(300)])
         projector = build_projector(settings, ledger)
         request.addfinalizer(projector.close)
         projector.pump_all()
@@ -331,7 +267,7 @@ def test_rebuild_under_concurrent_reads_never_shows_an_empty_or_partial_table(
             assert row is not None and row[0] == 300  # the shadow is built, not yet swapped
             await_reads(5)  # readers keep reading the live table meanwhile
             during.append(len(counts))
-            _record(ledger, "acme", [f"late-{i}" for i in range(20)])
+            record(ledger, "acme", [f"late-{i}" for i in range(20)])
             projector.pump_all()  # the live projection moves on while the shadow waits
 
         oid = table_oid()
@@ -390,8 +326,8 @@ def test_cli_shows_the_read_models_and_refuses_bad_filters_changing_nothing(
 ) -> None:
     prepare(settings, topics=False)
     with open_ledger(settings) as ledger:
-        _record(ledger, "acme", ["r-1", "r-2", "r-3"])
-        _record(ledger, "bolt", ["b-1"])
+        record(ledger, "acme", ["r-1", "r-2", "r-3"])
+        record(ledger, "bolt", ["b-1"])
         with build_projector(settings, ledger) as projector:
             projector.pump_all()
     env = settings_env(settings)
@@ -448,7 +384,7 @@ def test_the_project_role_keeps_the_read_models_current(settings: Settings) -> N
     )
     try:
         with open_ledger(settings) as ledger:
-            _record(ledger, "acme", [f"r-{i}" for i in range(5)])
+            record(ledger, "acme", [f"r-{i}" for i in range(5)])
 
         def projected() -> bool:
             with psycopg.connect(settings.database_url) as conn:
@@ -470,7 +406,7 @@ def test_the_readme_sql_examples_run_against_the_read_models(settings: Settings)
     prepare(settings, topics=False)
     with open_ledger(settings) as ledger:
         ledger.set_spend_limit("acme", "USD", 600)
-        _record(ledger, "acme", ["r-1"])
+        record(ledger, "acme", ["r-1"])
         with build_projector(settings, ledger) as projector:
             projector.pump_all()
     with psycopg.connect(settings.database_url) as conn:

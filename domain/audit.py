@@ -1,0 +1,306 @@
+"""The audit's pure logic: a fold over one transaction's events, balances, invariants.
+
+A transaction's history is replayed from plain data (the event's class name and its
+stored fields, with registered types such as datetimes as their encoded strings), not
+by rebuilding the aggregate: an audit replays millions of events. The legal order is
+``domain.transaction.ALLOWED_FROM``, the table the aggregate's commands check, and
+``TxnAudit.apply`` repeats each ``@event`` method's effect on the state; the unit tests
+prove it agrees with the aggregate on every sequence.
+
+Findings are facts, not exceptions: an audit reports all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from domain.transaction import ALLOWED_FROM, TxnState
+
+__all__ = [
+    "Balance",
+    "Finding",
+    "InvoiceItem",
+    "TxnAudit",
+    "balances_of",
+    "check_balances",
+    "check_stripe",
+    "check_transactions",
+]
+
+_TO_STATE = {
+    "Reserved": TxnState.RESERVED,
+    "ChargeFailed": TxnState.CHARGE_FAILED,
+    "Charged": TxnState.CHARGED,
+    "Compensated": TxnState.COMPENSATED,
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing that does not hold: its kind, what it is about, and why."""
+
+    kind: str  # chain, sequence, double_charge, overdue, conservation, projection, stripe, ...
+    subject: str  # a transaction id, "customer/currency", an aggregate id and version, ...
+    detail: str
+
+
+@dataclass(slots=True)
+class TxnAudit:
+    """One transaction as its events say it is (what ``billing.transactions`` should show)."""
+
+    transaction_id: str
+    customer_id: str
+    usage_id: str
+    meter: str
+    quantity: str
+    amount: int
+    currency: str
+    metered_at: str
+    state: TxnState = TxnState.METERED
+    attempts: int = 0
+    last_error: str | None = None
+    next_attempt_at: str | None = None
+    stripe_object_id: str | None = None
+    compensation_reason: str | None = None
+    refused: bool = False  # compensated straight from Metered (the spend limit said no)
+    charges: int = 0
+    problems: tuple[str, ...] = ()  # a tuple: millions of these are built per audit
+
+    @classmethod
+    def metered(cls, transaction_id: str, data: Mapping[str, Any]) -> TxnAudit:
+        """The transaction as its Metered event starts it."""
+        return cls(
+            transaction_id,
+            data["customer_id"],
+            data["usage_id"],
+            data["meter"],
+            str(data["quantity"]),
+            data["amount"],
+            data["currency"],
+            str(data["timestamp"]),
+        )
+
+    def apply(self, name: str, data: Mapping[str, Any], version: int) -> None:
+        """Apply one later event; an illegal one is recorded in ``problems`` and applied."""
+        allowed = ALLOWED_FROM.get(name)
+        if allowed is None:
+            self.problems += (f"v{version}: {name} is not a transaction event after Metered",)
+            return
+        if self.state not in allowed:
+            self.problems += (f"v{version}: {name} after {self.state} (illegal transition)",)
+        check = _CHECKS.get(name)
+        if check is not None:
+            problem = check(self, data)
+            if problem:
+                self.problems += (f"v{version}: {problem}",)
+        _APPLY[name](self, data)
+        self.state = _TO_STATE[name]
+
+
+def _check_failed(txn: TxnAudit, data: Mapping[str, Any]) -> str | None:
+    if data["attempt"] != txn.attempts + 1:
+        return f"ChargeFailed attempt {data['attempt']} after {txn.attempts} attempts"
+    if data["retryable"] and data.get("next_attempt_at") is None:
+        return "a retryable ChargeFailed without next_attempt_at"
+    return None
+
+
+def _check_charged(txn: TxnAudit, data: Mapping[str, Any]) -> str | None:
+    return "charged twice" if txn.charges else None
+
+
+def _check_compensated(txn: TxnAudit, data: Mapping[str, Any]) -> str | None:
+    if not str(data.get("reason") or "").strip():
+        return "Compensated without a reason"
+    if data["from_state"] != str(txn.state):
+        return f"Compensated says from {data['from_state']}, the history says {txn.state}"
+    if txn.state is TxnState.CHARGED and not data.get("stripe_reversal_id"):
+        return "a reversed charge without the id of its Stripe reversal"
+    return None
+
+
+def _apply_reserved(txn: TxnAudit, data: Mapping[str, Any]) -> None:
+    pass
+
+
+def _apply_failed(txn: TxnAudit, data: Mapping[str, Any]) -> None:
+    txn.attempts = data["attempt"]
+    txn.last_error = f"{data['error_class']}: {data['message']}"
+    txn.next_attempt_at = data["next_attempt_at"]
+
+
+def _apply_charged(txn: TxnAudit, data: Mapping[str, Any]) -> None:
+    txn.charges += 1
+    txn.stripe_object_id = data["stripe_object_id"]
+    txn.next_attempt_at = None
+
+
+def _apply_compensated(txn: TxnAudit, data: Mapping[str, Any]) -> None:
+    txn.compensation_reason = data["reason"]
+    txn.refused = data["from_state"] == str(TxnState.METERED)
+    txn.next_attempt_at = None
+
+
+_CHECKS = {
+    "ChargeFailed": _check_failed,
+    "Charged": _check_charged,
+    "Compensated": _check_compensated,
+}
+_APPLY = {
+    "Reserved": _apply_reserved,
+    "ChargeFailed": _apply_failed,
+    "Charged": _apply_charged,
+    "Compensated": _apply_compensated,
+}
+
+
+@dataclass
+class Balance:
+    """One customer's money in one currency, in minor units (``billing.customer_balances``)."""
+
+    metered: int = 0
+    charged: int = 0
+    compensated: int = 0
+    in_flight: int = 0
+    transactions: int = 0
+    refused: int = 0
+    spend_limit: int | None = None
+
+    @property
+    def available(self) -> int | None:
+        """What the limit still allows (None: unlimited), as the projection computes it."""
+        if self.spend_limit is None:
+            return None
+        return max(self.spend_limit - (self.metered - self.compensated), 0)
+
+    @property
+    def conserved(self) -> bool:
+        return self.metered == self.charged + self.compensated + self.in_flight
+
+
+def balances_of(
+    txns: Iterable[TxnAudit], limits: Mapping[tuple[str, str], int | None]
+) -> dict[tuple[str, str], Balance]:
+    """Balances per (customer, currency): each transaction's amount where its state puts it."""
+    out: dict[tuple[str, str], Balance] = {}
+    for key, limit in limits.items():
+        out[key] = Balance(spend_limit=limit)
+    for txn in txns:
+        bal = out.setdefault((txn.customer_id, txn.currency), Balance())
+        bal.transactions += 1
+        bal.metered += txn.amount
+        if txn.state is TxnState.CHARGED:
+            bal.charged += txn.amount
+        elif txn.state is TxnState.COMPENSATED:
+            bal.compensated += txn.amount
+            bal.refused += txn.refused
+        else:
+            bal.in_flight += txn.amount
+    return out
+
+
+def check_transactions(
+    txns: Iterable[TxnAudit], *, now: datetime, horizon: timedelta
+) -> list[Finding]:
+    """Illegal sequences, double charges, and what is past its deadline without a reason."""
+    findings: list[Finding] = []
+    for txn in txns:
+        for problem in txn.problems:
+            kind = "double_charge" if problem.endswith("charged twice") else "sequence"
+            findings.append(Finding(kind, txn.transaction_id, problem))
+        if txn.state.is_terminal or txn.last_error:
+            continue
+        deadline = datetime.fromisoformat(txn.metered_at) + horizon
+        if deadline < now:
+            findings.append(
+                Finding(
+                    "overdue",
+                    txn.transaction_id,
+                    f"{txn.state} since {txn.metered_at}, past its deadline {deadline.isoformat()}"
+                    " with no failure or reason recorded",
+                )
+            )
+    return findings
+
+
+def check_balances(balances: Mapping[tuple[str, str], Balance]) -> list[Finding]:
+    """Conservation (I4): metered = charged + compensated + in flight, per customer and currency."""
+    return [
+        Finding(
+            "conservation",
+            f"{customer}/{currency}",
+            f"metered {bal.metered} != charged {bal.charged} + compensated {bal.compensated}"
+            f" + in flight {bal.in_flight}",
+        )
+        for (customer, currency), bal in sorted(balances.items())
+        if not bal.conserved
+    ]
+
+
+@dataclass(frozen=True)
+class InvoiceItem:
+    """A live invoice item in Stripe, with the transaction id its metadata names (if any)."""
+
+    id: str
+    txn_id: str | None
+    amount: int
+    currency: str
+
+
+def check_stripe(
+    items: Iterable[InvoiceItem], txns: Mapping[str, TxnAudit], *, foreign_items: bool = True
+) -> list[Finding]:
+    """Charges Stripe has that the ledger does not, and the reverse (I3).
+
+    Each Charged transaction has exactly its recorded item, of its amount; a
+    Compensated one has none, an unfinished one at most one. ``foreign_items``: also
+    report items that name no transaction of the ledger (off for part of the history).
+    """
+    findings: list[Finding] = []
+    by_txn: dict[str, list[InvoiceItem]] = {}
+    for item in items:
+        if item.txn_id is not None and item.txn_id in txns:
+            by_txn.setdefault(item.txn_id, []).append(item)
+        elif foreign_items:
+            findings.append(
+                Finding(
+                    "stripe",
+                    item.id,
+                    f"Stripe has a charge of {item.amount} {item.currency.upper()} the ledger"
+                    f" does not (metadata txn_id {item.txn_id or 'missing'})",
+                )
+            )
+    for txn_id, txn in txns.items():
+        live = by_txn.get(txn_id, [])
+        if txn.state is TxnState.CHARGED:
+            findings.extend(_charged_vs_stripe(txn, live))
+        elif live and (txn.state is TxnState.COMPENSATED or len(live) > 1):
+            # One item of an unfinished transaction is a charge whose answer was lost:
+            # the reconciler finds it. A compensated one must have none.
+            findings.append(
+                Finding("stripe", txn_id, f"{txn.state}, but Stripe holds {_ids(live)}")
+            )
+    return findings
+
+
+def _charged_vs_stripe(txn: TxnAudit, live: list[InvoiceItem]) -> list[Finding]:
+    ids = [i.id for i in live]
+    if ids == [txn.stripe_object_id]:
+        item = live[0]
+        if (item.amount, item.currency.upper()) == (txn.amount, txn.currency):
+            return []
+        detail = (
+            f"charged {txn.amount} {txn.currency}, Stripe item is {item.amount} {item.currency}"
+        )
+    elif not live:
+        detail = f"charged as {txn.stripe_object_id}, which Stripe does not hold"
+    else:
+        detail = f"charged as {txn.stripe_object_id}, Stripe holds {_ids(live)}"
+    return [Finding("stripe", txn.transaction_id, detail)]
+
+
+def _ids(items: list[InvoiceItem]) -> str:
+    return ", ".join(i.id for i in items)

@@ -1,0 +1,26 @@
+"""Fixtures of the integration tests that use Stripe (the emulator is in tests/conftest.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from adapters.ledger import BillingLedger
+from adapters.runtime import open_ledger, prepare
+from adapters.settings import Settings
+from infra.stripe_emulator import StripeEmulator
+
+
+@pytest.fixture
+def stripe_settings(settings: Settings, emulator: StripeEmulator) -> Settings:
+    return settings.model_copy(
+        update={"stripe_api_base": emulator.url, "stripe_timeout_s": 3.0, "retry_base_s": 30.0}
+    )
+
+
+@pytest.fixture
+def ledger(stripe_settings: Settings) -> Iterator[BillingLedger]:
+    prepare(stripe_settings, topics=False)
+    with open_ledger(stripe_settings) as app:
+        yield app
