@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -33,6 +32,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 
+from adapters.kafka_io import check_reachable
 from adapters.metrics import CONTENT_TYPE, metrics
 from adapters.settings import Settings
 from projections.balances import balances
@@ -68,11 +68,13 @@ class HealthProbe:
             if self._cached and time.monotonic() - self._cached[0] < self.cache_s:
                 return self._cached[1]
         try:
-            with psycopg.connect(self.settings.database_url, connect_timeout=3) as conn:
+            with _connect(self.settings.database_url) as conn:
                 report = health_report(conn, self.limits)
-        except psycopg.Error as exc:
-            return {"status": FAILING, "reasons": [f"database unreachable: {_first_line(exc)}"]}
-        with self._guard:
+        except psycopg.OperationalError as exc:
+            report = {"status": FAILING, "reasons": [f"database unreachable: {_first_line(exc)}"]}
+        except psycopg.Error as exc:  # e.g. no view: the schema was never prepared
+            report = {"status": FAILING, "reasons": [f"health query failed: {_first_line(exc)}"]}
+        with self._guard:  # a failure is cached too: a hung database costs one timeout
             self._cached = (time.monotonic(), report)
         return report
 
@@ -94,20 +96,11 @@ class HealthProbe:
         return result
 
     def _database(self) -> None:
-        with psycopg.connect(self.settings.database_url, connect_timeout=3) as conn:
+        with _connect(self.settings.database_url) as conn:
             conn.execute("SELECT 1")
 
     def _broker(self) -> None:
-        """A TCP connection to any bootstrap server."""
-        errors = []
-        for server in self.settings.kafka_bootstrap.split(","):
-            host, _, port = server.strip().rpartition(":")
-            try:
-                socket.create_connection((host.strip("[]"), int(port)), timeout=3).close()
-                return
-            except (OSError, ValueError) as exc:
-                errors.append(f"{server.strip()}: {exc}")
-        raise ConnectionError("; ".join(errors) or "no bootstrap server")
+        check_reachable(self.settings.kafka_bootstrap)
 
 
 class HealthServer:
@@ -118,13 +111,12 @@ class HealthServer:
         metrics().use_figures(probe.figures)
         handler = type("Handler", (_Handler,), {"probe": probe})
         try:
-            self.httpd = ThreadingHTTPServer((host, port), handler)
+            self.httpd = _BoundedServer((host, port), handler)
         except OSError as exc:
             raise OSError(
                 f"health server cannot listen on {host}:{port}: {exc.strerror}"
                 " (set BILLING_LEDGER_HEALTH_PORT or --health-port; 0 turns it off)"
             ) from None
-        self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="health", daemon=True)
 
@@ -136,6 +128,27 @@ class HealthServer:
     def __exit__(self, *exc: object) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """At most ``MAX_CONCURRENT`` requests at a time (more are closed unanswered), each
+    with a socket timeout: idle or slow clients cannot pile up threads or connections."""
+
+    MAX_CONCURRENT = 8
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self._slots = threading.BoundedSemaphore(self.MAX_CONCURRENT)
+        super().__init__(address, handler)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        return self._slots.acquire(blocking=False)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 _ROUTES: dict[str, frozenset[str]] = {
@@ -151,6 +164,7 @@ _ROUTES: dict[str, frozenset[str]] = {
 class _Handler(BaseHTTPRequestHandler):
     probe: HealthProbe
     server_version = "billing-ledger"
+    timeout = 10  # seconds a client may take to send its request or read the answer
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
@@ -190,7 +204,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _read_model(self, path: str, params: dict[str, str]) -> list[dict[str, Any]]:
         limit = _int_param(params, "limit", 50)
-        with psycopg.connect(self.probe.settings.database_url, connect_timeout=3) as conn:
+        with _connect(self.probe.settings.database_url) as conn:
             if path == "/balances":
                 return balances(conn, customer=params.get("customer"))
             return transactions(
@@ -209,6 +223,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("health request: " + format, *args)
+
+
+def _connect(url: str) -> psycopg.Connection[Any]:
+    """A connection whose connect and every statement give up after a few seconds."""
+    return psycopg.connect(url, connect_timeout=3, options="-c statement_timeout=3000")
 
 
 def _params(query: str, allowed: frozenset[str]) -> dict[str, str]:

@@ -10,13 +10,14 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 
 from adapters.breaker import CircuitBreaker
-from adapters.kafka_io import LagProbe
+from adapters.kafka_io import LagProbe, check_reachable
 from adapters.settings import Settings
 from projections.queue_health import WorkerBeat, forget_worker, record_heartbeat, record_lag
 
@@ -62,9 +63,17 @@ class Heartbeat:
         if "charge" in self.roles:
             self.groups.append((settings.charge_group, settings.events_topic))
         self._lag: LagProbe | None = None
+        self.lag_error: str | None = None  # the last failed lag probe, shown in stats
 
     def run(self, stop: threading.Event) -> None:
-        """Beat now, then every interval, until ``stop``; a failed beat is logged, not fatal."""
+        """Beat now, then every interval, until ``stop``; a failed beat is logged, not fatal.
+
+        Heartbeats need only the database; consumer lag is probed in a thread of its
+        own, so a broker that does not answer never makes a live worker look silent.
+        """
+        lag = threading.Thread(target=self._probe_lag, args=(stop,), name="lag", daemon=True)
+        if self.groups:
+            lag.start()
         try:
             while True:
                 try:
@@ -74,12 +83,47 @@ class Heartbeat:
                         "heartbeat not recorded: %s", exc,
                         extra={"step": "heartbeat", "status": "failed"},
                     )  # fmt: skip
+                if stop.wait(self.settings.heartbeat_interval_s):
+                    return
+        finally:
+            self._sign_off()
+            if lag.is_alive():
+                lag.join(timeout=10)
+
+    def beat_once(self) -> None:
+        """Record this worker's heartbeat, breaker state and counters."""
+        stats = {**self.stats(), **({"lag_error": self.lag_error} if self.lag_error else {})}
+        beat = replace(self.beat, breaker_state=worst_state(self.breakers), stats=stats)
+        with psycopg.connect(self.settings.database_url, connect_timeout=5) as conn:
+            record_heartbeat(conn, beat)
+
+    def lag_once(self) -> None:
+        """Record the lag of this worker's consumer groups (raises when Kafka fails)."""
+        if self._lag is None:
+            check_reachable(self.settings.kafka_bootstrap)  # fails fast, leaks no socket
+            self._lag = LagProbe(self.settings.kafka_bootstrap)
+        offsets = {(g, t): self._lag.offsets(g, t) for g, t in self.groups}
+        with psycopg.connect(self.settings.database_url, connect_timeout=5) as conn:
+            for (group, topic), by_partition in offsets.items():
+                record_lag(conn, group, topic, by_partition)
+
+    def _probe_lag(self, stop: threading.Event) -> None:
+        try:
+            while True:
+                try:
+                    self.lag_once()
+                    self.lag_error = None
+                except Exception as exc:
+                    self.lag_error = f"{type(exc).__name__}: {exc}"
+                    log.warning(
+                        "consumer lag not recorded: %s", self.lag_error,
+                        extra={"step": "heartbeat", "status": "lag_failed"},
+                    )  # fmt: skip
                     self._close_lag()  # reconnect next time
                 if stop.wait(self.settings.heartbeat_interval_s):
                     return
         finally:
             self._close_lag()
-            self._sign_off()
 
     def _sign_off(self) -> None:
         """A clean stop: this worker is gone, not silent."""
@@ -88,21 +132,6 @@ class Heartbeat:
                 forget_worker(conn, self.beat.worker_id)
         except psycopg.Error as exc:
             log.warning("worker not signed off: %s", exc, extra={"step": "heartbeat"})
-
-    def beat_once(self) -> None:
-        beat = WorkerBeat(
-            **{**vars(self.beat), "breaker_state": worst_state(self.breakers),
-               "stats": dict(self.stats())},
-        )  # fmt: skip
-        offsets = {}
-        if self.groups:
-            if self._lag is None:
-                self._lag = LagProbe(self.settings.kafka_bootstrap)
-            offsets = {(g, t): self._lag.offsets(g, t) for g, t in self.groups}
-        with psycopg.connect(self.settings.database_url, connect_timeout=5) as conn:
-            record_heartbeat(conn, beat)
-            for (group, topic), by_partition in offsets.items():
-                record_lag(conn, group, topic, by_partition)
 
     def _close_lag(self) -> None:
         if self._lag is not None:

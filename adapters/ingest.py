@@ -107,7 +107,7 @@ class IngestWorker:
                 return True
             except ConcurrencyExhausted as exc:
                 self.stats.contended_batches += 1
-                delay = random.uniform(0, min(5.0, 0.1 * 2**attempt))
+                delay = random.uniform(0, 0.1 * 2 ** min(attempt, 5))  # at most 3.2 s
                 log.warning(
                     "batch not saved, trying again in %.2fs: %s", delay, exc,
                     extra={"step": "ingest", "status": "contended", "attempt": attempt + 1},

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -28,6 +29,7 @@ from domain.ids import transaction_id
 
 __all__ = [
     "LagProbe",
+    "check_reachable",
     "consumer_lag",
     "end_offsets",
     "ensure_topics",
@@ -121,15 +123,36 @@ def consumer_lag(bootstrap: str, group: str, topic: str) -> dict[int, int]:
         return {p: end - committed for p, (committed, end) in probe.offsets(group, topic).items()}
 
 
+def check_reachable(bootstrap: str, timeout_s: float = 3.0) -> None:
+    """Return when any bootstrap server accepts a TCP connection; else ConnectionError.
+
+    Cheap, and leaves no socket behind: kafka-python clients that fail to bootstrap
+    leave theirs to the garbage collector."""
+    errors = []
+    for server in bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+            return
+        except (OSError, ValueError) as exc:
+            errors.append(f"{server.strip()}: {exc}")
+    raise ConnectionError("; ".join(errors) or "no bootstrap server")
+
+
 class LagProbe:
     """Reads a group's committed offsets and the partitions' ends, with its own clients
     (so any thread may use it while the workers' consumers poll)."""
 
-    def __init__(self, bootstrap: str) -> None:
-        self.admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-        self.consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=100_000
-        )
+    def __init__(self, bootstrap: str, timeout_ms: int = 5000) -> None:
+        self.admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+        try:
+            self.consumer = KafkaConsumer(
+                bootstrap_servers=bootstrap, enable_auto_commit=False,
+                max_poll_records=100_000, request_timeout_ms=timeout_ms,
+            )  # fmt: skip
+        except Exception:
+            self.admin.close()
+            raise
 
     def __enter__(self) -> LagProbe:
         return self

@@ -155,6 +155,8 @@ class Metrics:
     def _observe_lag(self, _: CallbackOptions) -> Iterable[Observation]:
         figures = self._figures()
         for row in (figures or {}).get("consumer_lag", ()):
+            if not row["fresh"]:  # its consumer stopped reporting: no current value
+                continue
             yield Observation(
                 row["lag"],
                 {"group": row["group_name"], "topic": row["topic"], "partition": row["partition"]},

@@ -180,6 +180,21 @@ def _http_status(obj: stripe.StripeObject) -> None:
         telemetry.current_span().set_attribute("http.response.status_code", response.code)
 
 
+def _timed(operation: str, fn: Callable[[], T]) -> T:
+    """``fn()``, its latency recorded: the time on the wire and at Stripe, no queueing."""
+    started = time.perf_counter()
+    outcome = "ok"
+    try:
+        return fn()
+    except Exception as exc:
+        outcome = classify(exc).error_class
+        raise
+    finally:
+        metrics().stripe_latency.record(
+            time.perf_counter() - started, {"operation": operation, "outcome": outcome}
+        )
+
+
 class StripeCharges:
     """Invoice items for billing transactions, one per transaction, exactly once."""
 
@@ -292,20 +307,16 @@ class StripeCharges:
     # -- pressure ------------------------------------------------------------------
 
     def _call(self, operation: str, fn: Callable[[], T]) -> T:
-        """One Stripe call through the breaker and the limits, counted and timed."""
-        started = time.perf_counter()
+        """One Stripe call through the breaker and the limits, counted by outcome (a
+        call the breaker or a limit refused is counted as such, and never sent)."""
         outcome = "ok"
         try:
-            return self.breaker.call(lambda: self._limited(fn))
+            return self.breaker.call(lambda: self._limited(lambda: _timed(operation, fn)))
         except Exception as exc:
             outcome = classify(exc).error_class
             raise
         finally:
-            attrs = {"operation": operation, "outcome": outcome}
-            m = metrics()
-            m.stripe_requests.add(1, attrs)
-            if outcome not in ("circuit_open", "throttled"):  # sent: its latency is Stripe's
-                m.stripe_latency.record(time.perf_counter() - started, attrs)
+            metrics().stripe_requests.add(1, {"operation": operation, "outcome": outcome})
 
     def _breaker_moved(self, old: str, new: str) -> None:
         metrics().breaker_transitions.add(1, {"from_state": old, "to_state": new})

@@ -108,5 +108,10 @@ def _guard(
             log.exception("worker %s failed; stopping the process", name)
             failures.append(f"{name} worker failed: {type(exc).__name__}: {exc}")
             stop.set()
+            return
+        if not stop.is_set():  # a role only returns when asked to
+            log.error("worker %s stopped on its own; stopping the process", name)
+            failures.append(f"{name} worker stopped unexpectedly")
+            stop.set()
 
     return run

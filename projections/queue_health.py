@@ -13,12 +13,14 @@ Objects in the ``billing`` schema:
   (written by the workers every ``heartbeat_interval_s``; removed when a worker stops
   cleanly; a silent one is reported, then forgotten after an hour).
 * ``billing.consumer_lag``: per consumer group, topic and partition, the committed
-  offset, the end of the partition and the lag (written by the workers).
+  offset, the end of the partition and the lag (written by the workers; a row older
+  than the heartbeat timeout is shown as not fresh and left out of the figures).
 * ``billing.health_settings``: the deadlines the view judges by (written at start).
 
 The view reads the projections (``billing.transactions``, ``billing.charge_attempts``)
 and ``billing.dead_letters``, so it is only as current as the projector; its
-``projector_behind`` column says how many events the projector has still to apply.
+``projector_behind`` column says how many events (up to 100,000) the slowest
+projection has still to apply.
 
 ``assess()`` turns the figures into a status (ok, degraded, failing) with reasons.
 """
@@ -96,15 +98,17 @@ SELECT t.transaction_id, t.customer_id, t.usage_id, t.amount, t.currency::text, 
          WHEN t.state = 'charge_failed'
               AND t.next_attempt_at + make_interval(secs => 2 * s.reconcile_interval_s) < now()
               THEN 'retry overdue'
-         WHEN t.state = 'charge_failed' AND t.next_attempt_at <= now() THEN 'retry due'
-         WHEN t.state = 'charge_failed' THEN 'waiting to retry'
+         WHEN t.state = 'charge_failed' THEN 'retry due'
          WHEN t.state = 'reserved' THEN 'not charged after stale_after_s'
          ELSE 'metered but neither reserved nor compensated'
        END
 FROM billing.transactions t, billing.health_settings s
 WHERE t.state IN ('metered', 'reserved', 'charge_failed')
-  AND (t.state = 'charge_failed'
-       OR coalesce(t.reserved_at, t.metered_at) + make_interval(secs => s.stale_after_s) < now())
+  AND (t.metered_at + make_interval(secs => s.retry_horizon_s + s.reconcile_interval_s) < now()
+       OR (t.state = 'charge_failed' AND t.next_attempt_at <= now())
+       OR (t.state <> 'charge_failed'
+           AND coalesce(t.reserved_at, t.metered_at) + make_interval(secs => s.stale_after_s)
+               < now()))
 $body$;
 CREATE OR REPLACE VIEW billing.stuck_transactions AS
 SELECT * FROM billing.stuck_transactions_now();
@@ -161,13 +165,16 @@ SELECT
              '{}'::jsonb),
     (SELECT count(*) FROM billing.charge_attempts
       WHERE outcome = 'charged' AND at > now() - interval '1 minute'),
-    coalesce((SELECT max(lag) FROM billing.consumer_lag), 0),
+    coalesce((SELECT max(l.lag) FROM billing.consumer_lag l, s
+              WHERE l.recorded_at > now() - make_interval(secs => s.heartbeat_timeout_s)), 0),
     (SELECT count(*) FROM workers WHERE alive),
     (SELECT count(*) FROM workers WHERE NOT alive),
     (SELECT count(*) FROM workers WHERE alive AND breaker_state <> 'closed'),
-    greatest(coalesce((SELECT max(notification_id) FROM billingledger_events), 0)
-             - coalesce((SELECT min(notification_id) FROM billing.projection_positions), 0),
-             0)
+    coalesce((SELECT max((SELECT count(*) FROM (
+                 SELECT 1 FROM billingledger_events e
+                 WHERE (e.xid, e.notification_id) > (p.xid, p.notification_id)
+                 LIMIT 100000) behind))
+              FROM billing.projection_positions p), 0)
 $body$;
 CREATE OR REPLACE VIEW billing.queue_health AS SELECT * FROM billing.queue_health_now();
 """
@@ -207,7 +214,8 @@ def record_heartbeat(conn: psycopg.Connection[Any], beat: WorkerBeat) -> None:
         "INSERT INTO billing.workers AS w VALUES (%s, %s, %s, %s, %s, now(), %s, %s)"
         " ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = now(),"
         " breaker_state = excluded.breaker_state, stats = excluded.stats,"
-        " roles = excluded.roles",
+        " roles = excluded.roles, host = excluded.host, pid = excluded.pid,"
+        " started_at = excluded.started_at",
         (
             beat.worker_id,
             beat.roles,
@@ -244,6 +252,11 @@ def record_lag(
                 for p, (committed, end) in sorted(offsets.items())
             ],
         )
+        cur.execute(
+            "DELETE FROM billing.consumer_lag"
+            " WHERE recorded_at < now() - make_interval(secs => %s)",
+            (FORGET_SILENT_AFTER_S,),
+        )
 
 
 def read_health(conn: psycopg.Connection[Any]) -> dict[str, Any]:
@@ -257,8 +270,11 @@ def read_health(conn: psycopg.Connection[Any]) -> dict[str, Any]:
             " FROM billing.workers w, billing.health_settings s ORDER BY w.worker_id"
         ).fetchall()
         lag = cur.execute(
-            "SELECT group_name, topic, partition, committed_offset, end_offset, lag, recorded_at"
-            " FROM billing.consumer_lag ORDER BY group_name, topic, partition"
+            "SELECT l.group_name, l.topic, l.partition, l.committed_offset, l.end_offset, l.lag,"
+            " l.recorded_at,"
+            " l.recorded_at > now() - make_interval(secs => s.heartbeat_timeout_s) AS fresh"
+            " FROM billing.consumer_lag l, billing.health_settings s"
+            " ORDER BY l.group_name, l.topic, l.partition"
         ).fetchall()
     plain: dict[str, Any] = _plain({**figures, "workers": workers, "consumer_lag": lag})
     return plain
@@ -270,6 +286,7 @@ class Thresholds:
 
     max_consumer_lag: int = 10_000
     max_stripe_errors_5m: int = 0
+    max_projector_behind: int = 10_000
 
 
 def assess(figures: Mapping[str, Any], limits: Thresholds = Thresholds()) -> tuple[str, list[str]]:
@@ -307,6 +324,10 @@ def assess(figures: Mapping[str, Any], limits: Thresholds = Thresholds()) -> tup
         degraded.append(f"{figures['stripe_errors_5m']} Stripe error(s) in 5 min ({by_class})")
     if figures["max_consumer_lag"] > limits.max_consumer_lag:
         degraded.append(f"consumer lag {figures['max_consumer_lag']}")
+    if figures["projector_behind"] > limits.max_projector_behind:
+        degraded.append(
+            f"projector {figures['projector_behind']} events behind: these figures lag the log"
+        )
     if failing:
         return FAILING, failing + degraded
     return (DEGRADED, degraded) if degraded else (OK, [])

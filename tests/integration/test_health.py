@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -75,28 +77,40 @@ def _queue_health(url: str) -> dict[str, Any]:
 def _set_up_trouble(
     settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
 ) -> dict[str, Any]:
-    """One charge, one failed attempt due again at once, two reservations left alone,
-    one dead letter, and a worker whose circuit breaker is open."""
-    batch = [Metering(usage(f"a-{i}"), Source("usage", 0, i)) for i in range(4)]
+    """One charge; one failed attempt due again at once and one due in an hour; two
+    reservations left alone; one dead letter; a worker whose circuit breaker is open,
+    one silent for a minute, one dead for hours; a lag row nobody refreshed."""
+    batch = [Metering(usage(f"a-{i}"), Source("usage", 0, i)) for i in range(5)]
     txns = [t.id for t in ledger.record_usage(batch).transactions]
     charger = build_charger(settings, ledger)
     assert charger.drive(txns[0]) == "charged"
     charger.stripe.customer("acme")
     emulator.set_faults(drop_response_after_execute=1)
     assert charger.drive(txns[1]) == "retry"
+    patient = build_charger(settings.model_copy(update={"retry_base_s": 3600.0}), ledger)
+    patient.stripe.customer("acme")
+    emulator.set_faults(drop_response_after_execute=1)
+    assert patient.drive(txns[4]) == "retry"  # not due for a long while: not stuck
     DeadLetterStore(settings.database_url).record(
         [DeadLetter("usage", 0, 99, None, b"{not json", "invalid JSON: expecting a value")]
     )
     breaker = CircuitBreaker(fail_max=1, reset_s=3600)
     with pytest.raises(ConnectionError):
         breaker.call(lambda: (_ for _ in ()).throw(ConnectionError("Stripe down")))
-    with psycopg.connect(settings.database_url) as conn:  # a worker that died long ago
+    with psycopg.connect(settings.database_url) as conn:
         conn.execute(
-            "INSERT INTO billing.workers VALUES ('gone:1:ingest', '{ingest}', 'gone', 1,"
-            " now() - interval '3 hours', now() - interval '2 hours', NULL, '{}')"
+            "INSERT INTO billing.workers VALUES"
+            " ('gone:1:ingest', '{ingest}', 'gone', 1, now() - interval '3 hours',"
+            "  now() - interval '2 hours', NULL, '{}'),"  # forgotten by the next heartbeat
+            " ('quiet:2:relay', '{relay}', 'quiet', 2, now() - interval '1 hour',"
+            "  now() - interval '1 minute', NULL, '{}')"  # silent: reported
+        )
+        conn.execute(
+            "INSERT INTO billing.consumer_lag VALUES"
+            " ('old-group', 'usage', 0, 10, 510, 500, now() - interval '10 minutes')"
         )
     heartbeat = Heartbeat(settings, ["reconcile"], breakers=[breaker])
-    heartbeat.beat_once()  # ... is forgotten by the next heartbeat
+    heartbeat.beat_once()
     with build_projector(settings, ledger) as projector:
         projector.pump_all()
     return {"txns": txns, "worker": heartbeat.beat.worker_id}
@@ -108,7 +122,7 @@ def test_queue_health_and_the_health_endpoint_report_what_a_test_set_up(
     url = health_settings.database_url
     setup = _set_up_trouble(health_settings, ledger, emulator)
 
-    # Time passes: the reservations go stale and the failed attempt falls due.
+    # Time passes: the reservations go stale and the first failed attempt falls due.
     row = wait_for(
         lambda: (h := _queue_health(url))["stale_reserved"] == 2 and h["retries_due"] == 1 and h,
         what="stale reservations and a due retry",
@@ -116,37 +130,48 @@ def test_queue_health_and_the_health_endpoint_report_what_a_test_set_up(
     assert (row["backlog_metered"], row["backlog_reserved"], row["backlog_charge_failed"]) == (
         0,
         2,
-        1,
+        2,
     )
     assert row["oldest_open_age_s"] > 0 and row["past_deadline"] == 0
     assert row["dead_letters_last_hour"] == 1
-    assert (row["stripe_errors_1m"], row["stripe_errors_5m"], row["stripe_errors_15m"]) == (1, 1, 1)
-    assert row["stripe_errors_by_class"] == {"connection": {"1m": 1, "5m": 1, "15m": 1}}
+    assert (row["stripe_errors_1m"], row["stripe_errors_5m"], row["stripe_errors_15m"]) == (2, 2, 2)
+    assert row["stripe_errors_by_class"] == {"connection": {"1m": 2, "5m": 2, "15m": 2}}
     assert row["charges_last_minute"] == 1
-    assert (row["workers_alive"], row["workers_silent"], row["breakers_not_closed"]) == (1, 0, 1)
+    assert (row["workers_alive"], row["workers_silent"], row["breakers_not_closed"]) == (1, 1, 1)
+    assert row["max_consumer_lag"] == 0  # the only lag row is ten minutes old
     assert row["projector_behind"] == 0
 
     with psycopg.connect(url) as conn:
         stuck = dict(
             conn.execute("SELECT transaction_id, stuck_because FROM billing.stuck_transactions")
         )
+        workers = [r[0] for r in conn.execute("SELECT worker_id FROM billing.workers ORDER BY 1")]
     txns = setup["txns"]
     assert stuck == {
         txns[1]: "retry due",
         txns[2]: "not charged after stale_after_s",
         txns[3]: "not charged after stale_after_s",
     }
+    assert workers == sorted([setup["worker"], "quiet:2:relay"])  # "gone" was forgotten
 
     with HealthServer(HealthProbe(health_settings, cache_s=0), "127.0.0.1", 0) as server:
         status, body = _get(server.port, "/health")
         assert status == 200 and body["status"] == "degraded"
-        assert set(body["reasons"]) == {
+        silent = [r for r in body["reasons"] if r.startswith("worker quiet:2:relay silent since")]
+        assert set(body["reasons"]) - set(silent) == {
             f"Stripe circuit breaker open in worker {setup['worker']}",
             "2 reserved transaction(s) not charged",
             "1 dead letter(s) in the last hour",
-            "1 Stripe error(s) in 5 min (connection: 1)",
+            "2 Stripe error(s) in 5 min (connection: 2)",
         }
-        assert body["retries_due"] == 1 and body["workers"][0]["breaker_state"] == "open"
+        assert len(silent) == 1
+        assert body["retries_due"] == 1
+        by_id = {w["worker_id"]: w for w in body["workers"]}
+        assert by_id[setup["worker"]]["breaker_state"] == "open"
+        assert by_id[setup["worker"]]["alive"] and not by_id["quiet:2:relay"]["alive"]
+        assert [(r["group_name"], r["fresh"]) for r in body["consumer_lag"]] == [
+            ("old-group", False)
+        ]
 
         with psycopg.connect(url, autocommit=True) as conn:  # the horizon is now behind them
             write_settings(
@@ -158,10 +183,42 @@ def test_queue_health_and_the_health_endpoint_report_what_a_test_set_up(
             )
         status, body = _get(server.port, "/health")
         assert status == 503 and body["status"] == "failing"
-        assert body["reasons"][0] == "3 transaction(s) past their deadline"
+        assert body["reasons"][0] == "4 transaction(s) past their deadline"
 
         assert _get(server.port, "/healthz") == (200, {"status": "alive"})
         assert _get(server.port, "/readyz") == (200, {"database": "ok", "broker": "ok"})
+
+
+def test_a_worker_beats_while_the_broker_is_down_and_says_why_its_lag_is_missing(
+    health_settings: Settings,
+) -> None:
+    prepare(health_settings, topics=False)
+    down = health_settings.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{free_port()}"})
+    heartbeat = Heartbeat(down, ["ingest"])
+    stop = threading.Event()
+    beating = threading.Thread(target=heartbeat.run, args=(stop,))
+    beating.start()
+    url = health_settings.database_url
+
+    def stats() -> dict[str, Any] | None:
+        with psycopg.connect(url) as conn:
+            row = conn.execute(
+                "SELECT stats FROM billing.workers WHERE worker_id = %s",
+                (heartbeat.beat.worker_id,),
+            ).fetchone()
+        return row[0] if row and "lag_error" in row[0] else None
+
+    try:
+        error = wait_for(stats, what="a heartbeat naming the lag error")["lag_error"]
+        assert "Connection refused" in error
+        row = _queue_health(url)
+        assert (row["workers_alive"], row["workers_silent"]) == (1, 0)
+    finally:
+        stop.set()
+        beating.join(60)
+    with psycopg.connect(url) as conn:  # stopped cleanly: signed off
+        assert conn.execute("SELECT count(*) FROM billing.workers").fetchone() == (0,)
+    gc.collect()  # a socket left unclosed would warn here (warnings are errors)
 
 
 def test_the_health_server_refuses_bad_parameters_and_reports_an_unreachable_broker(
@@ -172,8 +229,11 @@ def test_the_health_server_refuses_bad_parameters_and_reports_an_unreachable_bro
         [Metering(usage(f"b-{i}"), Source("usage", 0, i)) for i in range(3)]
     )
     held = sum(t.amount for t in recorded.transactions)
+    # Opened + AmountsReserved of the account, Metered + Reserved of each transaction
+    assert _queue_health(url)["projector_behind"] == 8
     with build_projector(health_settings, ledger) as projector:
         projector.pump_all()
+    assert _queue_health(url)["projector_behind"] == 0
     with psycopg.connect(url) as conn:
         before = conn.execute("SELECT * FROM billing.transactions ORDER BY 1").fetchall()
 
@@ -218,14 +278,21 @@ def _series(text: str) -> dict[str, float]:
     return series
 
 
-def _value(series: dict[str, float], name: str, **labels: str) -> float:
-    """The sample of ``name`` whose labels include ``labels`` (0 when absent)."""
+def _sample(series: dict[str, float], name: str, **labels: str) -> float | None:
+    """The sample of ``name`` whose labels include ``labels`` (None when there is none)."""
     for key, value in series.items():
         metric, _, rest = key.partition("{")
         got = dict(re.findall(r'(\w+)="([^"]*)"', rest))
         if metric == name and all(got.get(k) == v for k, v in labels.items()):
             return value
-    return 0.0
+    return None
+
+
+def _value(series: dict[str, float], name: str, **labels: str) -> float:
+    """The sample of ``name`` with ``labels``; fails when the series is not exposed."""
+    value = _sample(series, name, **labels)
+    assert value is not None, f"no sample of {name} {labels}"
+    return value
 
 
 def test_metrics_expose_the_named_series_with_the_right_values_after_a_known_workload(
@@ -252,17 +319,18 @@ def test_metrics_expose_the_named_series_with_the_right_values_after_a_known_wor
         )  # fmt: skip
         series = wait_for(
             lambda: (
-                _value(s := _metrics(port), "billing_charge_steps_total", result="charged") >= 12
+                (_sample(s := _metrics(port), "billing_charge_steps_total", result="charged") or 0)
+                >= 12
                 and s
             ),
             what="12 charges in /metrics",
         )
         assert _value(series, "billing_ingest_records_total", outcome="reserved") == 12
         assert _value(series, "billing_ingest_records_total", outcome="dead_letter") == 2
-        assert _value(series, "billing_ingest_records_total", outcome="duplicate") == 0
+        assert _sample(series, "billing_ingest_records_total", outcome="duplicate") is None
         assert _value(series, "billing_dead_letters_total") == 2
         assert _value(series, "billing_charge_steps_total", result="charged") == 12
-        assert _value(series, "billing_charge_retries_total") == 0
+        assert _sample(series, "billing_charge_retries_total") is None  # none yet
         create = {"operation": "invoice_items.create", "outcome": "ok"}
         assert _value(series, "billing_stripe_requests_total", **create) == 12
         assert _value(series, "billing_stripe_request_duration_seconds_count", **create) == 12
@@ -274,9 +342,9 @@ def test_metrics_expose_the_named_series_with_the_right_values_after_a_known_wor
         # The gauges come from queue_health once the projector and the heartbeat caught up.
         def settled() -> dict[str, float] | None:
             s = _metrics(port)
-            lag = _value(s, "billing_consumer_lag", group=health_settings.ingest_group)
-            done = _value(s, "billing_backlog", state="reserved") == 0
-            return s if done and "billing_consumer_lag{" in str(s) and lag == 0 else None
+            lag = _sample(s, "billing_consumer_lag", group=health_settings.ingest_group)
+            done = _sample(s, "billing_backlog", state="reserved") == 0
+            return s if done and lag == 0 else None
 
         series = wait_for(settled, what="backlog 0 and the ingest lag recorded")
         assert _value(series, "billing_backlog", state="charge_failed") == 0
@@ -291,11 +359,14 @@ def test_metrics_expose_the_named_series_with_the_right_values_after_a_known_wor
         opened = {"from_state": "closed", "to_state": "open"}
         series = wait_for(
             lambda: (
-                _value(s := _metrics(port), "billing_breaker_transitions_total", **opened) and s
+                _sample(s := _metrics(port), "billing_breaker_transitions_total", **opened)
+                and (_sample(s, "billing_charge_retries_total") or 0) >= 8  # each one failed
+                and s
             ),
-            what="the breaker to open",
+            what="the breaker to open and every charge to fail",
         )
         assert _value(series, "billing_stripe_requests_total", outcome="http_503") >= 5
+        assert _value(series, "billing_stripe_requests_total", outcome="circuit_open") >= 1
         report = wait_for(
             lambda: (b := _get(port, "/health")[1])["breakers_not_closed"] and b,
             what="the heartbeat to report the open breaker",
