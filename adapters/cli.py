@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -50,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`export ... | head`): not our error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # quiet exit flush
+        return 0
     except Exception as exc:  # the boundary: every error becomes one line
         print(f"billing-ledger: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE

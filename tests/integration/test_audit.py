@@ -311,3 +311,22 @@ def test_a_projection_behind_the_log_is_named_as_lag(
     assert set(lag) == {p.name for p in PROJECTIONS}
     # Opened and AmountsReserved of the account, Metered and Reserved of the transaction
     assert lag["transactions"].startswith("4 event(s) not applied yet")
+
+
+def test_export_into_a_reader_that_stops_early_ends_quietly(
+    stripe_settings: Settings, ledger: BillingLedger
+) -> None:
+    record(ledger, "bulk", [f"b-{i}" for i in range(600)])  # far more than a pipe holds
+    with subprocess.Popen(
+        [*CLI, "export", "--customer", "bulk"],
+        env=settings_env(stripe_settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        first = json.loads(proc.stdout.readline())  # `| head -1`
+        proc.stdout.close()
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 0, err
+    assert first["version"] == 1 and "error" not in err and "Traceback" not in err
