@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 
+from adapters.audit import Scope, audit, stripe_invoice_items
 from adapters.health import health_report
 from adapters.ingest import IngestStats
 from adapters.kafka_io import make_producer, send_usage
@@ -214,6 +215,7 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
                 _charge_everything(charging, ledger, deadline=time.monotonic() + timeout)
                 summary = summarize(ledger, settings, produced)
                 summary["health"] = _health(charging, ledger)
+                summary["audit"] = _audit(charging)
                 items = stripe.live_invoice_items()
                 summary["stripe"] = {
                     "live_invoice_items": len(items),
@@ -258,6 +260,28 @@ def _health(settings: Settings, ledger: BillingLedger) -> dict[str, Any]:
     with psycopg.connect(settings.database_url) as conn:
         report = health_report(conn, Thresholds())
     return {"status": report["status"], "reasons": report["reasons"]}
+
+
+def _audit(settings: Settings) -> dict[str, Any]:
+    """``billing-ledger audit --stripe`` on the demo's history: chains, invariants, read
+    models and the emulator's invoice items, all checked."""
+    from adapters.progress import step
+
+    step("auditing: replaying the history against the read models and Stripe")
+    report = audit(
+        settings.database_url,
+        Scope(),
+        horizon=settings.retry_policy().horizon + timedelta(seconds=settings.reconcile_interval_s),
+        stripe_items=lambda: stripe_invoice_items(settings.stripe()),
+        progress=False,
+    )
+    return {
+        "ok": report.ok,
+        "events": report.events,
+        "transactions": report.transactions,
+        "stripe_items": report.stripe_items,
+        "findings": [f"{f.kind} {f.subject}: {f.detail}" for f in report.findings[:20]],
+    }
 
 
 def _amounts(items: list[dict[str, Any]]) -> dict[str, int]:
@@ -319,6 +343,15 @@ def render_summary(summary: dict[str, Any]) -> str:
     if summary["dead_letter_reasons"]:
         lines += ["", "dead letters by reason:"]
         lines += [f"  {n:>6,}  {reason}" for reason, n in summary["dead_letter_reasons"].items()]
+    if "audit" in summary:
+        a = summary["audit"]
+        verdict = "clean" if a["ok"] else f"{len(a['findings'])}+ finding(s)"
+        lines += [
+            "",
+            f"audit: {verdict} ({a['events']:,} events replayed, {a['transactions']:,}"
+            f" transactions, {a['stripe_items']:,} Stripe invoice items compared)",
+        ]
+        lines += [f"  - {finding}" for finding in a["findings"]]
     if "health" in summary:
         lines += ["", f"queue health: {summary['health']['status']}"]
         lines += [f"  - {reason}" for reason in summary["health"]["reasons"]]

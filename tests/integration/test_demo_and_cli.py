@@ -88,6 +88,11 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
             charged_by_currency[cur] += bal["charged"]
     assert summary["stripe"]["amount_by_currency"] == dict(charged_by_currency)
     assert "ingested" in proc.stderr  # progress was shown
+    # The audit replays the demo's history clean, against the read models and Stripe.
+    audit = summary["audit"]
+    assert (audit["ok"], audit["findings"]) == (True, [])
+    assert audit["transactions"] == len(seen)
+    assert audit["stripe_items"] == len(seen) - refused
     # Everything settled: queue health has nothing against it but the poison records.
     assert summary["health"] == {
         "status": "degraded",
