@@ -375,6 +375,9 @@ def test_cli_shows_the_read_models_and_refuses_bad_filters_changing_nothing(
     assert "rebuilt transactions: 4 rows" in rebuilt.stdout
     assert "rebuilt customer_balances: 2 rows" in rebuilt.stdout
     assert _snapshot(settings.database_url) == before
+    with psycopg.connect(settings.database_url) as conn:  # the views read the swapped tables
+        health = conn.execute("SELECT backlog_reserved FROM billing.queue_health").fetchone()
+    assert health == (sum(1 for r in before["transactions"] if r[7] == "reserved"),)
 
 
 def test_the_project_role_keeps_the_read_models_current(settings: Settings) -> None:
