@@ -85,6 +85,21 @@ def emulator() -> Iterator[StripeEmulator]:
         yield emu
 
 
+@pytest.fixture
+def charge_settings(settings: Settings, emulator: StripeEmulator) -> Settings:
+    """Settings for charging against the emulator, with deadlines short enough to test."""
+    return settings.model_copy(
+        update={
+            "stripe_api_base": emulator.url,
+            "stale_after_s": 0.2,
+            "retry_base_s": 0.05,
+            "retry_max_delay_s": 0.2,
+            "stripe_timeout_s": 3.0,
+            "breaker_reset_s": 0.5,
+        }
+    )
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment a ``billing-ledger`` subprocess needs to use ``settings``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BILLING_LEDGER_")}

@@ -38,17 +38,8 @@ CLI = [sys.executable, "-m", "adapters.cli"]
 
 
 @pytest.fixture
-def health_settings(settings: Settings, emulator: StripeEmulator) -> Settings:
-    return settings.model_copy(
-        update={
-            "stripe_api_base": emulator.url,
-            "stripe_timeout_s": 3.0,
-            "stale_after_s": 0.2,
-            "retry_base_s": 0.05,
-            "retry_max_delay_s": 0.2,
-            "heartbeat_interval_s": 0.5,
-        }
-    )
+def health_settings(charge_settings: Settings) -> Settings:
+    return charge_settings.model_copy(update={"heartbeat_interval_s": 0.5})
 
 
 @pytest.fixture
@@ -87,7 +78,9 @@ def _set_up_trouble(
     charger.stripe.customer("acme")
     emulator.set_faults(drop_response_after_execute=1)
     assert charger.drive(txns[1]) == "retry"
-    patient = build_charger(settings.model_copy(update={"retry_base_s": 3600.0}), ledger)
+    patient = build_charger(
+        settings.model_copy(update={"retry_base_s": 3600.0, "retry_max_delay_s": 3600.0}), ledger
+    )
     patient.stripe.customer("acme")
     emulator.set_faults(drop_response_after_execute=1)
     assert patient.drive(txns[4]) == "retry"  # not due for a long while: not stuck
