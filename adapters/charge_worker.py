@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
@@ -46,6 +47,7 @@ class ChargeWorker:
         parallel: int = 8,
     ) -> None:
         self.charger = charger
+        self.pulse: Callable[[], None] = lambda: None  # called each turn of the loop
         self.consumer = consumer
         self.database_url = database_url
         self.group = group
@@ -56,6 +58,7 @@ class ChargeWorker:
     def run(self, stop: threading.Event) -> None:
         try:
             while not stop.is_set():
+                self.pulse()
                 self.poll_once()
         finally:
             self.pool.shutdown(wait=True)

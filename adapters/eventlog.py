@@ -102,11 +102,18 @@ def read_created(conn: psycopg.Connection[Any], originator_ids: Iterable[UUID]) 
 
 
 def follow(
-    pump: Callable[[], int], stop: threading.Event, *, name: str, idle_wait_s: float
+    pump: Callable[[], int],
+    stop: threading.Event,
+    *,
+    name: str,
+    idle_wait_s: float,
+    on_round: Callable[[], None] = lambda: None,
 ) -> None:
     """Call ``pump`` until ``stop``: at once while it finds work, after ``idle_wait_s``
-    when it finds none, and after a second when the database cannot be reached."""
+    when it finds none, and after a second when the database cannot be reached.
+    ``on_round`` is called at every turn (the heartbeat's proof the loop is not hung)."""
     while not stop.is_set():
+        on_round()
         try:
             done = pump()
         except psycopg.OperationalError as exc:  # the database went away: retry

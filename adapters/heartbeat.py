@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -21,7 +22,7 @@ from adapters.kafka_io import LagProbe, check_reachable
 from adapters.settings import Settings
 from projections.queue_health import WorkerBeat, forget_worker, record_heartbeat, record_lag
 
-__all__ = ["Heartbeat", "worst_state"]
+__all__ = ["Heartbeat", "Pulses", "worst_state"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,28 @@ def worst_state(breakers: Sequence[CircuitBreaker]) -> str | None:
     return max(states, key=lambda s: _SEVERITY.get(s, 2)) if states else None
 
 
+class Pulses:
+    """When each role's loop last went round, so a heartbeat can tell a live process
+    from one whose role hangs (a loop turns at least every poll or reconcile interval)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._at: dict[str, float] = {}
+
+    def of(self, role: str) -> Callable[[], None]:
+        """The callback a role's loop calls at each turn."""
+
+        def pulse() -> None:
+            self._at[role] = self.clock()
+
+        return pulse
+
+    def ages(self) -> dict[str, float]:
+        """Seconds since each role's loop last went round."""
+        now = self.clock()
+        return {role: round(now - at, 1) for role, at in sorted(self._at.items())}
+
+
 class Heartbeat:
     """Records this process's heartbeat and its groups' lag; ``run(stop)`` repeats it."""
 
@@ -44,11 +67,13 @@ class Heartbeat:
         *,
         breakers: Sequence[CircuitBreaker] = (),
         stats: Callable[[], Mapping[str, Any]] = dict,
+        pulses: Pulses | None = None,
     ) -> None:
         self.settings = settings
         self.roles = list(roles)
         self.breakers = list(breakers)
         self.stats = stats
+        self.pulses = pulses
         host = socket.gethostname()
         self.beat = WorkerBeat(
             worker_id=f"{host}:{os.getpid()}:{'+'.join(self.roles)}",
@@ -93,6 +118,8 @@ class Heartbeat:
     def beat_once(self) -> None:
         """Record this worker's heartbeat, breaker state and counters."""
         stats = {**self.stats(), **({"lag_error": self.lag_error} if self.lag_error else {})}
+        if self.pulses is not None:
+            stats["loop_age_s"] = self.pulses.ages()
         beat = replace(self.beat, breaker_state=worst_state(self.breakers), stats=stats)
         with psycopg.connect(self.settings.database_url, connect_timeout=5) as conn:
             record_heartbeat(conn, beat)

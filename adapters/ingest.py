@@ -77,6 +77,7 @@ class IngestWorker:
         kill_after_save: bool = False,
     ) -> None:
         self.ledger = ledger
+        self.pulse: Callable[[], None] = lambda: None  # called each turn of the loop
         self.dead_letters = dead_letters
         self.consumer = consumer
         self.producer = producer
@@ -91,6 +92,7 @@ class IngestWorker:
     ) -> None:
         """Poll and process until ``stop`` is set."""
         while not stop.is_set():
+            self.pulse()
             polled = self.consumer.poll(timeout_ms=self.poll_timeout_ms)
             records = [r for batch in polled.values() for r in batch]
             saved = bool(records) and self._process_until_saved(records, stop)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -58,6 +59,7 @@ class Relay:
         batch: int = 2000,
     ) -> None:
         self.database_url = database_url
+        self.pulse: Callable[[], None] = lambda: None  # called each turn of the loop
         self.producer = producer
         self.topic = topic
         self.name = name
@@ -68,7 +70,7 @@ class Relay:
 
     def run(self, stop: threading.Event, idle_wait_s: float = 0.01) -> None:
         try:
-            follow(self.pump, stop, name="relay", idle_wait_s=idle_wait_s)
+            follow(self.pump, stop, name="relay", idle_wait_s=idle_wait_s, on_round=self.pulse)
         finally:
             self.close()
 

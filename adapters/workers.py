@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 
 from adapters.breaker import CircuitBreaker
-from adapters.heartbeat import Heartbeat
+from adapters.heartbeat import Heartbeat, Pulses
 from adapters.ledger import BillingLedger
 from adapters.runtime import (
     build_charge_worker,
@@ -37,22 +37,27 @@ def run_roles(
 ) -> None:
     """Start the roles; return when ``stop`` is set (or a role fails, which stops all)."""
     targets: dict[str, Callable[[], None]] = {}
+    pulses = Pulses()
     breakers: list[CircuitBreaker] = []
     stats: dict[str, Callable[[], object]] = {}
     if "ingest" in roles:
         ingest = build_ingest_worker(settings, ledger, kill_after_save=kill_after_save)
+        ingest.pulse = pulses.of("ingest")
         targets["ingest"] = lambda: _closing(lambda: ingest.run(stop), lambda: close_worker(ingest))
         stats["ingest"] = lambda: {
             k: v for k, v in vars(ingest.stats).items() if isinstance(v, int)
         }
     if "relay" in roles:
         relay = build_relay(settings)
+        relay.pulse = pulses.of("relay")
         targets["relay"] = lambda: _closing(lambda: relay.run(stop), relay.producer.close)
     if "project" in roles:
         projector = build_projector(settings, ledger)
+        projector.pulse = pulses.of("project")
         targets["project"] = lambda: projector.run(stop)
     if "charge" in roles:
         charge = build_charge_worker(settings, build_charger(settings, ledger, drill=drill))
+        charge.pulse = pulses.of("charge")
         targets["charge"] = lambda: _closing(lambda: charge.run(stop), charge.consumer.close)
         breakers.append(charge.charger.stripe.breaker)
         stats["charge"] = lambda: {"driven": charge.driven}
@@ -60,8 +65,11 @@ def run_roles(
         reconciler = build_reconciler(settings, build_charger(settings, ledger, drill=drill))
         breakers.append(reconciler.charger.stripe.breaker)
 
+        pulse = pulses.of("reconcile")
+
         def reconcile() -> None:
             while not stop.is_set():
+                pulse()
                 report = reconciler.pass_once()
                 if report.driven:
                     log.info("reconciled", extra={"step": "reconcile", **vars(report)})
@@ -69,7 +77,11 @@ def run_roles(
 
         targets["reconcile"] = reconcile
     heartbeat = Heartbeat(
-        settings, roles, breakers=breakers, stats=lambda: {k: f() for k, f in stats.items()}
+        settings,
+        roles,
+        breakers=breakers,
+        stats=lambda: {k: f() for k, f in stats.items()},
+        pulses=pulses,
     )
     targets["heartbeat"] = lambda: heartbeat.run(stop)
 

@@ -89,6 +89,7 @@ class Projector:
         batch: int = 2000,
     ) -> None:
         self.database_url = database_url
+        self.pulse: Callable[[], None] = lambda: None  # called each turn of the loop
         self.decode = decode
         self.projections = tuple(projections)
         self.batch = batch
@@ -98,7 +99,7 @@ class Projector:
 
     def run(self, stop: threading.Event, idle_wait_s: float = 0.05) -> None:
         try:
-            follow(self.pump, stop, name="projector", idle_wait_s=idle_wait_s)
+            follow(self.pump, stop, name="projector", idle_wait_s=idle_wait_s, on_round=self.pulse)
         finally:
             self.close()
 

@@ -287,6 +287,7 @@ class Thresholds:
     max_consumer_lag: int = 10_000
     max_stripe_errors_5m: int = 0
     max_projector_behind: int = 10_000
+    max_loop_age_s: float = 300.0  # a role whose loop has not turned this long is hung
 
 
 def assess(figures: Mapping[str, Any], limits: Thresholds = Thresholds()) -> tuple[str, list[str]]:
@@ -303,12 +304,7 @@ def assess(figures: Mapping[str, Any], limits: Thresholds = Thresholds()) -> tup
     if not figures["workers_alive"] and open_work + figures["backlog_charge_failed"]:
         failing.append("no live worker while transactions are unfinished")
     for worker in figures.get("workers", ()):
-        if worker["alive"] and worker["breaker_state"] not in (None, "closed"):
-            degraded.append(
-                f"Stripe circuit breaker {worker['breaker_state']} in worker {worker['worker_id']}"
-            )
-        if not worker["alive"]:
-            degraded.append(f"worker {worker['worker_id']} silent since {worker['heartbeat_at']}")
+        degraded += _worker_reasons(worker, limits)
     if figures["retries_overdue"]:
         degraded.append(f"{figures['retries_overdue']} retry(ies) overdue")
     if figures["stale_reserved"]:
@@ -331,6 +327,20 @@ def assess(figures: Mapping[str, Any], limits: Thresholds = Thresholds()) -> tup
     if failing:
         return FAILING, failing + degraded
     return (DEGRADED, degraded) if degraded else (OK, [])
+
+
+def _worker_reasons(worker: Mapping[str, Any], limits: Thresholds) -> list[str]:
+    """Silent; or alive with a breaker not closed, or a role whose loop stopped turning."""
+    name = worker["worker_id"]
+    if not worker["alive"]:
+        return [f"worker {name} silent since {worker['heartbeat_at']}"]
+    reasons = []
+    if worker["breaker_state"] not in (None, "closed"):
+        reasons.append(f"Stripe circuit breaker {worker['breaker_state']} in worker {name}")
+    for role, age in (worker.get("stats") or {}).get("loop_age_s", {}).items():
+        if age > limits.max_loop_age_s:
+            reasons.append(f"worker {name}: {role} has not gone round for {age:.0f} s")
+    return reasons
 
 
 def _plain(value: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.health import render
+from adapters.heartbeat import Pulses
 from projections.queue_health import DEGRADED, FAILING, OK, Thresholds, assess
 
 
@@ -152,3 +153,30 @@ def test_the_terminal_table_shows_status_reasons_figures_and_error_classes() -> 
 def test_an_unreachable_database_renders_just_the_status_and_reason() -> None:
     report = {"status": FAILING, "reasons": ["database unreachable: OperationalError: refused"]}
     assert render(report) == "status: failing\n  - database unreachable: OperationalError: refused"
+
+
+def test_a_role_whose_loop_stopped_turning_is_named_but_not_one_at_the_limit() -> None:
+    hung = {**worker("w1"), "stats": {"loop_age_s": {"charge": 400.0, "relay": 300.0}}}
+    silent = {**worker("w2", alive=False), "stats": {"loop_age_s": {"ingest": 900.0}}}
+    status, reasons = assess(figures(workers=[hung, silent]))
+    assert (status, reasons) == (
+        DEGRADED,
+        [
+            "worker w1: charge has not gone round for 400 s",
+            "worker w2 silent since 2026-12-02T10:00:00+00:00",  # its ages are old news
+        ],
+    )
+
+
+def test_pulses_report_how_long_ago_each_role_went_round() -> None:
+    now = [100.0]
+    pulses = Pulses(clock=lambda: now[0])
+    relay, charge = pulses.of("relay"), pulses.of("charge")
+    assert pulses.ages() == {}
+    relay()
+    now[0] = 103.0
+    charge()
+    now[0] = 110.25
+    assert pulses.ages() == {"charge": 7.2, "relay": 10.2}
+    relay()
+    assert pulses.ages() == {"charge": 7.2, "relay": 0.0}
