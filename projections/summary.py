@@ -1,7 +1,9 @@
 """Balances folded from the event history: per customer and currency, where the money is.
 
 ``Balances.apply(event)`` is a pure fold over domain events in log order, used by
-the demo's summary and by tests that check conservation (invariant I4)::
+the demo's summary and by tests that check conservation (invariant I4); it is kept
+apart from the audit's own fold (``domain.audit``) on purpose, so each checks the
+other, and shares only the ``Balance`` it folds into::
 
     metered = charged + compensated + in flight
 """
@@ -14,26 +16,10 @@ from typing import Any
 from uuid import UUID
 
 from domain.account import CustomerAccount
+from domain.audit import Balance
 from domain.transaction import BillingTransaction
 
 __all__ = ["Balance", "Balances"]
-
-
-@dataclass
-class Balance:
-    """Money and counts for one customer in one currency (amounts in minor units)."""
-
-    transactions: int = 0
-    metered: int = 0
-    in_flight: int = 0
-    charged: int = 0
-    compensated: int = 0
-    refused: int = 0
-    spend_limit: int | None = None
-
-    @property
-    def conserved(self) -> bool:
-        return self.metered == self.charged + self.compensated + self.in_flight
 
 
 @dataclass
