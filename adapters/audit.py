@@ -22,13 +22,11 @@ from uuid import UUID
 
 import orjson
 import psycopg
-import stripe
 from psycopg import sql
 from psycopg.rows import dict_row
-from stripe.params import InvoiceItemListParams
 
 from adapters.progress import Progress
-from adapters.stripe_client import StripeSettings
+from adapters.stripe_client import StripeCharges, StripeSettings
 from domain.audit import (
     Balance,
     Finding,
@@ -483,28 +481,23 @@ def dead_letters_without_reason(conn: psycopg.Connection[Any]) -> list[Finding]:
 def stripe_invoice_items(
     settings: StripeSettings, customer: str | None = None
 ) -> list[InvoiceItem]:
-    """Every live invoice item in Stripe (of one customer's Stripe customer, if given)."""
-    client = stripe.StripeClient(
-        settings.api_key,
-        base_addresses={"api": settings.api_base},
-        max_network_retries=2,
-        http_client=stripe.new_default_http_client(timeout=settings.timeout_s),
-    )
-    params: InvoiceItemListParams = {"limit": 100}
+    """Every live invoice item in Stripe (of one customer's Stripe customer, if given),
+    listed through the project's one Stripe client (its rate limit and breaker)."""
+    client = StripeCharges(settings)
+    stripe_customer = None
     if customer is not None:
-        found = client.v1.customers.search(
-            params={"query": f"metadata['customer_id']:'{customer}'", "limit": 1}
-        )
-        if not found.data:
+        stripe_customer = client.find_customer(customer)
+        if stripe_customer is None:
             return []
-        params["customer"] = found.data[0].id
-    items = []
-    for item in client.v1.invoice_items.list(params=params).auto_paging_iter():
-        metadata = item.to_dict().get("metadata") or {}
-        items.append(
-            InvoiceItem(str(item.id), metadata.get("txn_id"), int(item.amount), str(item.currency))
+    return [
+        InvoiceItem(
+            str(item["id"]),
+            (item.get("metadata") or {}).get("txn_id"),
+            int(item["amount"]),
+            str(item["currency"]),
         )
-    return items
+        for item in client.invoice_items(stripe_customer)
+    ]
 
 
 def render(report: AuditReport) -> str:

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 from uuid import UUID
@@ -453,8 +453,9 @@ def _audit(args: argparse.Namespace) -> int:
     items = (
         (lambda: stripe_invoice_items(settings.stripe(), scope.customer)) if args.stripe else None
     )
-    horizon = settings.retry_policy().horizon + timedelta(seconds=settings.reconcile_interval_s)
-    report = audit(settings.database_url, scope, horizon=horizon, stripe_items=items)
+    report = audit(
+        settings.database_url, scope, horizon=settings.overdue_after(), stripe_items=items
+    )
     text = json.dumps(report.as_dict(), indent=2) if args.json else render(report)
     print(text)
     if args.out is not None:

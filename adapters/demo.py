@@ -271,7 +271,7 @@ def _audit(settings: Settings) -> dict[str, Any]:
     report = audit(
         settings.database_url,
         Scope(),
-        horizon=settings.retry_policy().horizon + timedelta(seconds=settings.reconcile_interval_s),
+        horizon=settings.overdue_after(),
         stripe_items=lambda: stripe_invoice_items(settings.stripe()),
         progress=False,
     )

@@ -101,11 +101,11 @@ class Metrics:
             description="unfinished transactions by state",
         )  # fmt: skip
         meter.create_observable_gauge(
-            "billing.oldest_open_age", [self._observe_age], unit="s",
+            "billing.oldest_open_age", [self._figure("oldest_open_age_s")], unit="s",
             description="age of the oldest unfinished transaction",
         )  # fmt: skip
         meter.create_observable_gauge(
-            "billing.retries_due", [self._observe_due], unit="{transaction}",
+            "billing.retries_due", [self._figure("retries_due")], unit="{transaction}",
             description="failed attempts due now",
         )  # fmt: skip
         meter.create_observable_gauge(
@@ -142,15 +142,15 @@ class Metrics:
             for state in ("metered", "reserved", "charge_failed"):
                 yield Observation(figures[f"backlog_{state}"], {"state": state})
 
-    def _observe_age(self, _: CallbackOptions) -> Iterable[Observation]:
-        figures = self._figures()
-        if figures:
-            yield Observation(figures["oldest_open_age_s"])
+    def _figure(self, key: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        """A gauge callback observing one queue-health figure (nothing when unknown)."""
 
-    def _observe_due(self, _: CallbackOptions) -> Iterable[Observation]:
-        figures = self._figures()
-        if figures:
-            yield Observation(figures["retries_due"])
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            figures = self._figures()
+            if figures:
+                yield Observation(figures[key])
+
+        return observe
 
     def _observe_lag(self, _: CallbackOptions) -> Iterable[Observation]:
         figures = self._figures()

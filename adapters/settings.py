@@ -86,6 +86,11 @@ class Settings(BaseSettings):
     )
     service_name: str = Field("billing-ledger", description="service.name of the spans")
 
+    def overdue_after(self) -> timedelta:
+        """An unfinished transaction is overdue this long after it was metered: the retry
+        horizon plus one reconciler interval (invariant I2)."""
+        return timedelta(seconds=self.retry_horizon_s + self.reconcile_interval_s)
+
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(
             max_attempts=self.retry_max_attempts,

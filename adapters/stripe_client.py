@@ -26,10 +26,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import stripe
 from pyrate_limiter import Duration, Limiter, Rate
+from stripe.params import InvoiceItemListParams
 
 from adapters import telemetry
 from adapters.breaker import BreakerOpen, CircuitBreaker
@@ -248,16 +249,21 @@ class StripeCharges:
 
     def find_charge(self, txn: BillingTransaction, customer: str | None = None) -> str | None:
         """The live invoice item of ``txn``, looked up by its metadata, if any."""
-        customer = customer or self.customer(txn.customer_id)
+        for item in self.invoice_items(customer or self.customer(txn.customer_id)):
+            if (item.get("metadata") or {}).get("txn_id") == str(txn.id):
+                return str(item["id"])
+        return None
+
+    def invoice_items(self, customer: str | None = None) -> Iterator[dict[str, Any]]:
+        """Every live invoice item (of one Stripe customer, if given), as plain dicts."""
+        params: InvoiceItemListParams = {"limit": 100}
+        if customer is not None:
+            params["customer"] = customer
         page = self._call(
-            "invoice_items.list",
-            lambda: self.client.v1.invoice_items.list(params={"customer": customer, "limit": 100}),
+            "invoice_items.list", lambda: self.client.v1.invoice_items.list(params=params)
         )
         for item in page.auto_paging_iter():
-            metadata = item.to_dict().get("metadata") or {}
-            if metadata.get("txn_id") == str(txn.id):
-                return str(item.id)
-        return None
+            yield item.to_dict()
 
     def remove_charge(self, txn: BillingTransaction, stripe_object_id: str | None) -> str | None:
         """Delete the transaction's invoice item (by id, else by metadata); returns its id."""
@@ -284,15 +290,8 @@ class StripeCharges:
         """The Stripe customer of ``customer_id``, created on first use with its own key."""
         if customer_id in self._customers:
             return self._customers[customer_id]
-        found = self._call(
-            "customers.search",
-            lambda: self.client.v1.customers.search(
-                params={"query": f"metadata['customer_id']:'{customer_id}'", "limit": 1}
-            ),
-        )
-        if found.data:
-            stripe_id = str(found.data[0].id)
-        else:
+        stripe_id = self.find_customer(customer_id)
+        if stripe_id is None:
             created = self._call(
                 "customers.create",
                 lambda: self.client.v1.customers.create(
@@ -303,6 +302,16 @@ class StripeCharges:
             stripe_id = str(created.id)
         self._customers[customer_id] = stripe_id
         return stripe_id
+
+    def find_customer(self, customer_id: str) -> str | None:
+        """The Stripe customer of ``customer_id`` if there is one (never creates it)."""
+        found = self._call(
+            "customers.search",
+            lambda: self.client.v1.customers.search(
+                params={"query": f"metadata['customer_id']:'{customer_id}'", "limit": 1}
+            ),
+        )
+        return str(found.data[0].id) if found.data else None
 
     # -- pressure ------------------------------------------------------------------
 
