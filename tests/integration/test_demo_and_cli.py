@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -93,11 +94,14 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
     assert (audit["ok"], audit["findings"]) == (True, [])
     assert audit["transactions"] == len(seen)
     assert audit["stripe_items"] == len(seen) - refused
-    # Everything settled: queue health has nothing against it but the poison records.
-    assert summary["health"] == {
-        "status": "degraded",
-        "reasons": [f"{invalid} dead letter(s) in the last hour"],
-    }
+    # Everything settled: queue health has nothing against it but the poison records,
+    # and at most the 409s of the process manager and the reconciler sending one key at
+    # once (no locks: Stripe's idempotency settles it; seen in one of four full demos).
+    health = summary["health"]
+    assert health["status"] == "degraded"
+    assert health["reasons"][0] == f"{invalid} dead letter(s) in the last hour"
+    for reason in health["reasons"][1:]:
+        assert re.fullmatch(r"\d+ Stripe error\(s\) in 5 min \(http_409: \d+\)", reason), reason
 
 
 def test_history_shows_a_transactions_events_by_id_and_by_customer_and_usage_id(
