@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Literal
@@ -9,14 +10,26 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from adapters.stripe_client import StripeSettings
 from domain.pricing import PriceList
 from domain.saga import RetryPolicy
 from domain.usage import DEFAULT_MAX_RECORD_BYTES
 
-__all__ = ["DEFAULT_PRICE_LIST", "Settings"]
+__all__ = ["DEFAULT_PRICE_LIST", "Settings", "StripeSettings"]
 
 DEFAULT_PRICE_LIST = Path(__file__).resolve().parent.parent / "infra" / "prices.example.toml"
+
+
+@dataclass(frozen=True)
+class StripeSettings:
+    api_key: str = "sk_test_billing_ledger"
+    api_base: str = "https://api.stripe.com"
+    rate_per_s: int = 25
+    max_concurrency: int = 8
+    breaker_fail_max: int = 5
+    breaker_reset_s: float = 5.0
+    timeout_s: float = 10.0
+    # Stripe keeps idempotency keys for at least 24 hours; past this age, look first.
+    key_window: timedelta = timedelta(hours=23)
 
 
 class Settings(BaseSettings):

@@ -8,7 +8,7 @@ The charge path does not write the account: a charge moves nothing between held 
 free, so ``reserved`` keeps the charged amounts too, and charges never contend with
 ingest for the account's next version. A compensation or a reversal releases the
 hold. (``settle`` exists for ledgers that want the split on the account; the split
-between in flight and charged is read from the transactions: ``projections.summary``.)
+between in flight and charged is read from the transactions: ``tools.summary``.)
 
 Reservations are recorded one event per ingest batch (``AmountsReserved`` lists the
 transactions and amounts) because ingest reserves hundreds at once; releases,

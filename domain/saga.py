@@ -8,6 +8,10 @@ record. Nothing here waits, retries or talks to anything.
 * ``after_attempt(txn, outcome, now, policy, jitter)``: what to record after one
   charge attempt: Charged, ChargeFailed with the next attempt's due time, or
   Compensated (a permanent error, or the retry horizon has passed).
+* ``must_clean_up(outcome)`` and ``compensation_step(cleanup)``: before a give-up is
+  recorded, whether Stripe may hold a charge that must be removed first, and whether
+  the compensation can be recorded now or must wait for the reconciler.
+* ``StepResult``: what a driver did, for logs, metrics and callers.
 """
 
 from __future__ import annotations
@@ -25,11 +29,14 @@ __all__ = [
     "Decision",
     "RetryPolicy",
     "Step",
+    "StepResult",
     "Verdict",
     "after_attempt",
     "backoff",
+    "compensation_step",
     "idempotency_key",
     "is_stale",
+    "must_clean_up",
     "next_step",
 ]
 
@@ -166,3 +173,40 @@ def _horizon_reason(attempt: int, outcome: ChargeFailure) -> str:
         f"retry horizon passed after {attempt} attempt(s); "
         f"last error {outcome.error_class}: {outcome.message}"
     )
+
+
+class StepResult(StrEnum):
+    """What a driver did with a transaction (or why it did nothing)."""
+
+    CHARGED = "charged"  # Charged recorded
+    RETRY = "retry"  # ChargeFailed recorded, the next attempt due later
+    COMPENSATED = "compensated"  # Compensated recorded (and the hold released)
+    DEFERRED = "deferred"  # a give-up whose cleanup failed: nothing recorded, try again later
+    NOTHING = "nothing"  # terminal, or not this driver's to move
+    WAIT = "wait"  # a retry not due yet
+    RACED = "raced"  # lost the race to record every time it tried
+    REVERSED = "reversed"  # an operator reversal recorded
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the step recorded events (a process manager's position moves with them)."""
+        return self in (StepResult.CHARGED, StepResult.RETRY, StepResult.COMPENSATED)
+
+
+def must_clean_up(outcome: ChargeOutcome | None) -> bool:
+    """Whether Stripe may hold a charge that must be removed before compensating.
+
+    ``outcome`` is the failed attempt that made the driver give up, or None when it
+    gives up without an attempt (the horizon passed): then an earlier attempt whose
+    answer was lost may have charged. A permanent failure (Stripe answered no) left
+    nothing; a retryable one is an unknown outcome.
+    """
+    if outcome is None:
+        return True
+    return isinstance(outcome, ChargeFailure) and outcome.retryable
+
+
+def compensation_step(cleanup: ChargeFailure | None) -> Step:
+    """After the cleanup call (None: it succeeded or was not needed): compensate now, or
+    wait (nothing recorded) because a live charge may remain; the reconciler comes back."""
+    return Step.WAIT if cleanup is not None else Step.COMPENSATE

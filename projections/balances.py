@@ -1,7 +1,7 @@
 """The ``billing.customer_balances`` read model: where each customer's money is.
 
 One row per customer and currency, in minor units, with the meaning of
-``projections.summary.Balance`` (the fold the tests compare it with)::
+``tools.summary.Balance`` (the fold the tests compare it with)::
 
     in_flight = metered - charged - compensated      (a generated column)
     available = max(spend_limit - (in_flight + charged), 0), or NULL when unlimited

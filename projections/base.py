@@ -22,10 +22,10 @@ import psycopg
 from eventsourcing.persistence import StoredEvent
 from psycopg import sql
 
-from adapters.eventlog import read_created
 from domain.account import CustomerAccount
 from domain.transaction import BillingTransaction, TxnState
 from domain.usage import CUSTOMER_ID_MAX_LENGTH, CUSTOMER_ID_PATTERN
+from store.eventlog import read_created
 
 __all__ = [
     "MAX_LIMIT",

@@ -1,6 +1,6 @@
 """The projector: follows the event store and keeps the SQL read models, exactly once.
 
-It reads the log with the relay's gap-free reader (``adapters.eventlog.read_after``)
+It reads the log with the store's gap-free reader (``store.eventlog.read_after``)
 and decodes rows with the application's own mapper. For each projection, one
 database transaction locks the projection's row in ``billing.projection_positions``,
 reads the next batch after that position, applies it to the projection's table and
@@ -26,11 +26,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from adapters.eventlog import START, Position, follow, read_after
 from projections.balances import BalancesProjection
 from projections.base import SCHEMA, Decode, History, Projection, UnknownProjection
 from projections.charge_attempts import ChargeAttemptsProjection
 from projections.transactions import TransactionsProjection
+from store.connections import Database
+from store.eventlog import START, Position, follow, read_after
 
 __all__ = ["PROJECTIONS", "Projector", "RebuildReport", "projection", "rebuild", "schema_sql"]
 
@@ -42,21 +43,13 @@ PROJECTIONS: tuple[Projection, ...] = (
     ChargeAttemptsProjection(),
 )
 
-_POSITIONS = sql.SQL("""
-CREATE SCHEMA IF NOT EXISTS billing;
-CREATE TABLE IF NOT EXISTS billing.projection_positions (
-    name            text   PRIMARY KEY,
-    xid             xid8   NOT NULL,
-    notification_id bigint NOT NULL
-);
-""")
 
 _SHADOW_SUFFIX = "__rebuild"
 
 
 def schema_sql() -> sql.Composed:
-    """Every projection's table and position row (idempotent)."""
-    parts: list[sql.Composable] = [_POSITIONS]
+    """Every projection's table and position row (idempotent; after ``store_ddl``)."""
+    parts: list[sql.Composable] = []
     for p in PROJECTIONS:
         parts.append(p.ddl(p.name))
         parts.append(
@@ -82,13 +75,13 @@ class Projector:
 
     def __init__(
         self,
-        database_url: str,
+        database: Database,
         decode: Decode,
         *,
         projections: Sequence[Projection] = PROJECTIONS,
         batch: int = 2000,
     ) -> None:
-        self.database_url = database_url
+        self.database = database
         self.pulse: Callable[[], None] = lambda: None  # called each turn of the loop
         self.decode = decode
         self.projections = tuple(projections)
@@ -117,7 +110,7 @@ class Projector:
     def pump(self) -> int:
         """Apply the next batch of visible events to each projection; returns how many."""
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.database_url, autocommit=True)
+            self._conn = self.database.dedicated(autocommit=True)
         try:
             total = sum(self._pump(self._conn, p) for p in self.projections)
         except psycopg.OperationalError:
@@ -152,7 +145,7 @@ class RebuildReport:
 
 
 def rebuild(
-    database_url: str,
+    database: Database,
     name: str,
     decode: Decode,
     *,
@@ -167,7 +160,7 @@ def rebuild(
     p = projection(name)
     shadow = p.name + _SHADOW_SUFFIX
     history = History(decode)
-    with psycopg.connect(database_url, autocommit=True) as conn:
+    with database.dedicated(autocommit=True) as conn:
         conn.execute(
             sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(SCHEMA, shadow))
         )  # a rebuild that died half way

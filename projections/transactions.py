@@ -13,13 +13,15 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from eventsourcing.utils import get_topic
 from psycopg import sql
 from psycopg.rows import dict_row
 
 from domain.transaction import BillingTransaction, TxnState
 from projections.base import SCHEMA, History, check_customer, check_limit, check_state
+from store.schema import EVENTS_TABLE, PROJECTION_POSITIONS
 
-__all__ = ["COLUMNS", "TransactionsProjection", "transactions"]
+__all__ = ["COLUMNS", "TransactionsProjection", "open_transaction_ids", "transactions"]
 
 COLUMNS = (
     "transaction_id",
@@ -209,3 +211,47 @@ def transactions(
     )
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query, [*params, checked_limit]).fetchall()
+
+
+_OPEN = (TxnState.METERED, TxnState.RESERVED, TxnState.CHARGE_FAILED)
+_TXN_TOPIC_PREFIX = get_topic(BillingTransaction.Metered).removesuffix("Metered")
+_TERMINAL_TOPICS = [
+    get_topic(BillingTransaction.Charged),
+    get_topic(BillingTransaction.Compensated),
+]
+_OPEN_IDS = sql.SQL(
+    "SELECT transaction_id FROM {table} WHERE state = ANY(%(open)s)"
+    " UNION "
+    "SELECT originator_id FROM ("
+    " SELECT DISTINCT ON (originator_id) originator_id, topic FROM {events}"
+    " WHERE (xid, notification_id) > coalesce("
+    "  (SELECT (p.xid, p.notification_id) FROM {positions} p WHERE p.name = %(name)s),"
+    "  ('0'::xid8, 0::bigint))"
+    " AND topic LIKE %(prefix)s"
+    " ORDER BY originator_id, originator_version DESC) latest"
+    " WHERE topic <> ALL(%(terminal)s)"
+).format(
+    table=sql.Identifier(SCHEMA, TransactionsProjection.name),
+    events=sql.Identifier(EVENTS_TABLE),
+    positions=sql.Identifier(SCHEMA, PROJECTION_POSITIONS),
+)
+
+
+def open_transaction_ids(conn: psycopg.Connection[Any]) -> list[UUID]:
+    """Transactions that are neither Charged nor Compensated.
+
+    Those the projection has seen come from its (state, next_attempt_at) index; those
+    recorded after the projection's position (in commit order, as the projector reads)
+    are found in the events past it, so a projector that is behind or stopped never
+    hides an open transaction. A row that is out of date only costs its reader a load.
+    """
+    rows = conn.execute(
+        _OPEN_IDS,
+        {
+            "open": [str(s) for s in _OPEN],
+            "name": TransactionsProjection.name,
+            "prefix": _TXN_TOPIC_PREFIX + "%",
+            "terminal": _TERMINAL_TOPICS,
+        },
+    ).fetchall()
+    return [r[0] for r in rows]

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from adapters.ledger import BillingLedger
-from adapters.runtime import open_ledger, prepare
+from adapters.bootstrap import open_ledger, prepare
 from adapters.settings import Settings
+from store.ledger import BillingLedger
 
 
 @pytest.fixture

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from adapters.ledger import BillingLedger
 from domain.metering import Metering
 from domain.transaction import Source, TxnState
 from infra.stripe_emulator import StripeEmulator
-from projections.summary import Balances
+from store.ledger import BillingLedger
 from tests.integration.support import usage
+from tools.summary import Balances
 
 
 def reserve(ledger: BillingLedger, n: int, customer: str = "acme") -> list[UUID]:

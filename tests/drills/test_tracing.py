@@ -16,20 +16,21 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from adapters.kafka_io import make_producer, send_usage
-from adapters.ledger import BillingLedger
-from adapters.logs import JsonFormatter
-from adapters.runtime import (
+from adapters.bootstrap import (
     build_charge_worker,
     build_charger,
     build_ingest_worker,
     build_reconciler,
     close_worker,
 )
+from adapters.broker import make_producer
+from adapters.ingest.producer import send_usage
+from adapters.observability.logs import JsonFormatter
 from adapters.settings import Settings
 from domain.ids import transaction_id
 from domain.transaction import TxnState
 from infra.stripe_emulator import StripeEmulator
+from store.ledger import BillingLedger
 from tests.drills.support import reserve
 from tests.drills.test_charging_drills import _pump_until, _relay_all
 from tests.integration.support import drive, usage, wait_for

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from adapters.ledger import BillingLedger
-from adapters.runtime import open_ledger, prepare
+from adapters.bootstrap import open_ledger, prepare
 from adapters.settings import Settings
 from infra.stripe_emulator import StripeEmulator
+from store.ledger import BillingLedger
 
 
 @pytest.fixture

@@ -11,16 +11,16 @@ from uuid import UUID
 
 import psycopg
 
-from adapters.ingest import IngestWorker
-from adapters.kafka_io import consumer_lag, make_producer
-from adapters.ledger import BillingLedger
-from adapters.runtime import build_charger
+from adapters.bootstrap import build_charger
+from adapters.broker import consumer_lag, make_producer
+from adapters.ingest.worker import IngestWorker
 from adapters.settings import Settings
 from domain.metering import Metering
 from domain.transaction import Source
 from domain.usage import UsageRecord
 from infra.stripe_emulator import StripeEmulator
 from projections.projector import Projector
+from store.ledger import BillingLedger
 
 METERED_TOPIC = "domain.transaction:BillingTransaction.Metered"
 

@@ -14,14 +14,15 @@ import psycopg
 import pytest
 import stripe
 
-from adapters.ledger import BillingLedger
-from adapters.runtime import build_charger
+from adapters.bootstrap import build_charger
 from adapters.settings import Settings
 from domain.chain import GENESIS
 from infra.stripe_emulator import StripeEmulator
 from projections.balances import balances
 from projections.projector import PROJECTIONS, Projector
 from projections.transactions import transactions
+from store.connections import Database
+from store.ledger import BillingLedger
 from tests.conftest import settings_env
 from tests.integration.support import mixed_workload, record
 
@@ -36,7 +37,7 @@ def workload(
 ) -> dict[str, UUID]:
     """The mixed workload (duplicates, failures, compensations, a reversal), projected."""
     url = stripe_settings.database_url
-    with Projector(url, ledger.mapper.to_domain_event, batch=7) as projector:
+    with Projector(Database(url), ledger.mapper.to_domain_event, batch=7) as projector:
         return mixed_workload(stripe_settings, ledger, emulator, projector)
 
 
@@ -184,7 +185,7 @@ def test_balances_as_of_match_what_the_projections_showed_at_those_instants(
 ) -> None:
     url = stripe_settings.database_url
     seen: list[tuple[datetime, dict[str, Any]]] = []
-    with Projector(url, ledger.mapper.to_domain_event) as projector:
+    with Projector(Database(url), ledger.mapper.to_domain_event) as projector:
 
         def checkpoint() -> None:
             projector.pump_all()

@@ -10,12 +10,12 @@ from collections import defaultdict
 
 import pytest
 
-from adapters.demo import DEMO_LIMITS, synthetic_usage
-from adapters.runtime import open_ledger, prepare
+from adapters.bootstrap import open_ledger, prepare
 from adapters.settings import DEFAULT_PRICE_LIST, Settings
 from domain.ids import transaction_id
 from domain.pricing import PriceList
 from tests.conftest import settings_env
+from tools.demo import DEMO_LIMITS, synthetic_usage
 
 pytestmark = pytest.mark.integration
 

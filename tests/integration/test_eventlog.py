@@ -1,4 +1,4 @@
-"""``adapters.eventlog.read_after``: the log in commit (xid) order, gap-free, in batches."""
+"""``store.eventlog.read_after``: the log in commit (xid) order, gap-free, in batches."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import uuid
 import psycopg
 import pytest
 
-from adapters.eventlog import EVENTS, START, read_after
-from adapters.runtime import prepare
+from adapters.bootstrap import prepare
 from adapters.settings import Settings
+from store.eventlog import START, read_after
+from store.schema import EVENTS_TABLE as EVENTS
 
 pytestmark = pytest.mark.integration
 

@@ -17,18 +17,19 @@ from typing import Any
 import psycopg
 import pytest
 
-from adapters.breaker import CircuitBreaker
-from adapters.health import HealthProbe, HealthServer
-from adapters.heartbeat import Heartbeat
-from adapters.ledger import BillingLedger
-from adapters.runtime import build_charger, build_projector, open_ledger, prepare
+from adapters.bootstrap import build_charger, build_projector, open_ledger, prepare
+from adapters.observability.health_server import HealthProbe, HealthServer
+from adapters.observability.heartbeat import Heartbeat
 from adapters.settings import Settings
+from adapters.stripe.breaker import CircuitBreaker
 from domain.metering import Metering
 from domain.transaction import Source
 from infra.embedded import free_port
 from infra.stripe_emulator import StripeEmulator
-from projections.dead_letters import DeadLetter, DeadLetterStore
 from projections.queue_health import write_settings
+from store.connections import Database
+from store.dead_letters import DeadLetter, DeadLetterStore
+from store.ledger import BillingLedger
 from tests.conftest import settings_env
 from tests.integration.support import produce, usage, wait_for
 
@@ -84,7 +85,7 @@ def _set_up_trouble(
     patient.stripe.customer("acme")
     emulator.set_faults(drop_response_after_execute=1)
     assert patient.drive(txns[4]) == "retry"  # not due for a long while: not stuck
-    DeadLetterStore(settings.database_url).record(
+    DeadLetterStore(Database(settings.database_url)).record(
         [DeadLetter("usage", 0, 99, None, b"{not json", "invalid JSON: expecting a value")]
     )
     breaker = CircuitBreaker(fail_max=1, reset_s=3600)
@@ -102,7 +103,9 @@ def _set_up_trouble(
             "INSERT INTO billing.consumer_lag VALUES"
             " ('old-group', 'usage', 0, 10, 510, 500, now() - interval '10 minutes')"
         )
-    heartbeat = Heartbeat(settings, ["reconcile"], breakers=[breaker])
+    heartbeat = Heartbeat(
+        settings, Database(settings.database_url), ["reconcile"], breakers=[breaker]
+    )
     heartbeat.beat_once()
     with build_projector(settings, ledger) as projector:
         projector.pump_all()
@@ -187,7 +190,7 @@ def test_a_worker_beats_while_the_broker_is_down_and_says_why_its_lag_is_missing
 ) -> None:
     prepare(health_settings, topics=False)
     down = health_settings.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{free_port()}"})
-    heartbeat = Heartbeat(down, ["ingest"])
+    heartbeat = Heartbeat(down, Database(down.database_url), ["ingest"])
     stop = threading.Event()
     beating = threading.Thread(target=heartbeat.run, args=(stop,))
     beating.start()
@@ -423,7 +426,7 @@ def test_the_health_command_shows_the_figures_as_a_table_json_and_live(
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stdout.startswith("status: ok\n") and "backlog: reserved" in quiet.stdout
 
-    DeadLetterStore(health_settings.database_url).record(
+    DeadLetterStore(Database(health_settings.database_url)).record(
         [DeadLetter("usage", 1, 5, b"k", b"[]", "not an object")]
     )
     shown = _cli("health", "--json", env=env)

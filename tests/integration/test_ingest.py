@@ -14,12 +14,13 @@ import psycopg
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from adapters.ledger import BillingLedger
-from adapters.runtime import build_ingest_worker, close_worker, open_ledger, prepare
+from adapters.bootstrap import build_ingest_worker, close_worker, open_ledger, prepare
 from adapters.settings import Settings
 from domain.ids import transaction_id
 from domain.transaction import TxnState
-from projections.dead_letters import DeadLetterStore
+from store.connections import Database
+from store.dead_letters import DeadLetterStore
+from store.ledger import BillingLedger
 from tests.conftest import settings_env
 from tests.integration.support import (
     count_events,
@@ -74,7 +75,7 @@ def test_a_batch_redelivered_after_the_worker_dies_between_db_and_offset_commit_
     # A worker process that SIGKILLs itself right after its first database commit,
     # before it commits any offset.
     proc = subprocess.run(
-        _worker_cmd("--drill-kill-after-save"),
+        _worker_cmd("--drill", "kill_after_save"),
         env=settings_env(settings),
         capture_output=True,
         timeout=120,
@@ -180,7 +181,7 @@ def test_poison_records_go_to_the_dead_letter_topic_with_reasons_and_good_ones_a
         close_worker(worker)
 
     assert sorted(metered_usage_ids(settings.database_url)) == sorted(r.usage_id for r in good)
-    stored = DeadLetterStore(settings.database_url).all()
+    stored = DeadLetterStore(Database(settings.database_url)).all()
     by_offset = sorted(stored, key=lambda d: d.offset)
     assert [d.payload for d in by_offset] == [value for _, value in POISON]
     for letter, expected in zip(by_offset, POISON_REASONS, strict=True):

@@ -8,14 +8,14 @@ from uuid import uuid4
 import pytest
 from eventsourcing.persistence import IntegrityError, StoredEvent
 
-from adapters.eventstore import LedgerRecorder
-from adapters.ledger import BillingLedger
-from adapters.runtime import open_ledger, prepare
+from adapters.bootstrap import open_ledger, prepare
 from adapters.settings import Settings
 from domain.account import CustomerAccount
 from domain.ids import account_id, transaction_id
 from domain.metering import Metering
 from domain.transaction import BillingTransaction, Source, TxnState
+from store.ledger import BillingLedger
+from store.recorder import LedgerRecorder
 from tests.integration.support import count_events, usage
 
 pytestmark = pytest.mark.integration

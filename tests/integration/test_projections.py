@@ -17,19 +17,20 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from adapters.eventlog import START, Position
-from adapters.ledger import BillingLedger
-from adapters.runtime import build_projector, open_ledger, prepare
+from adapters.bootstrap import build_projector, open_ledger, prepare
 from adapters.settings import Settings
 from domain.transaction import TxnState
 from infra.stripe_emulator import StripeEmulator
 from projections.balances import balances
 from projections.base import History, InvalidFilter
 from projections.projector import PROJECTIONS, Projector, rebuild
-from projections.summary import Balances
 from projections.transactions import TransactionsProjection, transactions
+from store.connections import Database
+from store.eventlog import START, Position
+from store.ledger import BillingLedger
 from tests.conftest import settings_env
 from tests.integration.support import count_events, mixed_workload, record, wait_for
+from tools.summary import Balances
 
 pytestmark = pytest.mark.integration
 
@@ -61,14 +62,14 @@ def _positions(url: str) -> dict[str, Position]:
 
 def _rebuild_all(url: str, ledger: BillingLedger) -> None:
     for name in (p.name for p in PROJECTIONS):
-        rebuild(url, name, ledger.mapper.to_domain_event, batch=5)
+        rebuild(Database(url), name, ledger.mapper.to_domain_event, batch=5)
 
 
 def test_after_a_mixed_workload_live_projections_equal_rebuilt_ones_and_the_fold(
     stripe_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
 ) -> None:
     url = stripe_settings.database_url
-    with Projector(url, ledger.mapper.to_domain_event, batch=7) as projector:
+    with Projector(Database(url), ledger.mapper.to_domain_event, batch=7) as projector:
         txns = mixed_workload(stripe_settings, ledger, emulator, projector)
     live = _snapshot(url)
     positions = _positions(url)
@@ -157,7 +158,9 @@ def test_a_batch_that_fails_before_its_commit_leaves_rows_and_position_as_they_w
         record(ledger, "acme", [f"r-{i}" for i in range(10)])
         decode = ledger.mapper.to_domain_event
         failing = _FailsOnce()
-        projector = Projector(settings.database_url, decode, projections=[failing], batch=6)
+        projector = Projector(
+            Database(settings.database_url), decode, projections=[failing], batch=6
+        )
         request.addfinalizer(projector.close)
         assert projector.pump() == 6
         after_first = _snapshot(settings.database_url)
@@ -175,7 +178,7 @@ def test_a_batch_that_fails_before_its_commit_leaves_rows_and_position_as_they_w
         assert projector.pump_all() == count_events(settings.database_url) - 6
         live = _snapshot(settings.database_url)
         assert len(live["transactions"]) == 10
-        rebuild(settings.database_url, "transactions", decode)
+        rebuild(Database(settings.database_url), "transactions", decode)
         assert _snapshot(settings.database_url) == live
 
 
@@ -187,7 +190,7 @@ def test_applying_again_is_impossible_once_the_position_moved_even_for_racing_pr
         for chunk in range(4):
             record(ledger, f"cust-{chunk}", [f"r-{i}" for i in range(50)])
         decode = ledger.mapper.to_domain_event
-        racers = [Projector(settings.database_url, decode, batch=9) for _ in range(3)]
+        racers = [Projector(Database(settings.database_url), decode, batch=9) for _ in range(3)]
         for racer in racers:
             request.addfinalizer(racer.close)
         start = threading.Barrier(len(racers))
@@ -211,7 +214,7 @@ def test_applying_again_is_impossible_once_the_position_moved_even_for_racing_pr
         assert sum(p.applied for p in racers) == len(PROJECTIONS) * events
         live = _snapshot(settings.database_url)
 
-        with Projector(settings.database_url, decode) as fresh:  # no memory of its own
+        with Projector(Database(settings.database_url), decode) as fresh:  # no memory of its own
             assert fresh.pump() == 0
         assert _snapshot(settings.database_url) == live
         _rebuild_all(settings.database_url, ledger)
@@ -275,7 +278,7 @@ def test_rebuild_under_concurrent_reads_never_shows_an_empty_or_partial_table(
         thread.start()
         try:
             await_reads(3)
-            report = rebuild(url, "transactions", ledger.mapper.to_domain_event, batch=50,
+            report = rebuild(Database(url), "transactions", ledger.mapper.to_domain_event, batch=50,
                              before_swap=before_swap)  # fmt: skip
             await_reads(5)
         finally:

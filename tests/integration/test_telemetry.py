@@ -16,10 +16,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from adapters import telemetry
-from adapters.eventlog import EVENTS
-from adapters.runtime import open_ledger, prepare
+from adapters.bootstrap import open_ledger, prepare
+from adapters.observability import telemetry
 from adapters.settings import Settings
+from store.schema import EVENTS_TABLE as EVENTS
 from tests.conftest import settings_env
 from tests.drills.support import reserve
 from tests.integration.support import wait_for

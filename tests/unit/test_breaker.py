@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from adapters.breaker import BreakerOpen, CircuitBreaker
+from adapters.errors import BreakerOpen
+from adapters.stripe.breaker import CircuitBreaker
 
 
 class Clock:

@@ -12,10 +12,10 @@ import pytest
 from eventsourcing.application import Application
 from eventsourcing.persistence import JSONTranscoder, Mapper
 
-from adapters.eventstore import OrjsonTranscoder
 from domain.account import CustomerAccount
 from domain.ids import account_id, transaction_id
 from domain.transaction import BillingTransaction
+from store.recorder import OrjsonTranscoder
 
 AT = datetime(2026, 12, 2, 10, 15, 0, 123456, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""``adapters.stripe_client`` without a network: error classification and the AIMD limit.
+"""``adapters.stripe.client`` without a network: error classification and the AIMD limit.
 
 Exceptions are built directly with the SDK's constructors (``stripe/_error.py``); nothing
 here sends a request.
@@ -13,8 +13,9 @@ import pytest
 import stripe
 from requests.structures import CaseInsensitiveDict
 
-from adapters.breaker import BreakerOpen
-from adapters.stripe_client import AimdLimit, CallRefused, classify
+from adapters.errors import BreakerOpen, CallRefused
+from adapters.stripe.errors import classify
+from adapters.stripe.pressure import AimdLimit
 
 # ---------------------------------------------------------------------------------------------
 # classify

@@ -11,9 +11,9 @@ import pytest
 from opentelemetry import trace
 from pydantic import ValidationError
 
-from adapters import telemetry
-from adapters.cli import _one_line
-from adapters.logs import JsonFormatter, step_fields
+from adapters.cli.main import _one_line
+from adapters.observability import telemetry
+from adapters.observability.logs import JsonFormatter, step_fields
 from adapters.settings import Settings
 
 TXN = UUID("6f1c2a3b-4d5e-5f60-8a7b-9c0d1e2f3a4b")

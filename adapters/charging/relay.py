@@ -1,0 +1,150 @@
+"""The relay: the event store's log, in commit order, published to Kafka.
+
+The event store is the outbox (DESIGN principle 4). The relay reads the events table
+gap-free without taking a lock, with ``store.eventlog.read_after`` (the reader the
+projectors use too): it takes only rows whose writing transaction (``xid``, set by
+``LedgerRecorder``) is older than every transaction still open
+(``pg_snapshot_xmin``), ordered by ``(xid, notification_id)``. A row that commits
+late always has an xid at or above that horizon, so it cannot be skipped.
+
+Each event goes to the ``billing.events`` topic keyed by customer id, with its
+notification id, event type and trace context in headers (a transaction's
+``relay publish`` span is in the transaction's trace: ``adapters.observability.telemetry``). The
+position is stored in ``billing.relay_position`` after the broker acknowledged the
+batch: after a crash the relay resumes there and may publish the last batch again
+(at-least-once; consumers are idempotent).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from kafka import KafkaProducer
+from psycopg import sql
+
+from adapters.observability import telemetry
+from store.connections import Database
+from store.eventlog import START, LogRow, Position, follow, read_after
+from store.schema import EVENTS_TABLE
+
+__all__ = ["Relay"]
+
+log = logging.getLogger(__name__)
+
+
+class Relay:
+    """Publishes new events; ``pump()`` once, or ``run(stop)`` until stopped."""
+
+    def __init__(
+        self,
+        database: Database,
+        producer: KafkaProducer,
+        topic: str,
+        *,
+        name: str = "billing.events",
+        batch: int = 2000,
+    ) -> None:
+        self.database = database
+        self.pulse: Callable[[], None] = lambda: None  # called each turn of the loop
+        self.producer = producer
+        self.topic = topic
+        self.name = name
+        self.batch = batch
+        self._customers: dict[UUID, str] = {}
+        self._conn: psycopg.Connection[Any] | None = None
+        self.published = 0
+
+    def run(self, stop: threading.Event, idle_wait_s: float = 0.01) -> None:
+        try:
+            follow(self.pump, stop, name="relay", idle_wait_s=idle_wait_s, on_round=self.pulse)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def pump(self) -> int:
+        """Publish the next batch of visible events; returns how many."""
+        if self._conn is None or self._conn.closed:
+            self._conn = self.database.dedicated(autocommit=True)
+        conn = self._conn
+        try:
+            rows = read_after(conn, self._position(conn), self.batch)
+            if not rows:
+                return 0
+            for row in rows:
+                self._publish(conn, row)
+            self.producer.flush()
+            last = rows[-1]
+            conn.execute(
+                "INSERT INTO billing.relay_position (name, xid, notification_id)"
+                " VALUES (%s, %s::xid8, %s) ON CONFLICT (name) DO UPDATE"
+                " SET xid = EXCLUDED.xid, notification_id = EXCLUDED.notification_id",
+                (self.name, last.xid, last.notification_id),
+            )
+        except psycopg.OperationalError:
+            self.close()  # reconnect on the next pump
+            raise
+        self.published += len(rows)
+        return len(rows)
+
+    def _position(self, conn: psycopg.Connection[Any]) -> Position:
+        row = conn.execute(
+            "SELECT xid::text, notification_id FROM billing.relay_position WHERE name = %s",
+            (self.name,),
+        ).fetchone()
+        return Position(str(row[0]), int(row[1])) if row else START
+
+    def _publish(self, conn: psycopg.Connection[Any], row: LogRow) -> None:
+        _, nid, originator_id, version, topic, state = row
+        event = topic.rsplit(".", 1)[-1]
+        body = json.loads(bytes(state))
+        customer = self._customer(conn, originator_id, body)
+        value = {
+            "notification_id": nid,
+            "originator_id": str(originator_id),
+            "originator_version": version,
+            "topic": topic,
+            "event": event,
+        }
+        txn = str(originator_id) if ":BillingTransaction." in topic else None
+        with telemetry.span(
+            "relay publish",
+            telemetry.transaction_context(originator_id) if txn else None,
+            billing__transaction_id=txn,
+            billing__customer_id=customer,
+            billing__event=event,
+            billing__notification_id=nid,
+        ):
+            self.producer.send(
+                self.topic,
+                key=customer.encode(),
+                value=json.dumps(value).encode(),
+                headers=[
+                    ("notification_id", str(nid).encode()),
+                    ("event", event.encode()),
+                    *telemetry.inject_headers(),
+                ],
+            )
+
+    def _customer(self, conn: psycopg.Connection[Any], originator_id: UUID, body: Any) -> str:
+        if isinstance(body, dict) and isinstance(body.get("customer_id"), str):
+            self._customers[originator_id] = body["customer_id"]
+        if originator_id not in self._customers:
+            first = conn.execute(
+                sql.SQL(
+                    "SELECT state FROM {} WHERE originator_id = %s AND originator_version = 1"
+                ).format(sql.Identifier(EVENTS_TABLE)),
+                (originator_id,),
+            ).fetchone()
+            created = json.loads(bytes(first[0])) if first else {}
+            self._customers[originator_id] = str(created.get("customer_id", originator_id))
+        return self._customers[originator_id]

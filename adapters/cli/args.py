@@ -1,0 +1,112 @@
+"""What the command line accepts: argument types, usage errors, the parser class.
+
+Misuse is one line on stderr and exit status 2 (``usage``, the parser's ``error``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from typing import NoReturn
+from uuid import UUID
+
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_USAGE",
+    "CliError",
+    "Parser",
+    "checked_customer",
+    "int_arg",
+    "port",
+    "port_or_zero",
+    "positive_float",
+    "positive_int",
+    "timestamp",
+    "txn_uuid",
+    "usage",
+]
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """Raised when a command cannot do what was asked; the message is shown as is."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with misuse as one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def usage(message: str) -> SystemExit:
+    """Misuse found after parsing: print one line; raise the returned SystemExit."""
+    print(f"billing-ledger: error: {message}", file=sys.stderr)
+    return SystemExit(EXIT_USAGE)
+
+
+def checked_customer(customer: str | None) -> str | None:
+    """``customer`` if valid; an invalid one is misuse (exit 2)."""
+    from projections.base import InvalidFilter, check_customer
+
+    try:
+        return check_customer(customer)
+    except InvalidFilter as exc:
+        raise usage(str(exc)) from None
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def int_arg(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def port_or_zero(text: str) -> int:
+    return 0 if text.strip() == "0" else port(text)
+
+
+def port(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port")
+    return value
+
+
+def timestamp(text: str) -> datetime:
+    """An ISO 8601 instant (``2026-12-02T10:00:00Z``); without an offset, UTC."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 timestamp") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def txn_uuid(text: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a transaction id (a UUID)") from None

@@ -1,0 +1,99 @@
+"""The auditor's commands: ``audit``, ``export``, and ``balances --as-of``'s printing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from adapters.cli.args import EXIT_FAILURE, CliError, checked_customer, timestamp, usage
+from adapters.cli.output import print_table
+
+__all__ = ["add_commands", "print_balances_as_of"]
+
+
+def add_commands(sub: Any) -> None:
+    audit = sub.add_parser("audit", help="replay the history, check every invariant and chain")
+    audit.add_argument("--customer", help="one customer only")
+    audit.add_argument("--from", dest="start", type=timestamp, help="metered at or after")
+    audit.add_argument("--to", dest="end", type=timestamp, help="metered before")
+    audit.add_argument("--stripe", action="store_true", help="cross-check Stripe's invoice items")
+    audit.add_argument("--json", action="store_true")
+    audit.add_argument("--out", type=Path, help="write the report to this file too")
+    audit.set_defaults(handler=_audit)
+
+    export = sub.add_parser("export", help="a customer's events as JSON lines, with hashes")
+    export.add_argument("--customer", required=True)
+    export.add_argument("--from", dest="start", type=timestamp, help="events at or after")
+    export.add_argument("--to", dest="end", type=timestamp, help="events before")
+    export.set_defaults(handler=_export)
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from adapters.audit.replay import Scope
+    from adapters.audit.report import audit, render, stripe_invoice_items
+    from adapters.bootstrap import database
+    from adapters.settings import Settings
+
+    if args.start and args.end and args.start >= args.end:
+        raise usage("--from must be before --to")
+    scope = Scope(customer=checked_customer(args.customer), start=args.start, end=args.end)
+    settings = Settings()
+    items = (
+        (lambda: stripe_invoice_items(settings.stripe(), scope.customer)) if args.stripe else None
+    )
+    with database(settings, pool_size=0) as db:
+        report = audit(db, scope, horizon=settings.overdue_after(), stripe_items=items)
+    text = json.dumps(report.as_dict(), indent=2) if args.json else render(report)
+    print(text)
+    if args.out is not None:
+        try:
+            args.out.write_text(text + "\n")
+        except OSError as exc:
+            raise CliError(f"cannot write {args.out}: {exc.strerror}") from None
+    return 0 if report.ok else EXIT_FAILURE
+
+
+def _export(args: argparse.Namespace) -> int:
+    from adapters.audit.export import export_events
+    from adapters.bootstrap import database
+    from adapters.settings import Settings
+
+    customer = checked_customer(args.customer)
+    assert customer is not None  # required by the parser
+    count = 0
+    with database(Settings(), pool_size=0) as db:
+        for line in export_events(db, customer, args.start, args.end):
+            sys.stdout.write(json.dumps(line) + "\n")
+            count += 1
+    print(f"exported {count} event(s) of {customer}", file=sys.stderr)
+    return 0
+
+
+def print_balances_as_of(
+    as_of: datetime, customer: str | None, columns: list[str], *, as_json: bool
+) -> int:
+    """``balances --as-of``: balances and transaction states at ``as_of``, from history."""
+    from adapters.audit.export import balances_as_of
+    from adapters.bootstrap import database
+    from adapters.settings import Settings
+
+    checked = checked_customer(customer)
+    with database(Settings(), pool_size=0) as db:
+        state = balances_as_of(db, as_of, checked)
+    if as_json:
+        print(json.dumps(state, indent=2))
+        return 0
+    print(f"as of {state['as_of']}")
+    print_table(state["balances"], columns)
+    counts: dict[tuple[str, str], int] = {}
+    for t in state["transactions"]:
+        counts[t["customer_id"], t["state"]] = counts.get((t["customer_id"], t["state"]), 0) + 1
+    rows: list[dict[str, Any]] = [
+        {"customer_id": c, "state": s, "transactions": n} for (c, s), n in sorted(counts.items())
+    ]
+    print_table(rows, ["customer_id", "state", "transactions"])
+    return 0

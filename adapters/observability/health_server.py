@@ -1,0 +1,317 @@
+"""The health server ``billing-ledger run`` starts: liveness, readiness, queue health,
+metrics, and the read models as JSON.
+
+=====================  =============================================================
+``GET /healthz``       200 while the process serves requests
+``GET /readyz``        200 when the database and the broker are reachable, else 503
+``GET /health``        the queue-health figures, each worker's heartbeat and breaker,
+                       consumer lag, and ``status`` (ok, degraded, failing) with
+                       ``reasons``; 503 when failing or the database is unreachable
+``GET /metrics``       Prometheus text format (``adapters.observability.metrics``)
+``GET /balances``      ``?customer=C``: ``billing.customer_balances`` rows
+``GET /transactions``  ``?state=S&customer=C&limit=N``: ``billing.transactions`` rows
+=====================  =============================================================
+
+Query parameters are validated before any SQL runs and reach it only as bound
+parameters; an unknown or invalid parameter is a 400 with the reason, never a 500.
+Served by the standard library's threading HTTP server: a handful of requests a
+minute from a probe and a scraper need nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import psycopg
+
+from adapters.broker import check_reachable
+from adapters.observability.metrics import CONTENT_TYPE, metrics
+from adapters.settings import Settings
+from domain.health import FAILING, Thresholds, assess
+from projections.balances import balances
+from projections.base import InvalidFilter
+from projections.queue_health import read_health
+from projections.transactions import transactions
+from store.connections import Database
+
+__all__ = ["HealthProbe", "HealthServer", "health_report"]
+
+log = logging.getLogger(__name__)
+
+
+def health_report(conn: psycopg.Connection[Any], limits: Thresholds) -> dict[str, Any]:
+    """Status, reasons and every queue-health figure, from the database."""
+    figures = read_health(conn)
+    status, reasons = assess(figures, limits)
+    return {"status": status, "reasons": reasons, **figures}
+
+
+class HealthProbe:
+    """Reads queue health (cached for ``cache_s``) and checks the services."""
+
+    def __init__(self, settings: Settings, *, cache_s: float = 1.0) -> None:
+        self.settings = settings
+        # Its own connections, quick to give up: a probe answers even when workers wait.
+        self.database = Database(
+            settings.database_url, pool_size=0, connect_timeout_s=3, statement_timeout_ms=3000
+        )
+        self.limits = Thresholds(max_consumer_lag=settings.health_max_consumer_lag)
+        self.cache_s = cache_s
+        self._cached: tuple[float, dict[str, Any]] | None = None
+        self._guard = threading.Lock()
+
+    def report(self) -> dict[str, Any]:
+        """The health report; status failing with the reason when the database is down."""
+        with self._guard:
+            if self._cached and time.monotonic() - self._cached[0] < self.cache_s:
+                return self._cached[1]
+        try:
+            with self.database.connection() as conn:
+                report = health_report(conn, self.limits)
+        except psycopg.OperationalError as exc:
+            report = {"status": FAILING, "reasons": [f"database unreachable: {_first_line(exc)}"]}
+        except psycopg.Error as exc:  # e.g. no view: the schema was never prepared
+            report = {"status": FAILING, "reasons": [f"health query failed: {_first_line(exc)}"]}
+        with self._guard:  # a failure is cached too: a hung database costs one timeout
+            self._cached = (time.monotonic(), report)
+        return report
+
+    def figures(self) -> Mapping[str, Any] | None:
+        """The figures for the metrics gauges (None when the database is unreachable)."""
+        report = self.report()
+        return report if "backlog_reserved" in report else None
+
+    def readiness(self) -> dict[str, str]:
+        """``ok`` or the error, for the database and the broker."""
+        checks = {"database": self._database, "broker": self._broker}
+        result: dict[str, str] = {}
+        for name, check in checks.items():
+            try:
+                check()
+                result[name] = "ok"
+            except Exception as exc:  # a probe reports, it does not raise
+                result[name] = _first_line(exc)
+        return result
+
+    def _database(self) -> None:
+        with self.database.connection() as conn:
+            conn.execute("SELECT 1")
+
+    def _broker(self) -> None:
+        check_reachable(self.settings.kafka_bootstrap)
+
+
+class HealthServer:
+    """Serves the endpoints above on ``host:port`` in a daemon thread."""
+
+    def __init__(self, probe: HealthProbe, host: str, port: int) -> None:
+        self.probe = probe
+        metrics().use_figures(probe.figures)
+        handler = type("Handler", (_Handler,), {"probe": probe})
+        try:
+            self.httpd = _BoundedServer((host, port), handler)
+        except OSError as exc:
+            raise OSError(
+                f"health server cannot listen on {host}:{port}: {exc.strerror}"
+                " (set BILLING_LEDGER_HEALTH_PORT or --health-port; 0 turns it off)"
+            ) from None
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="health", daemon=True)
+
+    def __enter__(self) -> HealthServer:
+        self._thread.start()
+        log.info("health server listening", extra={"step": "health", "port": self.port})
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """At most ``MAX_CONCURRENT`` requests at a time (more are closed unanswered), each
+    with a socket timeout: idle or slow clients cannot pile up threads or connections."""
+
+    MAX_CONCURRENT = 8
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self._slots = threading.BoundedSemaphore(self.MAX_CONCURRENT)
+        super().__init__(address, handler)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        return self._slots.acquire(blocking=False)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+_ROUTES: dict[str, frozenset[str]] = {
+    "/healthz": frozenset(),
+    "/readyz": frozenset(),
+    "/health": frozenset(),
+    "/metrics": frozenset(),
+    "/balances": frozenset({"customer"}),
+    "/transactions": frozenset({"state", "customer", "limit"}),
+}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    probe: HealthProbe
+    server_version = "billing-ledger"
+    timeout = 10  # seconds a client may take to send its request or read the answer
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        if url.path not in _ROUTES:
+            self._json(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint {url.path}"})
+            return
+        try:
+            params = _params(url.query, _ROUTES[url.path])
+            status, body, content_type = self._route(url.path, params)
+        except InvalidFilter as exc:
+            self._json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+            return
+        except Exception as exc:  # a failing backend is a 503 with the reason
+            log.warning("health endpoint %s failed: %s", url.path, _first_line(exc))
+            self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": _first_line(exc)})
+            return
+        self._send(status, body, content_type)
+
+    def _route(self, path: str, params: dict[str, str]) -> tuple[HTTPStatus, bytes, str]:
+        if path == "/metrics":
+            return HTTPStatus.OK, metrics().render(), CONTENT_TYPE
+        body: Any
+        status = HTTPStatus.OK
+        if path == "/healthz":
+            body = {"status": "alive"}
+        elif path == "/readyz":
+            body = self.probe.readiness()
+            if any(v != "ok" for v in body.values()):
+                status = HTTPStatus.SERVICE_UNAVAILABLE
+        elif path == "/health":
+            body = self.probe.report()
+            if body["status"] == FAILING:
+                status = HTTPStatus.SERVICE_UNAVAILABLE
+        else:
+            body = self._read_model(path, params)
+        return status, _dumps(body), "application/json"
+
+    def _read_model(self, path: str, params: dict[str, str]) -> list[dict[str, Any]]:
+        limit = _int_param(params, "limit", 50)
+        with self.probe.database.connection() as conn:
+            if path == "/balances":
+                return balances(conn, customer=params.get("customer"))
+            return transactions(
+                conn, state=params.get("state"), customer=params.get("customer"), limit=limit
+            )
+
+    def _json(self, status: HTTPStatus, body: Any) -> None:
+        self._send(status, _dumps(body), "application/json")
+
+    def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("health request: " + format, *args)
+
+
+def _params(query: str, allowed: frozenset[str]) -> dict[str, str]:
+    """The query parameters, each given once and known to the endpoint (else InvalidFilter)."""
+    parsed = parse_qs(query, keep_blank_values=True, strict_parsing=False)
+    unknown = sorted(set(parsed) - allowed)
+    if unknown:
+        known = ", ".join(sorted(allowed)) or "none"
+        raise InvalidFilter(f"unknown parameter(s) {', '.join(unknown)} (allowed: {known})")
+    repeated = sorted(k for k, v in parsed.items() if len(v) > 1)
+    if repeated:
+        raise InvalidFilter(f"parameter(s) given more than once: {', '.join(repeated)}")
+    return {k: v[0] for k, v in parsed.items()}
+
+
+def _int_param(params: Mapping[str, str], name: str, default: int) -> int:
+    if name not in params:
+        return default
+    try:
+        return int(params[name])
+    except ValueError:
+        raise InvalidFilter(f"invalid {name} {params[name]!r}: a whole number") from None
+
+
+def _dumps(body: Any) -> bytes:
+    return json.dumps(body, indent=2, default=str).encode()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"
+
+
+_FIGURES = (
+    ("backlog_metered", "backlog: metered"),
+    ("backlog_reserved", "backlog: reserved"),
+    ("backlog_charge_failed", "backlog: charge failed"),
+    ("oldest_open_age_s", "oldest unfinished (s)"),
+    ("retries_due", "retries due now"),
+    ("retries_overdue", "retries overdue"),
+    ("stale_reserved", "reserved, not charged"),
+    ("past_deadline", "past their deadline"),
+    ("dead_letters_last_hour", "dead letters, last hour"),
+    ("stripe_errors_1m", "Stripe errors, 1 min"),
+    ("stripe_errors_5m", "Stripe errors, 5 min"),
+    ("stripe_errors_15m", "Stripe errors, 15 min"),
+    ("charges_last_minute", "charges, last minute"),
+    ("max_consumer_lag", "largest consumer lag"),
+    ("workers_alive", "workers alive"),
+    ("workers_silent", "workers silent"),
+    ("breakers_not_closed", "breakers not closed"),
+    ("projector_behind", "projector behind (events)"),
+)
+
+
+def render(report: Mapping[str, Any]) -> str:
+    """The health report as the terminal table ``billing-ledger health`` prints."""
+    lines = [f"status: {report['status']}"]
+    lines += [f"  - {reason}" for reason in report["reasons"]]
+    if "backlog_reserved" not in report:
+        return "\n".join(lines)
+    lines.append("")
+    width = max(len(label) for _, label in _FIGURES)
+    for key, label in _FIGURES:
+        value = report[key]
+        shown = f"{value:.1f}" if isinstance(value, float) else str(value)
+        lines.append(f"{label:<{width}}  {shown}")
+    for name, counts in sorted(report["stripe_errors_by_class"].items()):
+        lines.append(f"{'  ' + name:<{width}}  {counts['1m']} / {counts['5m']} / {counts['15m']}")
+    if report["workers"]:
+        lines += ["", "workers:"]
+        for w in report["workers"]:
+            alive = "alive" if w["alive"] else "SILENT"
+            breaker = w["breaker_state"] or "-"
+            lines.append(
+                f"  {w['worker_id']:<40} {alive:<6} breaker {breaker:<9}"
+                f" last beat {w['heartbeat_at']}"
+            )
+    if report["consumer_lag"]:
+        lines += ["", "consumer lag:"]
+        for row in report["consumer_lag"]:
+            lines.append(
+                f"  {row['group_name']} {row['topic']}[{row['partition']}]: {row['lag']}"
+                f" (committed {row['committed_offset']}, end {row['end_offset']})"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,78 @@
+"""The health status policy: what the queue-health figures mean (ok, degraded, failing).
+
+Pure: the figures come from ``billing.queue_health`` (``projections.queue_health``);
+this module only judges them, with a reason for each finding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DEGRADED", "FAILING", "OK", "Thresholds", "assess"]
+
+OK, DEGRADED, FAILING = "ok", "degraded", "failing"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a figure makes billing degraded rather than ok."""
+
+    max_consumer_lag: int = 10_000
+    max_stripe_errors_5m: int = 0
+    max_projector_behind: int = 10_000
+    max_loop_age_s: float = 300.0  # a role whose loop has not turned this long is hung
+
+
+def assess(figures: Mapping[str, Any], limits: Thresholds = Thresholds()) -> tuple[str, list[str]]:
+    """The status (ok, degraded, failing) the figures mean, and why.
+
+    Failing: a transaction is past its deadline (invariant I2 is broken) or nothing is
+    alive to do the work. Degraded: something is late or refused but still recoverable.
+    """
+    failing: list[str] = []
+    degraded: list[str] = []
+    if figures["past_deadline"]:
+        failing.append(f"{figures['past_deadline']} transaction(s) past their deadline")
+    open_work = figures["backlog_metered"] + figures["backlog_reserved"]
+    if not figures["workers_alive"] and open_work + figures["backlog_charge_failed"]:
+        failing.append("no live worker while transactions are unfinished")
+    for worker in figures.get("workers", ()):
+        degraded += _worker_reasons(worker, limits)
+    if figures["retries_overdue"]:
+        degraded.append(f"{figures['retries_overdue']} retry(ies) overdue")
+    if figures["stale_reserved"]:
+        degraded.append(f"{figures['stale_reserved']} reserved transaction(s) not charged")
+    if figures["dead_letters_last_hour"]:
+        degraded.append(f"{figures['dead_letters_last_hour']} dead letter(s) in the last hour")
+    if figures["stripe_errors_5m"] > limits.max_stripe_errors_5m:
+        by_class = ", ".join(
+            f"{name}: {counts['5m']}"
+            for name, counts in sorted(figures["stripe_errors_by_class"].items())
+            if counts["5m"]
+        )
+        degraded.append(f"{figures['stripe_errors_5m']} Stripe error(s) in 5 min ({by_class})")
+    if figures["max_consumer_lag"] > limits.max_consumer_lag:
+        degraded.append(f"consumer lag {figures['max_consumer_lag']}")
+    if figures["projector_behind"] > limits.max_projector_behind:
+        degraded.append(
+            f"projector {figures['projector_behind']} events behind: these figures lag the log"
+        )
+    if failing:
+        return FAILING, failing + degraded
+    return (DEGRADED, degraded) if degraded else (OK, [])
+
+
+def _worker_reasons(worker: Mapping[str, Any], limits: Thresholds) -> list[str]:
+    """Silent; or alive with a breaker not closed, or a role whose loop stopped turning."""
+    name = worker["worker_id"]
+    if not worker["alive"]:
+        return [f"worker {name} silent since {worker['heartbeat_at']}"]
+    reasons = []
+    if worker["breaker_state"] not in (None, "closed"):
+        reasons.append(f"Stripe circuit breaker {worker['breaker_state']} in worker {name}")
+    for role, age in (worker.get("stats") or {}).get("loop_age_s", {}).items():
+        if age > limits.max_loop_age_s:
+            reasons.append(f"worker {name}: {role} has not gone round for {age:.0f} s")
+    return reasons

@@ -1,0 +1,292 @@
+"""The PostgreSQL event store: eventsourcing's recorder, without the table lock.
+
+eventsourcing's stock ``PostgresApplicationRecorder`` runs ``LOCK TABLE ... IN
+EXCLUSIVE MODE`` and ``NOTIFY`` inside every insert so that a follower reading by
+``notification_id`` never skips a row that commits late. That serialises every
+writer. ``LedgerRecorder`` keeps the recorder's contract (same table, same
+``(originator_id, originator_version)`` primary key that settles concurrent
+writers, same ``IntegrityError``) but takes no lock: each row also stores the id of
+the transaction that wrote it (``pg_current_xact_id()``), so a follower can read a
+gap-free log by taking only rows whose transaction is older than every open one.
+A trigger refuses UPDATE and DELETE on the events table: history is append-only.
+Each row also carries ``hash`` and ``prev_hash`` (``domain.chain``): a SHA-256 over
+its content and the hash of the aggregate's previous event, computed here, so an
+audit can prove no row was edited or deleted behind the trigger's back. Hashes of
+previous events that are not in the batch are read in one query per append.
+
+Appends go in one plain transaction, as a binary ``COPY`` into the events table
+when the caller does not need the notification ids (``save(...,
+notification_ids=False)``; the ingest's batches), else as one ``INSERT ... SELECT
+FROM unnest(...) RETURNING notification_id``. A duplicate ``(originator_id,
+originator_version)`` fails either statement with the same ``IntegrityError``, and
+the whole batch with it.
+
+``OrjsonTranscoder`` writes the very bytes eventsourcing's ``JSONTranscoder`` writes
+(and reads them with it), ~2.5x faster for the flat events of the ingest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from operator import attrgetter
+from typing import Any, NamedTuple, cast
+from uuid import UUID
+
+import orjson
+import psycopg
+from eventsourcing.persistence import (
+    InterfaceError,
+    JSONTranscoder,
+    OperationalError,
+    StoredEvent,
+)
+from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+from eventsourcing.utils import retry
+from psycopg import Cursor
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import DictRow
+from psycopg.sql import SQL, Identifier
+
+from domain.chain import GENESIS, event_hash
+from store.schema import events_table_statements
+
+__all__ = [
+    "ConsumerPosition",
+    "LedgerRecorder",
+    "OrjsonTranscoder",
+    "postgres_env",
+    "stored_positions",
+]
+
+_JSON_NATIVE = frozenset({str, int, bool, type(None)})
+_BY_VERSION = attrgetter("originator_version")
+
+
+class ConsumerPosition(NamedTuple):
+    """How far a consumer group has processed one partition (the next offset to read)."""
+
+    group_name: str
+    topic: str
+    partition: int
+    next_offset: int
+
+
+class LedgerRecorder(PostgresApplicationRecorder):
+    """Application recorder with lock-free appends (see the module docstring)."""
+
+    def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events"):
+        super().__init__(datastore, events_table_name=events_table_name)
+        table = SQL("{0}.{1}").format(
+            Identifier(self.datastore.schema), Identifier(self.events_table_name)
+        )
+        # Four arrays of plain types dump ~10x faster than one array of a composite type.
+        self._insert_arrays = SQL(
+            "INSERT INTO {0} (originator_id, originator_version, topic, state, prev_hash, hash) "
+            "SELECT * FROM unnest(%s::{1}[], %s::bigint[], %s::text[], %s::bytea[], "
+            "%s::bytea[], %s::bytea[]) RETURNING notification_id"
+        ).format(table, SQL(self.datastore.originator_id_type))
+        self._copy_events = SQL(
+            "COPY {0} (originator_id, originator_version, topic, state, prev_hash, hash) "
+            "FROM STDIN (FORMAT BINARY)"
+        ).format(table)
+        self._copy_types = [
+            self.datastore.originator_id_type, "int8", "text", "bytea", "bytea", "bytea"
+        ]  # fmt: skip
+        self._select_hashes = SQL(
+            "SELECT originator_id, originator_version, hash FROM {0}"
+            " WHERE (originator_id, originator_version) IN"
+            " (SELECT * FROM unnest(%s::{1}[], %s::bigint[]))"
+        ).format(table, SQL(self.datastore.originator_id_type))
+        self._select_recorded = SQL(
+            "SELECT DISTINCT originator_id FROM {0} WHERE originator_id = ANY(%s)"
+        ).format(table)
+        self.sql_create_statements.extend(events_table_statements(table, self.datastore.schema))
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], *, notification_ids: bool = True, **kwargs: Any
+    ) -> Sequence[int] | None:
+        """Insert in one plain transaction (no pipeline: nothing else to send first).
+
+        The stock recorder pipelines the lock, the NOTIFY and the insert; with a
+        multi-megabyte batch that pipeline stalled here with both ends waiting to read.
+        With ``notification_ids=False`` the rows are copied and None is returned.
+        """
+        with self.datastore.get_connection() as conn, conn.transaction(), conn.cursor() as curs:
+            self._insert_events(curs, stored_events, **kwargs)  # e.g. a process's tracking row
+            if not stored_events:
+                return []
+            chained = self._chain(curs, stored_events)
+            if not notification_ids:
+                self._copy(curs, stored_events, chained)
+                return None
+            curs.execute(
+                self._insert_arrays,
+                (
+                    [e.originator_id for e in stored_events],
+                    [e.originator_version for e in stored_events],
+                    [e.topic for e in stored_events],
+                    [e.state for e in stored_events],
+                    [prev for prev, _ in chained],
+                    [digest for _, digest in chained],
+                ),
+                binary=True,
+            )
+            return [row["notification_id"] for row in curs.fetchall()]
+
+    def _copy(
+        self,
+        curs: Cursor[DictRow],
+        stored_events: Iterable[StoredEvent],
+        chained: Sequence[tuple[bytes, bytes]],
+    ) -> None:
+        # Binary COPY: ~2 us of client CPU per row, against ~18 us to dump four arrays.
+        with curs.copy(self._copy_events) as copy:
+            copy.set_types(self._copy_types)
+            for e, (prev, digest) in zip(stored_events, chained, strict=True):
+                copy.write_row(
+                    (e.originator_id, e.originator_version, e.topic, e.state, prev, digest)
+                )
+
+    def _chain(
+        self, curs: Cursor[DictRow], stored_events: Sequence[StoredEvent]
+    ) -> list[tuple[bytes, bytes]]:
+        """``(prev_hash, hash)`` of each event, in the given order (see ``domain.chain``).
+
+        Chains within the batch; the hashes of previous events stored before are read
+        in one query, inside the append's transaction.
+        """
+        in_batch = {(e.originator_id, e.originator_version) for e in stored_events}
+        wanted = [
+            (e.originator_id, e.originator_version - 1)
+            for e in stored_events
+            if e.originator_version > 1
+            and (e.originator_id, e.originator_version - 1) not in in_batch
+        ]
+        hashes = self._stored_hashes(curs, wanted)
+        chained: dict[tuple[Any, int], tuple[bytes, bytes]] = {}
+        for e in sorted(stored_events, key=_BY_VERSION):  # a predecessor before its successor
+            key = (e.originator_id, e.originator_version)
+            prev_key = (e.originator_id, e.originator_version - 1)
+            if e.originator_version == 1:
+                prev = GENESIS
+            elif prev_key in chained:
+                prev = chained[prev_key][1]
+            else:
+                prev = hashes.get(prev_key) or GENESIS  # a row from before hashes: audit says so
+            chained[key] = (
+                prev,
+                # The ledger's ids are UUIDs (the table's originator_id is uuid).
+                event_hash(
+                    prev, cast(UUID, e.originator_id), e.originator_version, e.topic, e.state
+                ),
+            )
+        return [chained[e.originator_id, e.originator_version] for e in stored_events]
+
+    def _stored_hashes(
+        self, curs: Cursor[DictRow], keys: Sequence[tuple[Any, int]]
+    ) -> dict[tuple[Any, int], bytes | None]:
+        if not keys:
+            return {}
+        curs.execute(self._select_hashes, ([k[0] for k in keys], [k[1] for k in keys]))
+        return {
+            (row["originator_id"], row["originator_version"]): row["hash"]
+            for row in curs.fetchall()
+        }
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def select_recorded_ids(self, originator_ids: Iterable[UUID]) -> set[UUID]:
+        """Which of these aggregates have at least one event (one query)."""
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute(self._select_recorded, (list(set(originator_ids)),))
+            return {row["originator_id"] for row in curs.fetchall()}
+
+    def _insert_events(
+        self,
+        curs: Cursor[DictRow],
+        stored_events: Sequence[StoredEvent],
+        *,
+        positions: Sequence[ConsumerPosition] = (),
+        **kwargs: Any,
+    ) -> None:
+        """Record Kafka consumer positions in the same transaction as the events.
+
+        A process manager passes ``save(..., positions=[...])``: what it records and
+        how far it has consumed commit together, or not at all.
+        """
+        if positions:
+            curs.execute(
+                "INSERT INTO billing.consumer_positions (group_name, topic, partition, next_offset)"
+                " SELECT * FROM unnest(%s::text[], %s::text[], %s::int[], %s::bigint[])"
+                " ON CONFLICT (group_name, topic, partition) DO UPDATE"
+                " SET next_offset = GREATEST(billing.consumer_positions.next_offset,"
+                " EXCLUDED.next_offset)",
+                [list(column) for column in zip(*positions, strict=True)],
+            )
+        super()._insert_events(curs, stored_events, **kwargs)
+
+    def _lock_table(self, curs: Cursor[DictRow]) -> None:
+        """No table lock: the primary key settles concurrent writers."""
+
+    def _notify_channel(self, curs: Cursor[DictRow]) -> None:
+        """No NOTIFY (it serialises commits too); followers poll by transaction id."""
+
+
+class OrjsonTranscoder(JSONTranscoder):
+    """``JSONTranscoder``'s bytes from orjson, for a flat object of plain and registered types.
+
+    A registered type (UUID, Decimal, datetime) becomes ``{"_type_": name, "_data_":
+    encoded}`` as the library writes it; orjson then writes the flat dict (it escapes
+    strings as ``json`` does with ``ensure_ascii=False``). Anything else (a nested list
+    or dict, an int beyond 64 bits, a str subclass) takes the library's own encoder,
+    so the stored bytes never differ. Decoding is the library's.
+    """
+
+    def encode(self, obj: Any) -> bytes:
+        if type(obj) is not dict:
+            return super().encode(obj)
+        flat: dict[str, Any] = {}
+        for key, value in obj.items():
+            kind = type(value)
+            if kind in _JSON_NATIVE:
+                flat[key] = value
+            elif kind in self.types:
+                transcoding = self.types[kind]
+                flat[key] = {"_type_": transcoding.name, "_data_": transcoding.encode(value)}
+            else:
+                return super().encode(obj)
+        try:
+            return orjson.dumps(flat)
+        except (TypeError, orjson.JSONEncodeError):  # e.g. an int beyond 64 bits
+            return super().encode(obj)
+
+
+def postgres_env(url: str, *, pool_size: int = 4, lock_free: bool = True) -> dict[str, str]:
+    """eventsourcing's environment for the PostgreSQL at ``url`` (a libpq URI)."""
+    params: dict[str, Any] = conninfo_to_dict(url)
+    env = {
+        "PERSISTENCE_MODULE": "eventsourcing.postgres",
+        "POSTGRES_DBNAME": str(params.get("dbname") or params.get("user") or "postgres"),
+        "POSTGRES_HOST": str(params.get("host") or "127.0.0.1"),
+        "POSTGRES_PORT": str(params.get("port") or "5432"),
+        "POSTGRES_USER": str(params.get("user") or "postgres"),
+        "POSTGRES_PASSWORD": str(params.get("password") or ""),
+        "POSTGRES_POOL_SIZE": str(pool_size),
+        "POSTGRES_CONNECT_TIMEOUT": "10",
+    }
+    if lock_free:
+        env["APPLICATION_RECORDER_TOPIC"] = f"{__name__}:{LedgerRecorder.__name__}"
+    return env
+
+
+def stored_positions(
+    conn: psycopg.Connection[Any], group: str, topic: str, partitions: Sequence[int]
+) -> dict[int, int]:
+    """The next offsets recorded for ``group`` on these partitions of ``topic``
+    (what ``save(..., positions=...)`` stored with the steps)."""
+    rows = conn.execute(
+        "SELECT partition, next_offset FROM billing.consumer_positions"
+        " WHERE group_name = %s AND topic = %s AND partition = ANY(%s)",
+        (group, topic, list(partitions)),
+    ).fetchall()
+    return {int(p): int(o) for p, o in rows}

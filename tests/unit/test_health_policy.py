@@ -1,0 +1,182 @@
+"""The health status rules: what makes billing ok, degraded or failing, and why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.observability.health_server import render
+from adapters.observability.heartbeat import Pulses
+from domain.health import DEGRADED, FAILING, OK, Thresholds, assess
+
+
+def figures(**changes: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "backlog_metered": 0,
+        "backlog_reserved": 0,
+        "backlog_charge_failed": 0,
+        "oldest_open_age_s": 0.0,
+        "retries_due": 0,
+        "retries_overdue": 0,
+        "stale_reserved": 0,
+        "past_deadline": 0,
+        "dead_letters_last_hour": 0,
+        "stripe_errors_1m": 0,
+        "stripe_errors_5m": 0,
+        "stripe_errors_15m": 0,
+        "stripe_errors_by_class": {},
+        "charges_last_minute": 0,
+        "max_consumer_lag": 0,
+        "workers_alive": 1,
+        "workers_silent": 0,
+        "breakers_not_closed": 0,
+        "projector_behind": 0,
+        "workers": [worker()],
+        "consumer_lag": [],
+    }
+    base.update(changes)
+    return base
+
+
+def worker(
+    name: str = "w1", *, alive: bool = True, breaker: str | None = "closed"
+) -> dict[str, Any]:
+    return {
+        "worker_id": name,
+        "alive": alive,
+        "breaker_state": breaker,
+        "heartbeat_at": "2026-12-02T10:00:00+00:00",
+    }
+
+
+def test_quiet_figures_are_ok_with_no_reasons() -> None:
+    assert assess(figures(backlog_reserved=3, retries_due=2)) == (OK, [])
+
+
+def test_an_open_breaker_is_degraded_and_names_the_worker() -> None:
+    status, reasons = assess(figures(workers=[worker("w1"), worker("w2", breaker="open")]))
+    assert (status, reasons) == (DEGRADED, ["Stripe circuit breaker open in worker w2"])
+
+
+def test_a_half_open_breaker_is_degraded_but_one_of_a_silent_worker_is_not_counted() -> None:
+    status, reasons = assess(
+        figures(
+            workers=[worker("w1", breaker="half_open"), worker("w2", alive=False, breaker="open")]
+        )
+    )
+    assert status == DEGRADED
+    assert reasons == [
+        "Stripe circuit breaker half_open in worker w1",
+        "worker w2 silent since 2026-12-02T10:00:00+00:00",
+    ]
+
+
+def test_each_late_or_refused_thing_is_a_reason_for_degraded() -> None:
+    status, reasons = assess(
+        figures(
+            retries_overdue=2,
+            stale_reserved=5,
+            dead_letters_last_hour=1,
+            stripe_errors_5m=4,
+            stripe_errors_by_class={
+                "http_503": {"1m": 1, "5m": 3, "15m": 3},
+                "rate_limited": {"1m": 0, "5m": 1, "15m": 1},
+                "connection": {"1m": 0, "5m": 0, "15m": 7},
+            },
+            max_consumer_lag=11,
+        ),
+        Thresholds(max_consumer_lag=10),
+    )
+    assert status == DEGRADED
+    assert reasons == [
+        "2 retry(ies) overdue",
+        "5 reserved transaction(s) not charged",
+        "1 dead letter(s) in the last hour",
+        "4 Stripe error(s) in 5 min (http_503: 3, rate_limited: 1)",
+        "consumer lag 11",
+    ]
+
+
+def test_lag_and_errors_up_to_their_thresholds_are_ok() -> None:
+    limits = Thresholds(max_consumer_lag=10, max_stripe_errors_5m=4)
+    assert assess(figures(max_consumer_lag=10, stripe_errors_5m=4), limits) == (OK, [])
+
+
+def test_past_deadline_is_failing_first_and_keeps_the_other_reasons() -> None:
+    status, reasons = assess(
+        figures(past_deadline=3, dead_letters_last_hour=2, workers=[worker(breaker="open")])
+    )
+    assert status == FAILING
+    assert reasons == [
+        "3 transaction(s) past their deadline",
+        "Stripe circuit breaker open in worker w1",
+        "2 dead letter(s) in the last hour",
+    ]
+
+
+def test_no_live_worker_is_failing_only_when_work_is_waiting() -> None:
+    idle = figures(workers_alive=0, workers=[])
+    assert assess(idle) == (OK, [])
+    status, reasons = assess({**idle, "backlog_charge_failed": 1})
+    assert (status, reasons) == (FAILING, ["no live worker while transactions are unfinished"])
+
+
+def test_the_terminal_table_shows_status_reasons_figures_and_error_classes() -> None:
+    report = {
+        "status": DEGRADED,
+        "reasons": ["1 dead letter(s) in the last hour"],
+        **figures(
+            dead_letters_last_hour=1,
+            oldest_open_age_s=12.345,
+            stripe_errors_by_class={"http_503": {"1m": 1, "5m": 2, "15m": 3}},
+            consumer_lag=[
+                {
+                    "group_name": "g",
+                    "topic": "usage",
+                    "partition": 2,
+                    "lag": 7,
+                    "committed_offset": 3,
+                    "end_offset": 10,
+                }
+            ],
+        ),
+    }
+    text = render(report)
+    lines = text.splitlines()
+    assert lines[:2] == ["status: degraded", "  - 1 dead letter(s) in the last hour"]
+    assert any(line.split() == ["dead", "letters,", "last", "hour", "1"] for line in lines)
+    assert any(line.split() == ["oldest", "unfinished", "(s)", "12.3"] for line in lines)
+    assert any(line.split() == ["http_503", "1", "/", "2", "/", "3"] for line in lines)
+    assert "  g usage[2]: 7 (committed 3, end 10)" in lines
+    assert any(line.startswith("  w1") and "alive" in line for line in lines)
+
+
+def test_an_unreachable_database_renders_just_the_status_and_reason() -> None:
+    report = {"status": FAILING, "reasons": ["database unreachable: OperationalError: refused"]}
+    assert render(report) == "status: failing\n  - database unreachable: OperationalError: refused"
+
+
+def test_a_role_whose_loop_stopped_turning_is_named_but_not_one_at_the_limit() -> None:
+    hung = {**worker("w1"), "stats": {"loop_age_s": {"charge": 400.0, "relay": 300.0}}}
+    silent = {**worker("w2", alive=False), "stats": {"loop_age_s": {"ingest": 900.0}}}
+    status, reasons = assess(figures(workers=[hung, silent]))
+    assert (status, reasons) == (
+        DEGRADED,
+        [
+            "worker w1: charge has not gone round for 400 s",
+            "worker w2 silent since 2026-12-02T10:00:00+00:00",  # its ages are old news
+        ],
+    )
+
+
+def test_pulses_report_how_long_ago_each_role_went_round() -> None:
+    now = [100.0]
+    pulses = Pulses(clock=lambda: now[0])
+    relay, charge = pulses.of("relay"), pulses.of("charge")
+    assert pulses.ages() == {}
+    relay()
+    now[0] = 103.0
+    charge()
+    now[0] = 110.25
+    assert pulses.ages() == {"charge": 7.2, "relay": 10.2}
+    relay()
+    assert pulses.ages() == {"charge": 7.2, "relay": 0.0}

@@ -1,0 +1,300 @@
+"""``billing-ledger bench ingest``: how fast usage becomes durable transactions.
+
+Everything is measured in one run on one database server, so the figures compare
+with each other rather than with another machine:
+
+* end to end: N records already on the topic -> consumed, priced, Metered+Reserved
+  saved, offsets committed (records/s, events/s, batch commit latency p50/p99), by
+  ``workers`` ingest processes in one consumer group (timed from when the group has
+  settled: each worker holds its partitions paused until all are assigned);
+* store append: the same batches saved straight to the event store (no Kafka), 1 and
+  2 concurrent writers (threads of one process, so client CPU does not add up; the
+  figure shows what the database lets through), with
+  - our lock-free recorder at the configured batch;
+  - at 250 records per batch, because eventsourcing's stock recorder stalls on
+    larger ones (its psycopg pipeline with a large parameter never syncs; seen at
+    500 on a 50,000-record run): the stock recorder (LOCK TABLE + NOTIFY +
+    composite-array insert), ours, and ours with the stock LOCK TABLE + NOTIFY
+    added, which isolates what the lock and the NOTIFY cost;
+* raw PostgreSQL: binary ``COPY`` of the very rows the ledger wrote, 2,000 rows per
+  transaction, into a table of the same columns and primary key; and single-row
+  INSERT commits against single-transaction appends.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from adapters.bootstrap import build_ingest_worker, close_worker, open_ledger, prepare
+from adapters.broker import make_producer
+from adapters.progress import Progress, step
+from adapters.settings import Settings
+from domain.usage import UsageRecord
+from infra.embedded import EmbeddedPostgres, TansuBroker
+from tools.bench_store import (
+    RECORDERS,
+    STOCK_MAX_BATCH,
+    count_events,
+    fresh_database,
+    raw_copy,
+    server_version,
+    single_appends,
+    store_append,
+)
+from tools.measure import cores, percentile
+from tools.synthetic import bench_usage
+
+__all__ = ["render", "run_ingest_bench"]
+
+CUSTOMERS = 50
+
+
+def run_ingest_bench(
+    records: int, *, batch: int = 2000, database_url: str | None = None, workers: int = 1
+) -> dict[str, Any]:
+    with ExitStack() as stack:
+        if database_url is None:
+            step("starting embedded PostgreSQL")
+            admin_url = stack.enter_context(EmbeddedPostgres()).url
+        else:
+            admin_url = database_url
+        step("starting the Tansu broker")
+        broker = stack.enter_context(TansuBroker())
+        urls = {name: fresh_database(admin_url, f"bench_{name}") for name in ("e2e", *RECORDERS)}
+        settings = Settings(
+            database_url=urls["e2e"],
+            kafka_bootstrap=broker.bootstrap,
+            ingest_group="bench",
+            batch_max_records=batch,
+        )
+        prepare(settings)
+        usage = bench_usage(records, customers=CUSTOMERS)
+        result: dict[str, Any] = {
+            "records": records,
+            "batch": batch,
+            "workers": workers,
+            "cores": cores(),
+        }
+        result["server"] = server_version(urls["e2e"])
+        result["produce"] = _produce(settings, usage)
+        result["end_to_end"] = _end_to_end(settings, records, workers)
+        small = min(batch, STOCK_MAX_BATCH)
+        result["store_append"] = {
+            "ours": store_append(settings, urls["ours"], usage, batch, "ours"),
+            f"at_{small}": {
+                name: store_append(settings, urls[name], usage, small, name) for name in RECORDERS
+            },
+        }
+        result["raw_copy"] = raw_copy(urls["e2e"])
+        result["single_append"] = single_appends(settings, urls["ours"], urls["stock"])
+        result["ratios"] = _ratios(result, small)
+        return result
+
+
+def _ratios(r: dict[str, Any], small: int) -> dict[str, float]:
+    copy = r["raw_copy"]["rows_per_s"]
+    at_small = r["store_append"][f"at_{small}"]
+
+    def rate(name: str, writers: str) -> float:
+        return float(at_small[name][writers]["events_per_s"])
+
+    return {
+        "store_append_vs_copy": round(
+            r["store_append"]["ours"]["1_writer"]["events_per_s"] / copy, 3
+        ),
+        "end_to_end_events_vs_copy": round(r["end_to_end"]["events_per_s"] / copy, 3),
+        **{
+            f"{name}_vs_ours_{w}": round(rate(name, w) / rate("ours", w), 3)
+            for name in ("stock", "ours_locking")
+            for w in ("1_writer", "2_writers")
+        },
+    }
+
+
+def _produce(settings: Settings, usage: list[UsageRecord]) -> dict[str, float]:
+    step(f"producing {len(usage):,} records")
+    producer = make_producer(settings.kafka_bootstrap)
+    started = time.perf_counter()
+    for r in usage:
+        producer.send(settings.usage_topic, key=r.customer_id.encode(), value=r.to_json())
+    producer.flush()
+    elapsed = time.perf_counter() - started
+    producer.close()
+    return {"seconds": round(elapsed, 3), "records_per_s": round(len(usage) / elapsed)}
+
+
+def _end_to_end(settings: Settings, records: int, workers: int) -> dict[str, Any]:
+    step(f"end to end: {workers} ingest process(es) consume, price, save, commit offsets")
+    ctx = multiprocessing.get_context("spawn")
+    group = _Group(
+        assigned=ctx.Array("i", workers),
+        done=ctx.Value("q", 0),
+        start=ctx.Event(),
+        stop=ctx.Event(),
+        results=ctx.Queue(),
+    )
+    procs = [
+        ctx.Process(target=_ingest_process, args=(settings.model_dump(), w, group), daemon=True)
+        for w in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        _wait_settled(group.assigned, settings.usage_partitions, workers)
+        progress = Progress(records, "ingested")
+        started = time.monotonic()
+        group.start.set()
+        while group.done.value < records and time.monotonic() < started + 600:
+            if not all(proc.is_alive() for proc in procs):
+                raise RuntimeError("an ingest worker process died")
+            progress.update(group.done.value)
+            time.sleep(0.05)
+        progress.update(group.done.value)
+        progress.done()
+    finally:
+        group.stop.set()
+    stats = [group.results.get(timeout=60) for _ in procs]
+    for proc in procs:
+        proc.join(10)
+    elapsed = max(st["finished"] for st in stats) - started
+    events = count_events(settings.database_url)
+    lat = sorted(sec for st in stats for sec in st["batch_seconds"])
+    return {
+        "workers": workers,
+        "seconds": round(elapsed, 3),
+        "records_per_s": round(sum(st["records"] for st in stats) / elapsed),
+        "events_per_s": round(events / elapsed),
+        "events": events,
+        "batches": len(lat),
+        "batch_commit_ms_p50": round(percentile(lat, 50) * 1000, 1),
+        "batch_commit_ms_p99": round(percentile(lat, 99) * 1000, 1),
+    }
+
+
+def _wait_settled(assigned: Any, partitions: int, workers: int, timeout: float = 90.0) -> None:
+    """Until every partition is held and every worker that can hold one does, for 1.5 s."""
+    holders = min(workers, partitions)
+    deadline = time.monotonic() + timeout
+    settled_since: float | None = None
+    while time.monotonic() < deadline:
+        held = list(assigned)
+        if sum(held) == partitions and sum(1 for n in held if n) == holders:
+            settled_since = settled_since or time.monotonic()
+            if time.monotonic() - settled_since >= 1.5:
+                return
+        else:
+            settled_since = None
+        time.sleep(0.05)
+    raise RuntimeError(f"the consumer group did not settle in {timeout:.0f} s: {list(assigned)}")
+
+
+@dataclass
+class _Group:
+    """What the benchmark shares with its ingest processes."""
+
+    assigned: Any  # partitions each worker holds (multiprocessing Array)
+    done: Any  # records processed by all the workers (multiprocessing Value)
+    start: Any  # set when the group has settled
+    stop: Any
+    results: Any  # one dict of figures per worker (multiprocessing Queue)
+
+
+def _ingest_process(settings_data: dict[str, Any], index: int, group: _Group) -> None:
+    """One ingest worker: joins the group holding its partitions paused until ``start``."""
+    from kafka import ConsumerRebalanceListener
+
+    assigned, done, start = group.assigned, group.done, group.start
+
+    settings = Settings(**settings_data)
+    with open_ledger(settings) as ledger:
+        worker = build_ingest_worker(settings, ledger)
+        consumer = worker.consumer
+
+        class HoldUntilStart(ConsumerRebalanceListener):  # type: ignore[misc]
+            def on_partitions_revoked(self, revoked: Any) -> None:
+                assigned[index] = 0
+
+            def on_partitions_assigned(self, partitions: Any) -> None:
+                assigned[index] = len(partitions)
+                if not start.is_set():
+                    consumer.pause(*partitions)
+
+        consumer.subscribe([settings.usage_topic], listener=HoldUntilStart())
+        while not start.is_set():
+            consumer.poll(timeout_ms=100)  # joins the group; paused partitions yield nothing
+        consumer.resume(*consumer.assignment())
+        counted = [0, time.monotonic()]
+
+        def on_batch(stats: Any) -> None:
+            with done.get_lock():
+                done.value += stats.records - counted[0]
+            counted[0], counted[1] = stats.records, time.monotonic()
+
+        try:
+            worker.run(group.stop, on_batch)
+        finally:
+            close_worker(worker)
+        group.results.put(
+            {
+                "records": worker.stats.records,
+                "finished": counted[1],
+                "batch_seconds": worker.stats.batch_seconds,
+            }
+        )
+
+
+def render(r: dict[str, Any]) -> str:
+    e2e, sa, one = r["end_to_end"], r["store_append"], r["single_append"]
+    small = min(r["batch"], STOCK_MAX_BATCH)
+    at_small = sa[f"at_{small}"]
+    rate = "{:>10,} {}".format
+
+    def appends(label: str, figures: dict[str, Any]) -> list[tuple[str, str]]:
+        return [
+            (f"{label}, 1 writer", rate(figures["1_writer"]["events_per_s"], "events/s")),
+            (f"{label}, 2 writers", rate(figures["2_writers"]["events_per_s"], "events/s")),
+        ]
+
+    ratios = r["ratios"]
+    rows = [
+        ("produce (kafka-python -> Tansu)", rate(r["produce"]["records_per_s"], "records/s")),
+        (
+            f"end to end ({e2e['workers']} workers): records",
+            rate(e2e["records_per_s"], "records/s"),
+        ),
+        ("end to end: events", rate(e2e["events_per_s"], "events/s")),
+        (
+            "  batch commit p50 / p99",
+            f"{e2e['batch_commit_ms_p50']} / {e2e['batch_commit_ms_p99']} ms",
+        ),
+        *appends(f"store append, ours, batch {r['batch']}", sa["ours"]),
+        ("raw binary COPY of the same rows", rate(r["raw_copy"]["rows_per_s"], "rows/s")),
+        ("store append (ours, 1 writer) / COPY", f"{ratios['store_append_vs_copy']:>10}"),
+        ("end-to-end events / COPY", f"{ratios['end_to_end_events_vs_copy']:>10}"),
+        (f"-- at batch {small} (the stock recorder stalls on larger batches):", ""),
+        *appends("store append, ours", at_small["ours"]),
+        *appends("  ours + LOCK TABLE + NOTIFY", at_small["ours_locking"]),
+        *appends("  eventsourcing stock recorder", at_small["stock"]),
+        ("  ours+lock / ours, 1 / 2 writers", _pair(ratios, "ours_locking")),
+        ("  stock / ours, 1 / 2 writers", _pair(ratios, "stock")),
+        ("append 1 record, lock-free p50/p99", _ms(one["ours_append_ms"])),
+        ("append 1 record, stock p50/p99", _ms(one["stock_append_ms"])),
+        ("raw single-row INSERT commit p50/p99", _ms(one["raw_insert_commit_ms"])),
+    ]
+    head = (
+        f"billing-ledger bench ingest: {r['records']:,} records, batch {r['batch']}, "
+        f"{r['workers']} ingest workers, {r['cores']} cores, PostgreSQL {r['server']}"
+    )
+    return "\n".join([head, ""] + [f"{name:<42} {value}" for name, value in rows])
+
+
+def _pair(ratios: dict[str, float], name: str) -> str:
+    return f"{ratios[f'{name}_vs_ours_1_writer']:>10} / {ratios[f'{name}_vs_ours_2_writers']}"
+
+
+def _ms(lat: dict[str, float]) -> str:
+    return f"{lat['p50']} / {lat['p99']} ms"

@@ -1,0 +1,263 @@
+"""``billing-ledger demo``: the whole pipeline on the embedded default, end to end.
+
+It starts a private PostgreSQL and the Tansu broker, produces synthetic usage
+(``tools.synthetic``: duplicates, malformed records, one customer over its limit),
+ingests it, charges every reserved transaction through the Stripe emulator (relay,
+process manager, reconciler), then reads back a summary from the database and the
+emulator, audits the whole history and shows the queue health.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from adapters.audit.replay import Scope
+from adapters.audit.report import audit, stripe_invoice_items
+from adapters.bootstrap import (
+    build_charger,
+    build_ingest_worker,
+    build_projector,
+    build_reconciler,
+    close_worker,
+    database,
+    open_ledger,
+    prepare,
+    run_roles,
+)
+from adapters.broker import make_producer
+from adapters.ingest.producer import send_usage
+from adapters.ingest.worker import IngestStats
+from adapters.observability.health_server import health_report
+from adapters.observability.logs import configure_logging
+from adapters.settings import Settings
+from domain.health import Thresholds
+from domain.money import format_minor
+from domain.ports import DeadLetter
+from infra.embedded import EmbeddedPostgres, TansuBroker
+from infra.stripe_emulator import StripeEmulator
+from store.dead_letters import DeadLetterStore
+from store.ledger import BillingLedger
+from tools.summary import Balances
+
+__all__ = ["render_summary", "run_demo", "summarize"]
+
+from tools.synthetic import DEMO_LIMITS, Produced, synthetic_usage
+
+# -- the demo command ----------------------------------------------------------
+
+
+def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str, Any]:
+    """Start the embedded stack, produce ``records``, ingest them all, summarise, stop."""
+    from adapters.progress import Progress, step
+
+    configure_logging("ERROR")  # the demo reports through its summary, not log lines
+    started = time.monotonic()
+    step("starting embedded PostgreSQL and the Tansu broker")
+    with EmbeddedPostgres() as pg, TansuBroker() as broker:
+        settings = Settings(
+            database_url=pg.url, kafka_bootstrap=broker.bootstrap, ingest_group="demo-ingest"
+        )
+        prepare(settings)
+        prices = settings.load_prices()
+        with open_ledger(settings) as ledger:
+            for (customer, currency), limit in DEMO_LIMITS.items():
+                ledger.set_spend_limit(customer, currency, limit)
+            step(f"producing {records:,} usage records to '{settings.usage_topic}'")
+            produced = list(
+                synthetic_usage(
+                    records, prices, seed=seed, max_record_bytes=settings.max_record_bytes
+                )
+            )
+            producer = make_producer(settings.kafka_bootstrap)
+            for p in produced:
+                send_usage(producer, settings.usage_topic, p.key, p.value)
+            producer.flush()
+            producer.close()
+
+            step("ingesting (consumer group joins in ~3 s)")
+            worker = build_ingest_worker(settings, ledger)
+            progress = Progress(records, "ingested")
+            stop = threading.Event()
+
+            def on_batch(stats: IngestStats) -> None:
+                progress.update(stats.records)
+                if stats.records >= records:
+                    stop.set()
+
+            timer = threading.Timer(timeout, stop.set)
+            timer.start()
+            try:
+                worker.run(stop, on_batch)
+            finally:
+                timer.cancel()
+                close_worker(worker)
+            progress.done()
+            if worker.stats.records < records:
+                raise TimeoutError(
+                    f"only {worker.stats.records} of {records} records ingested "
+                    f"after {timeout:.0f}s"
+                )
+            with StripeEmulator(port=0) as stripe:
+                # The emulator is local: allow more than Stripe test mode's 25 requests/s.
+                charging = settings.model_copy(
+                    update={
+                        "stripe_api_base": stripe.url,
+                        "stripe_rate_per_s": 250,
+                        "reconcile_interval_s": 0.5,
+                    }
+                )
+                _charge_everything(charging, ledger, deadline=time.monotonic() + timeout)
+                summary = summarize(ledger, settings, produced)
+                summary["health"] = _health(charging, ledger)
+                summary["audit"] = _audit(charging)
+                items = stripe.live_invoice_items()
+                summary["stripe"] = {
+                    "live_invoice_items": len(items),
+                    "amount_by_currency": _amounts(items),
+                    "requests": len(stripe.requests()),
+                }
+    summary["seconds"] = round(time.monotonic() - started, 2)
+    return summary
+
+
+def _charge_everything(settings: Settings, ledger: BillingLedger, *, deadline: float) -> None:
+    """Run the relay, the charge process manager and the reconciler until nothing is open."""
+    from adapters.progress import Progress, step
+
+    step("charging through the Stripe emulator: relay -> process manager -> Stripe")
+    reconciler = build_reconciler(settings, build_charger(settings, ledger))
+    total = len(reconciler.open_transactions())
+    progress = Progress(total, "settled")
+    stop = threading.Event()
+    workers = threading.Thread(
+        target=run_roles, args=(settings, ledger, ["relay", "charge", "reconcile"], stop)
+    )
+    workers.start()
+    try:
+        while (still_open := len(reconciler.open_transactions())) > 0:
+            progress.update(total - still_open)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{still_open} transactions still open")
+            stop.wait(0.25)
+        progress.update(total)
+        progress.done()
+    finally:
+        stop.set()
+        workers.join()
+
+
+def _health(settings: Settings, ledger: BillingLedger) -> dict[str, Any]:
+    """Queue health once the read models have caught up (what ``billing-ledger health``
+    would print now): the demo's poison records show up as dead letters."""
+    with build_projector(settings, ledger) as projector:
+        projector.pump_all()
+    with database(settings, pool_size=0) as db, db.connection() as conn:
+        report = health_report(conn, Thresholds())
+    return {"status": report["status"], "reasons": report["reasons"]}
+
+
+def _audit(settings: Settings) -> dict[str, Any]:
+    """``billing-ledger audit --stripe`` on the demo's history: chains, invariants, read
+    models and the emulator's invoice items, all checked."""
+    from adapters.progress import step
+
+    step("auditing: replaying the history against the read models and Stripe")
+    with database(settings, pool_size=0) as db:
+        report = audit(
+            db,
+            Scope(),
+            horizon=settings.overdue_after(),
+            stripe_items=lambda: stripe_invoice_items(settings.stripe()),
+            progress=False,
+        )
+    return {
+        "ok": report.ok,
+        "events": report.events,
+        "transactions": report.transactions,
+        "stripe_items": report.stripe_items,
+        "findings": [f"{f.kind} {f.subject}: {f.detail}" for f in report.findings[:20]],
+    }
+
+
+def _amounts(items: list[dict[str, Any]]) -> dict[str, int]:
+    totals: Counter[str] = Counter()
+    for item in items:
+        totals[str(item["currency"]).upper()] += int(item["amount"])
+    return dict(sorted(totals.items()))
+
+
+def summarize(
+    ledger: BillingLedger, settings: Settings, produced: list[Produced]
+) -> dict[str, Any]:
+    """What happened, read back from the database (not from the worker's counters)."""
+    balances = Balances().apply_all(ledger.all_events())
+    letters = _dead_letters(settings)
+    reasons = Counter(_reason_kind(d.reason) for d in letters)
+    transactions = sum(b.transactions for c in balances.by_customer.values() for b in c.values())
+    return {
+        "records_sent": len(produced),
+        "transactions": transactions,
+        "duplicates_ignored": len(produced) - transactions - len(letters),
+        "dead_letters": len(letters),
+        "dead_letter_reasons": dict(sorted(reasons.items())),
+        "refused_by_limit": sum(
+            b.refused for c in balances.by_customer.values() for b in c.values()
+        ),
+        "conserved": all(b.conserved for c in balances.by_customer.values() for b in c.values()),
+        "customers": balances.as_dict(),
+    }
+
+
+def _reason_kind(reason: str) -> str:
+    """A reason without its particulars, for counting: digits and quoted values elided."""
+    head = reason.split(": ", 1)[0] if reason.startswith("not valid JSON") else reason
+    return re.sub(r"'[^']*'", "'…'", re.sub(r"\d+", "N", head))
+
+
+def render_summary(summary: dict[str, Any]) -> str:
+    """The summary as a human table."""
+    lines = [
+        f"records sent          {summary['records_sent']:>10,}",
+        f"transactions          {summary['transactions']:>10,}",
+        f"duplicates ignored    {summary['duplicates_ignored']:>10,}",
+        f"dead letters          {summary['dead_letters']:>10,}",
+        f"refused by limit      {summary['refused_by_limit']:>10,}",
+        f"charged in Stripe     {summary.get('stripe', {}).get('live_invoice_items', 0):>10,}",
+        f"money conserved       {'yes' if summary['conserved'] else 'NO':>10}",
+        "",
+        f"{'customer':<10} {'cur':<4} {'txns':>7} {'metered':>14} {'in flight':>14} "
+        f"{'charged':>14} {'compensated':>14}",
+    ]
+    for customer, currencies in summary["customers"].items():
+        for cur, b in currencies.items():
+            lines.append(
+                f"{customer:<10} {cur:<4} {b['transactions']:>7,} "
+                f"{format_minor(b['metered'], cur):>14} {format_minor(b['in_flight'], cur):>14} "
+                f"{format_minor(b['charged'], cur):>14} {format_minor(b['compensated'], cur):>14}"
+            )
+    if summary["dead_letter_reasons"]:
+        lines += ["", "dead letters by reason:"]
+        lines += [f"  {n:>6,}  {reason}" for reason, n in summary["dead_letter_reasons"].items()]
+    if "audit" in summary:
+        a = summary["audit"]
+        verdict = "clean" if a["ok"] else f"{len(a['findings'])}+ finding(s)"
+        lines += [
+            "",
+            f"audit: {verdict} ({a['events']:,} events replayed, {a['transactions']:,}"
+            f" transactions, {a['stripe_items']:,} Stripe invoice items compared)",
+        ]
+        lines += [f"  - {finding}" for finding in a["findings"]]
+    if "health" in summary:
+        lines += ["", f"queue health: {summary['health']['status']}"]
+        lines += [f"  - {reason}" for reason in summary["health"]["reasons"]]
+    lines.append(f"\nfinished in {summary.get('seconds', 0):.1f}s")
+    return "\n".join(lines)
+
+
+def _dead_letters(settings: Settings) -> list[DeadLetter]:
+    with database(settings, pool_size=0) as db:
+        return DeadLetterStore(db).all(limit=1_000_000)

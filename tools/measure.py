@@ -1,0 +1,20 @@
+"""Small helpers the benchmarks share for reporting what they measured."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["cores", "percentile"]
+
+
+def cores() -> int:
+    """The CPU cores this process may see (every benchmark reports it)."""
+    return os.cpu_count() or 1
+
+
+def percentile(sorted_samples: list[float], pct: float) -> float:
+    """The ``pct``-th percentile of already sorted samples (nearest rank; 0 when empty)."""
+    if not sorted_samples:
+        return 0.0
+    k = min(len(sorted_samples) - 1, round(pct / 100 * (len(sorted_samples) - 1)))
+    return sorted_samples[k]

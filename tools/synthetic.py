@@ -1,0 +1,136 @@
+"""Synthetic usage for the demo and the benchmarks: deterministic for a given seed.
+
+A stream of usage records for a handful of customers across the price list's
+meters, with exact duplicates (the same record sent again, as a producer retry
+would) and malformed records of every kind the ingest must quarantine.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from domain.pricing import PriceList
+from domain.usage import UsageRecord
+
+__all__ = [
+    "BASE_TIME",
+    "DEMO_CUSTOMERS",
+    "DEMO_LIMITS",
+    "MALFORMED",
+    "Produced",
+    "bench_usage",
+    "synthetic_usage",
+]
+
+DEMO_CUSTOMERS = ("acme", "globex", "initech", "umbrella", "hooli")
+# One customer runs into its spend limit, so the demo shows refusals too (minor units).
+DEMO_LIMITS: dict[tuple[str, str], int] = {("initech", "USD"): 500}
+BASE_TIME = datetime(2026, 12, 1, tzinfo=UTC)
+
+MALFORMED = (
+    "bad_json",
+    "negative_quantity",
+    "unknown_meter",
+    "missing_field",
+    "oversized",
+    "unknown_currency",
+)
+
+
+@dataclass(frozen=True)
+class Produced:
+    """One message as produced: its key, its bytes, and what it is."""
+
+    key: bytes
+    value: bytes
+    kind: str  # "valid", "duplicate" or a MALFORMED name
+    record: UsageRecord | None = None
+
+
+def synthetic_usage(
+    n: int,
+    prices: PriceList,
+    *,
+    seed: int = 7,
+    duplicate_rate: float = 0.05,
+    malformed_rate: float = 0.03,
+    max_record_bytes: int = 16 * 1024,
+) -> Iterator[Produced]:
+    """``n`` messages: valid records, duplicates of earlier ones, malformed ones."""
+    rng = random.Random(seed)
+    meters = sorted(prices.prices)
+    sent: list[Produced] = []
+    malformed = 0
+    for i in range(n):
+        roll = rng.random()
+        if roll < malformed_rate:
+            yield _malformed(MALFORMED[malformed % len(MALFORMED)], i, seed, max_record_bytes)
+            malformed += 1
+        elif roll < malformed_rate + duplicate_rate and sent:
+            original = rng.choice(sent)
+            yield Produced(original.key, original.value, "duplicate", original.record)
+        else:
+            meter = rng.choice(meters)
+            record = UsageRecord(
+                usage_id=f"u-{seed}-{i:08d}",
+                customer_id=rng.choice(DEMO_CUSTOMERS),
+                meter=meter,
+                quantity=_quantity(rng, meter),
+                occurred_at=BASE_TIME + timedelta(seconds=i),
+            )
+            produced = Produced(record.customer_id.encode(), record.to_json(), "valid", record)
+            sent.append(produced)
+            yield produced
+
+
+def _quantity(rng: random.Random, meter: str) -> Decimal:
+    if meter.endswith("tokens"):
+        return Decimal(rng.randint(50, 400_000))
+    if meter.endswith("seconds"):
+        return Decimal(rng.randint(1, 36_000)) / 10
+    return Decimal(rng.randint(1, 200))
+
+
+def _malformed(kind: str, i: int, seed: int, max_bytes: int) -> Produced:
+    good = {
+        "usage_id": f"bad-{seed}-{i}",
+        "customer_id": "acme",
+        "meter": "api.requests",
+        "quantity": 1,
+        "occurred_at": "2026-12-01T00:00:00Z",
+    }
+    match kind:
+        case "bad_json":
+            value = b'{"usage_id": "broken", '
+        case "negative_quantity":
+            value = json.dumps({**good, "quantity": -5}).encode()
+        case "unknown_meter":
+            value = json.dumps({**good, "meter": "quantum.qubits"}).encode()
+        case "missing_field":
+            value = json.dumps({k: v for k, v in good.items() if k != "customer_id"}).encode()
+        case "oversized":
+            value = json.dumps({**good, "note": "x" * max_bytes}).encode()
+        case _:
+            value = json.dumps({**good, "currency": "XYZ"}).encode()
+    return Produced(b"acme", value, kind)
+
+
+def bench_usage(n: int, *, customers: int = 50) -> list[UsageRecord]:
+    """``n`` valid records spread over ``customers`` customers and three meters (the
+    benchmarks' load: no duplicates, nothing malformed)."""
+    meters = ("gpt-4o.input_tokens", "gpt-4o.output_tokens", "api.requests")
+    return [
+        UsageRecord(
+            usage_id=f"bench-{i}",
+            customer_id=f"cust-{i % customers:03d}",
+            meter=meters[i % len(meters)],
+            quantity=Decimal(1000 + i % 5000),
+            occurred_at=BASE_TIME + timedelta(milliseconds=i),
+        )
+        for i in range(n)
+    ]

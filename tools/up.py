@@ -1,0 +1,27 @@
+"""``billing-ledger up``: the embedded PostgreSQL and broker in the foreground, with the
+exports another shell needs, until Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+from adapters.bootstrap import prepare
+from adapters.settings import Settings
+from infra.embedded import EmbeddedPostgres, TansuBroker
+
+__all__ = ["run_up"]
+
+
+def run_up(data_dir: Path | None, kafka_port: int | None) -> None:
+    with EmbeddedPostgres(data_dir) as pg, TansuBroker(kafka_port) as broker:
+        prepare(Settings(database_url=pg.url, kafka_bootstrap=broker.bootstrap))
+        print("# embedded PostgreSQL and Tansu are up; in another shell:")
+        print(f"export BILLING_LEDGER_DATABASE_URL='{pg.url}'")
+        print(f"export BILLING_LEDGER_KAFKA_BOOTSTRAP='{broker.bootstrap}'")
+        print("# Ctrl-C stops both (the broker keeps messages in memory only)", flush=True)
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        stop.wait()
