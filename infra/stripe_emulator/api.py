@@ -1,7 +1,8 @@
 """The API request pipeline: from a parsed HTTP request to the reply (or a dropped one).
 
 This module owns the order in which Stripe decides a request: outage, authentication, rate
-limit (a 429 comes before the idempotency key is looked at), injected 500, routing,
+limits, global then per endpoint (a 429 comes before the idempotency key is looked at),
+injected 500, routing,
 parameters, the idempotency key (replay, mismatch, in use), latency (slept with the key held
 in flight, outside the lock), execution under the lock, saving the response under the key,
 the ledger, and dropping the response after execution.  It also logs every request.
@@ -54,6 +55,7 @@ class _Job:
     path_id: str | None
     request_id: str
     idempotency_key: str | None
+    stripe_version: str | None
     claim: Claim | None = None
 
 
@@ -100,6 +102,7 @@ def handle_api(
             body=body,
             api_key=bearer_key(authorization),
             idempotency_key=idempotency_key,
+            stripe_version=stripe_version,
         )
         latency_s = state.faults.settings.latency_ms / 1000.0
         if admission.reply is not None:
@@ -132,6 +135,7 @@ def _admit_locked(
     body: bytes,
     api_key: str | None,
     idempotency_key: str | None,
+    stripe_version: str | None,
 ) -> _Admission:
     """Everything decided before execution: outage, auth, 429, injected 500, key lookup."""
     faults = state.faults
@@ -143,11 +147,14 @@ def _admit_locked(
         return _reject(record, outage_error(), "outage")
     if api_key is None:
         return _reject(record, auth_error(), "unauthenticated")
-    if faults.rate_limited(now):
-        return _reject(record, rate_limit_error(), "rate_limited")
+    resolved = resolve(method, path)
+    endpoint = f"{method} {path}" if resolved is None else resolved[0].endpoint
+    limited = faults.rate_limited(now, endpoint)
+    if limited is not None:
+        error = rate_limit_error(endpoint if limited == "endpoint" else None)
+        return _reject(record, error, "rate_limited")
     if faults.inject_error():
         return _reject(record, injected_error(), "injected_error")
-    resolved = resolve(method, path)
     if resolved is None:
         error = ApiError(
             404, "invalid_request_error", f"Unrecognized request URL ({method}: {path})."
@@ -160,7 +167,7 @@ def _admit_locked(
         return _reject(record, exc, "rejected")
     route, path_id = resolved
     request_id = str(record["request_id"])
-    job = _Job(route, method, path, params, path_id, request_id, idempotency_key)
+    job = _Job(route, method, path, params, path_id, request_id, idempotency_key, stripe_version)
     if idempotency_key is None or method not in MUTATING_METHODS:
         return _Admission(job=job)
     fingerprint = (method, path, tuple(sorted(pairs)))
@@ -197,7 +204,14 @@ def _execute_locked(state: EmulatorState, job: _Job) -> tuple[int, bytes, Header
     e.g. an unknown customer); such results are saved under the idempotency key.  Parameter
     validation failures and emulator bugs are not saved, so a retry with the key runs anew.
     """
-    call = Call(job.params, job.path_id, int(time.time()))
+    call = Call(
+        job.params,
+        job.path_id,
+        int(time.time()),
+        job.request_id,
+        job.idempotency_key,
+        job.stripe_version,
+    )
     saved = True
     extra: Headers = ()
     result: Result | None

@@ -32,9 +32,19 @@ _NUMERIC_FLAGS: dict[str, str] = {
     "error_rate": "probability (0..1) of an injected 500",
     "outage_seconds": "start with an outage that ends after this many seconds",
     "rate_limit_per_s": "admit at most this many API requests per sliding second (429 above)",
+    "endpoint_rate_limit_per_s": "admit at most this many requests per second per endpoint",
     "drop_response_after_execute": "drop the response of the next N POST/DELETE executions",
     "drop_response_probability": "probability (0..1) of dropping a POST/DELETE response",
-    "seed": "random seed for injected errors and drops",
+    "payment_failures": "decline the next N invoice payment attempts (402 card_declined)",
+    "webhook_retry_base_s": "first webhook retry delay in seconds, doubled per attempt (1)",
+    "webhook_max_attempts": "webhook delivery attempts before giving up (default 8)",
+    "webhook_timeout_s": "seconds to wait for a webhook receiver's answer (default 10)",
+    "webhook_delay_s": "delay every event's first webhook delivery by this many seconds",
+    "webhook_duplicate_probability": "probability (0..1) of delivering an event twice",
+    "webhook_duplicate_next": "deliver the next N events twice",
+    "webhook_reorder": "hold N deliveries per endpoint, then send them in reverse order",
+    "webhook_reorder_hold_s": "longest a delivery is held for reordering (default 2)",
+    "seed": "random seed for injected errors, drops and duplicates",
 }
 
 
@@ -73,8 +83,9 @@ def _port(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m infra.stripe_emulator",
-        description="Serve an emulation of Stripe's v1 API (customers, invoice items, invoices) "
-        "with fault injection. Control API under /_emulator/.",
+        description="Serve an emulation of Stripe's v1 API (customers, invoice items, invoices, "
+        "credit notes, events, signed webhooks) with fault injection. Control API under "
+        "/_emulator/.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument(

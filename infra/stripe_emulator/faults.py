@@ -3,7 +3,8 @@
 This module owns :class:`Faults`: the current :class:`~.settings.EmulatorSettings` (with the
 start-up values to restore on reset), the outage window, the seeded random source, the
 sliding one-second windows of the rate limiters (global and per endpoint), and the counters
-that settings such as ``drop_response_after_execute`` count down.
+that settings such as ``drop_response_after_execute``, ``payment_failures`` and
+``webhook_duplicate_next`` count down.
 
 It is not thread-safe: its callers hold the emulator's lock.
 """
@@ -85,15 +86,30 @@ class Faults:
             return False
         return True
 
-    def rate_limited(self, now: float) -> bool:
-        """Whether the global limit refuses this request; an admitted one is counted."""
+    def rate_limited(self, now: float, endpoint: str) -> str | None:
+        """Which limit refuses this request (``"global"`` or ``"endpoint"``), or None.
+
+        ``endpoint`` is ``METHOD /path/{template}``.  An admitted request is counted in the
+        global window and in its endpoint's (a refused one in neither), so endpoint calls
+        also count against the global limit, as in Stripe.
+        """
+        settings = self.settings
         window = self._admitted
         _slide(window, now)
-        limit = self.settings.rate_limit_per_s
-        if limit is not None and len(window) >= limit:
-            return True
+        if settings.rate_limit_per_s is not None and len(window) >= settings.rate_limit_per_s:
+            return "global"
+        per_endpoint = settings.endpoint_rate_limit_per_s
+        mine = self._per_endpoint.get(endpoint)
+        if mine is not None:
+            _slide(mine, now)
+        if per_endpoint is not None and mine is not None and len(mine) >= per_endpoint:
+            return "endpoint"
         window.append(now)
-        return False
+        if per_endpoint is not None:
+            self._per_endpoint.setdefault(endpoint, deque()).append(now)
+        for name in [name for name, w in self._per_endpoint.items() if not w]:
+            del self._per_endpoint[name]
+        return None
 
     def inject_error(self) -> bool:
         rate = self.settings.error_rate
@@ -108,6 +124,26 @@ class Faults:
             )
             return True
         probability = settings.drop_response_probability
+        return probability > 0 and self._rng.random() < probability
+
+    def take_payment_failure(self) -> bool:
+        """Whether this payment attempt is declined by ``payment_failures`` (counted down)."""
+        if self.settings.payment_failures > 0:
+            self.settings = replace(
+                self.settings, payment_failures=self.settings.payment_failures - 1
+            )
+            return True
+        return False
+
+    def take_duplicate(self) -> bool:
+        """Whether this new (event, endpoint) delivery is sent twice."""
+        settings = self.settings
+        if settings.webhook_duplicate_next > 0:
+            self.settings = replace(
+                settings, webhook_duplicate_next=settings.webhook_duplicate_next - 1
+            )
+            return True
+        probability = settings.webhook_duplicate_probability
         return probability > 0 and self._rng.random() < probability
 
 

@@ -19,6 +19,7 @@ from .forms import opt_str, parse_int
 __all__ = [
     "LIST_PARAMS",
     "Clause",
+    "created_filter",
     "limit",
     "list_page",
     "matches",
@@ -76,6 +77,31 @@ def list_page(
     else:
         page, has_more = list(records[:size]), len(records) > size
     return {"object": "list", "data": [r[1] for r in page], "has_more": has_more, "url": url}
+
+
+def created_filter(params: JsonObject) -> Callable[[int], bool]:
+    """The ``created`` filter of a list: an exact timestamp or ``created[gt|gte|lt|lte]``."""
+    raw = params.get("created")
+    if raw is None or raw == "":
+        return lambda created: True
+    if isinstance(raw, str):
+        exact = parse_int(raw, "created", low=0, high=2**63)
+        return lambda created: created == exact
+    bounds: dict[str, int] = {}
+    for op, value in raw.items():
+        if op not in ("gt", "gte", "lt", "lte"):
+            raise invalid(f"Received unknown parameter: created[{op}]", f"created[{op}]")
+        bounds[op] = parse_int(value, f"created[{op}]", low=0, high=2**63)
+
+    def within(created: int) -> bool:
+        return (
+            ("gt" not in bounds or created > bounds["gt"])
+            and ("gte" not in bounds or created >= bounds["gte"])
+            and ("lt" not in bounds or created < bounds["lt"])
+            and ("lte" not in bounds or created <= bounds["lte"])
+        )
+
+    return within
 
 
 @dataclass(frozen=True)

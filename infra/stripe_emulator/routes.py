@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from . import customers, invoice_items, invoices
+from . import credit_notes, customers, events, invoice_actions, invoice_items, invoices
 from .store import Handler
 
 __all__ = ["ROUTES", "Route", "resolve"]
@@ -44,9 +44,23 @@ ROUTES: Final[tuple[Route, ...]] = (
     _route("GET", "/v1/invoiceitems", invoice_items.list_invoice_items),
     _route("GET", "/v1/invoiceitems/search", invoice_items.search_invoice_items),
     _route("GET", "/v1/invoiceitems/{id}", invoice_items.get_invoice_item),
+    _route("POST", "/v1/invoiceitems/{id}", invoice_items.update_invoice_item),
     _route("DELETE", "/v1/invoiceitems/{id}", invoice_items.delete_invoice_item),
     _route("POST", "/v1/invoices", invoices.create_invoice),
+    _route("GET", "/v1/invoices", invoices.list_invoices),
+    _route("GET", "/v1/invoices/search", invoices.search_invoices),
     _route("GET", "/v1/invoices/{id}", invoices.get_invoice),
+    _route("POST", "/v1/invoices/{id}", invoices.update_invoice),
+    _route("GET", "/v1/invoices/{id}/lines", invoices.list_invoice_lines),
+    _route("POST", "/v1/invoices/{id}/finalize", invoice_actions.finalize_invoice),
+    _route("POST", "/v1/invoices/{id}/pay", invoice_actions.pay_invoice),
+    _route("POST", "/v1/invoices/{id}/void", invoice_actions.void_invoice),
+    _route("POST", "/v1/invoices/{id}/mark_uncollectible", invoice_actions.mark_uncollectible),
+    _route("POST", "/v1/credit_notes", credit_notes.create_credit_note),
+    _route("GET", "/v1/credit_notes", credit_notes.list_credit_notes),
+    _route("GET", "/v1/credit_notes/{id}", credit_notes.get_credit_note),
+    _route("GET", "/v1/events", events.list_events),
+    _route("GET", "/v1/events/{id}", events.get_event),
 )
 
 
