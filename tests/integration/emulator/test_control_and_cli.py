@@ -10,11 +10,13 @@ import pytest
 import stripe
 
 from infra.stripe_emulator import StripeEmulator, main
+from infra.stripe_emulator.cli import build_parser
 
 from .support import (
     API_KEY,
     http,
     new_customer,
+    open_invoice,
 )
 
 pytestmark = pytest.mark.integration
@@ -80,3 +82,50 @@ def test_cli_serves_until_sigterm() -> None:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_control_api_views_of_invoices_credit_notes_and_card_switch(
+    emulator: StripeEmulator, client: stripe.StripeClient
+) -> None:
+    invoice = open_invoice(client, 300)
+    client.v1.credit_notes.create(params={"invoice": invoice.id, "amount": 100})
+    customer_id = str(invoice.customer)
+
+    status, _, invoices = http(emulator, "GET", f"/_emulator/invoices?customer={customer_id}")
+    assert (status, [(i["id"], i["amount_due"]) for i in invoices]) == (200, [(invoice.id, 200)])
+    _, _, notes = http(emulator, "GET", f"/_emulator/credit_notes?invoice={invoice.id}")
+    assert [n["amount"] for n in notes] == [100]
+
+    path = f"/_emulator/customers/{customer_id}/card_declined"
+    assert http(emulator, "POST", path, {"declined": True})[0] == 200
+    with pytest.raises(stripe.CardError):
+        client.v1.invoices.pay(invoice.id)
+    assert http(emulator, "POST", path, {"declined": False})[0] == 200
+    assert client.v1.invoices.pay(invoice.id).status == "paid"
+    assert http(emulator, "POST", path, {"declined": "yes"})[0] == 400
+    assert http(emulator, "POST", "/_emulator/customers/cus_nobody/card_declined")[0] == 404
+
+    emulator.reset()
+    assert emulator.invoices() == [] and emulator.credit_notes() == [] and emulator.events() == []
+
+
+def test_cli_takes_the_new_settings_and_rejects_bad_values(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = build_parser().parse_args(
+        ["--endpoint-rate-limit-per-s", "25", "--payment-failures", "2", "--webhook-reorder", "3"]
+    )
+    assert (args.endpoint_rate_limit_per_s, args.payment_failures, args.webhook_reorder) == (
+        25,
+        2,
+        3,
+    )
+    for flags, message in [
+        (["--webhook-max-attempts", "0"], "webhook_max_attempts must be >= 1"),
+        (["--endpoint-rate-limit-per-s", "1.5"], "not an integer"),
+        (["--webhook-duplicate-probability", "2"], "between 0 and 1"),
+    ]:
+        with pytest.raises(SystemExit) as info:
+            main(flags)
+        assert info.value.code == 2
+        assert message in capsys.readouterr().err

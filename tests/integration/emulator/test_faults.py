@@ -10,13 +10,16 @@ import stripe
 from infra.stripe_emulator import StripeEmulator
 
 from .support import (
+    attach,
     client_for,
+    draft,
     err_header,
     executions,
     header,
     http,
     item_params,
     new_customer,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -146,3 +149,52 @@ def test_drop_after_execute_then_retry_returns_the_saved_object(
     assert len(executions(emulator, "k-drop")) == 1
     assert [i["id"] for i in emulator.live_invoice_items("txn-drop")] == [retry.id]
     assert [r["outcome"] for r in emulator.requests()[-2:]] == ["dropped", "replayed"]
+
+
+def test_endpoint_rate_limit_counts_each_endpoint_on_its_own(
+    emulator: StripeEmulator, client: stripe.StripeClient
+) -> None:
+    invoice = draft(client, new_customer(client).id)
+    items = [attach(client, invoice, 100) for _ in range(3)]
+    emulator.set_faults(endpoint_rate_limit_per_s=2)
+    started = time.monotonic()
+    outcomes: list[int] = []
+    limited: list[stripe.RateLimitError] = []
+    for item in items:  # one endpoint, whatever the id: POST /v1/invoiceitems/{id}
+        try:
+            client.v1.invoice_items.update(item.id, params={"amount": 200})
+            outcomes.append(200)
+        except stripe.RateLimitError as exc:
+            outcomes.append(exc.http_status or 0)
+            limited.append(exc)
+    assert outcomes == [200, 200, 429]
+    assert "POST /v1/invoiceitems/{id}" in str(limited[0].user_message)
+    assert err_header(limited[0], "Retry-After") == "1"
+    assert err_header(limited[0], "Stripe-Should-Retry") == "true"
+    # Other endpoints keep their own windows.
+    assert client.v1.invoices.retrieve(invoice.id).total == 500
+    assert client.v1.invoice_items.retrieve(items[2].id).amount == 100
+    assert time.monotonic() - started < 1.0, "too slow to exercise a 1 s window"
+
+    # The 429 comes before the key is looked at: once the window slides, the keyed request
+    # executes as new.
+    def update_with_key() -> bool:
+        try:
+            client.v1.invoice_items.update(
+                items[2].id, params={"amount": 200}, options={"idempotency_key": "k-endpoint"}
+            )
+        except stripe.RateLimitError:
+            return False
+        return True
+
+    wait_until(update_with_key, timeout=3, what="the endpoint window to admit again")
+    assert len(executions(emulator, "k-endpoint")) == 1
+    assert client.v1.invoice_items.retrieve(items[2].id).amount == 200
+
+
+def test_per_endpoint_limit_is_off_by_default_and_validated(emulator: StripeEmulator) -> None:
+    assert emulator.faults()["endpoint_rate_limit_per_s"] is None
+    with pytest.raises(ValueError, match="endpoint_rate_limit_per_s"):
+        emulator.set_faults(endpoint_rate_limit_per_s=-1)
+    with pytest.raises(ValueError, match="webhook_max_attempts"):
+        StripeEmulator(webhook_max_attempts=0)

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import stripe
+from stripe import RequestOptions
 
 from infra.stripe_emulator import StripeEmulator
 
 from .support import (
+    attach,
+    draft,
     err_header,
     executions,
     header,
     item_params,
     new_customer,
+    open_invoice,
 )
 
 pytestmark = pytest.mark.integration
@@ -120,3 +125,134 @@ def test_keys_expire_after_the_ttl(emulator: StripeEmulator, client: stripe.Stri
     assert fresh.id != first.id
     assert header(fresh, "Idempotent-Replayed") is None
     assert len(executions(emulator, "k-ttl")) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# every new POST keeps the rules
+
+_Act = Callable[[RequestOptions], stripe.StripeObject]
+
+
+def _create_invoice(client: stripe.StripeClient) -> _Act:
+    customer = new_customer(client)
+    return lambda options: client.v1.invoices.create(
+        params={"customer": customer.id, "currency": "usd"}, options=options
+    )
+
+
+def _attach_item(client: stripe.StripeClient) -> _Act:
+    invoice = draft(client, new_customer(client).id)
+    customer_id = str(invoice.customer)
+    return lambda options: client.v1.invoice_items.create(
+        params={"customer": customer_id, "invoice": invoice.id, "amount": 100}, options=options
+    )
+
+
+def _update_item(client: stripe.StripeClient) -> _Act:
+    item = attach(client, draft(client, new_customer(client).id), 100)
+    return lambda options: client.v1.invoice_items.update(
+        item.id, params={"amount": 300, "metadata": {"seq": "2"}}, options=options
+    )
+
+
+def _delete_item(client: stripe.StripeClient) -> _Act:
+    item = attach(client, draft(client, new_customer(client).id), 100)
+    return lambda options: client.v1.invoice_items.delete(item.id, options=options)
+
+
+def _update_invoice(client: stripe.StripeClient) -> _Act:
+    invoice = draft(client, new_customer(client).id)
+    return lambda options: client.v1.invoices.update(
+        invoice.id, params={"metadata": {"synced": "1"}}, options=options
+    )
+
+
+def _finalize(client: stripe.StripeClient) -> _Act:
+    invoice = draft(client, new_customer(client).id)
+    attach(client, invoice, 100)
+    return lambda options: client.v1.invoices.finalize_invoice(invoice.id, options=options)
+
+
+def _pay(client: stripe.StripeClient) -> _Act:
+    invoice = open_invoice(client, 100)
+    return lambda options: client.v1.invoices.pay(invoice.id, options=options)
+
+
+def _void(client: stripe.StripeClient) -> _Act:
+    invoice = open_invoice(client, 100)
+    return lambda options: client.v1.invoices.void_invoice(invoice.id, options=options)
+
+
+def _mark_uncollectible(client: stripe.StripeClient) -> _Act:
+    invoice = open_invoice(client, 100)
+    return lambda options: client.v1.invoices.mark_uncollectible(invoice.id, options=options)
+
+
+def _credit_note(client: stripe.StripeClient) -> _Act:
+    invoice = open_invoice(client, 100)
+    return lambda options: client.v1.credit_notes.create(
+        params={"invoice": invoice.id, "amount": 40, "reason": "duplicate"}, options=options
+    )
+
+
+_NEW_POSTS: dict[str, Callable[[stripe.StripeClient], _Act]] = {
+    "create invoice": _create_invoice,
+    "attach item": _attach_item,
+    "update item": _update_item,
+    "delete item": _delete_item,
+    "update invoice": _update_invoice,
+    "finalize": _finalize,
+    "pay": _pay,
+    "void": _void,
+    "mark uncollectible": _mark_uncollectible,
+    "create credit note": _credit_note,
+}
+
+
+@pytest.mark.parametrize("name", list(_NEW_POSTS))
+def test_each_new_post_replays_its_first_response_under_the_same_key(
+    emulator: StripeEmulator, client: stripe.StripeClient, name: str
+) -> None:
+    act = _NEW_POSTS[name](client)
+    key = "k-" + name.replace(" ", "-")
+    first = act({"idempotency_key": key})
+    events_after_first = len(emulator.events())
+
+    second = act({"idempotency_key": key})
+
+    assert header(first, "Idempotent-Replayed") is None
+    assert header(second, "Idempotent-Replayed") == "true"
+    assert first.last_response is not None and second.last_response is not None
+    assert second.last_response.body == first.last_response.body
+    assert len(executions(emulator, key)) == 1
+    assert len(emulator.events()) == events_after_first  # the replay changed nothing
+
+
+def test_a_new_post_with_a_reused_key_and_other_params_is_an_idempotency_error(
+    emulator: StripeEmulator, client: stripe.StripeClient
+) -> None:
+    invoice = open_invoice(client, 1000)
+    options: RequestOptions = {"idempotency_key": "k-credit"}
+    client.v1.credit_notes.create(params={"invoice": invoice.id, "amount": 100}, options=options)
+    with pytest.raises(stripe.IdempotencyError) as info:
+        client.v1.credit_notes.create(
+            params={"invoice": invoice.id, "amount": 200}, options=options
+        )
+    assert info.value.http_status == 400
+    assert len(emulator.credit_notes(invoice.id)) == 1
+
+
+def test_a_declined_payment_is_replayed_under_its_key_without_another_attempt(
+    emulator: StripeEmulator, client: stripe.StripeClient
+) -> None:
+    invoice = open_invoice(client, 100)
+    emulator.set_faults(payment_failures=2)
+    errors = []
+    for _ in range(2):
+        with pytest.raises(stripe.CardError) as info:
+            client.v1.invoices.pay(invoice.id, options={"idempotency_key": "k-pay"})
+        errors.append(info.value)
+    assert errors[0].json_body == errors[1].json_body
+    assert err_header(errors[1], "Idempotent-Replayed") == "true"
+    assert client.v1.invoices.retrieve(invoice.id).attempt_count == 1
+    assert emulator.faults()["payment_failures"] == 1  # the replay used no failure
