@@ -53,15 +53,15 @@ class WebhookSender:
     def __init__(self, state: EmulatorState) -> None:
         self._state = state
         self._thread: threading.Thread | None = None
-        self._stopping = False
+        self._stop = threading.Event()
 
     def start(self, name: str) -> None:
         """Start the thread.  Idempotent."""
         if self._thread is not None:
             return
-        with self._state.cond:
-            self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._stop = threading.Event()  # its own: a late old thread still sees its stop
+        self._thread = threading.Thread(target=self._run, args=(self._stop,), name=name)
+        self._thread.daemon = True
         self._thread.start()
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -70,15 +70,17 @@ class WebhookSender:
         if thread is None:
             return
         with self._state.cond:
-            self._stopping = True
+            self._stop.set()
             self._state.cond.notify_all()
         thread.join(timeout=timeout)
 
-    def _next(self) -> tuple[Delivery, Endpoint, str, bytes, int, float] | None:
+    def _next(
+        self, stop: threading.Event
+    ) -> tuple[Delivery, Endpoint, str, bytes, int, float] | None:
         """Wait (lock held) for a due delivery; None when stopping."""
         state = self._state
         while True:
-            if self._stopping:
+            if stop.is_set():
                 return None
             hub = state.webhooks
             now = time.monotonic()
@@ -96,11 +98,11 @@ class WebhookSender:
             timeout = state.faults.settings.webhook_timeout_s
             return delivery, endpoint, str(record.obj["type"]), body, hub.generation, timeout
 
-    def _run(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         state = self._state
         while True:
             with state.cond:
-                job = self._next()
+                job = self._next(stop)
             if job is None:
                 return
             delivery, endpoint, event_type, body, generation, timeout = job

@@ -282,3 +282,21 @@ def test_reset_forgets_endpoints_and_stop_ends_the_delivery_thread(receiver: Rec
     wait_until(
         lambda: name not in {t.name for t in threading.enumerate()}, what="sender thread stop"
     )
+
+
+def test_a_restarted_emulator_has_one_sender_and_delivers_again(receiver: Receiver) -> None:
+    emu = StripeEmulator()
+    emu.start()
+    emu.stop()
+    emu.start()
+    try:
+        emu.add_webhook_endpoint(receiver.url, events=["invoice.created"])
+        draft(client_for(emu), new_customer(client_for(emu)).id)
+        assert emu.wait_for_webhooks(5)
+        assert len(receiver.wait_for(1)) == 1
+        senders = [
+            t for t in threading.enumerate() if t.name.startswith("stripe-emulator-webhooks")
+        ]
+        assert [t.name for t in senders] == [f"stripe-emulator-webhooks:{emu.port}"]
+    finally:
+        emu.stop()
