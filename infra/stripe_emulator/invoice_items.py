@@ -1,0 +1,228 @@
+"""The invoice item endpoints: create, retrieve, update, delete, list, and search by metadata.
+
+This module owns the invoice item object and its handlers, including Stripe's rules for
+items on an invoice: ``invoice=in_...`` attaches a new item to a draft invoice of the same
+customer and currency; an invoice holds at most 250 items; an item can be updated
+(``amount``, ``description``, ``metadata``) or deleted while it is pending or its invoice is
+a draft, and not once the invoice is finalized.  ``GET /v1/invoiceitems/search`` does not
+exist in real Stripe; the emulator serves it so a client can look an item up by metadata.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Final
+
+from .customers import require_customer
+from .errors import JsonObject, invalid, missing, state_error
+from .events import previous_attributes, record_event
+from .forms import (
+    MAX_AMOUNT,
+    check_params,
+    merge_metadata,
+    metadata,
+    new_id,
+    opt_amount,
+    opt_str,
+    parse_bool,
+    parse_int,
+    required_str,
+)
+from .invoices import MAX_ITEMS_PER_INVOICE, render_invoice, require_invoice
+from .listing import LIST_PARAMS, list_page, matches, parse_query, search_page
+from .store import Call, ItemRecord, Result, Store
+
+__all__ = [
+    "create_invoice_item",
+    "delete_invoice_item",
+    "get_invoice_item",
+    "list_invoice_items",
+    "live_item",
+    "search_invoice_items",
+    "update_invoice_item",
+]
+
+_CREATE: Final = frozenset(
+    {"customer", "amount", "currency", "description", "metadata", "invoice", "expand"}
+)
+_UPDATE: Final = frozenset({"amount", "description", "metadata", "expand"})
+_LIST: Final = LIST_PARAMS | {"customer", "pending", "invoice"}
+_RETRIEVE: Final = frozenset({"expand"})
+_SEARCH: Final = frozenset({"query", "limit", "page", "expand"})
+_NOT_EDITABLE: Final = "invoice_not_editable"
+
+
+def live_item(store: Store, item_id: str) -> ItemRecord:
+    record = store.items.get(item_id)
+    if record is None or record.deleted:
+        raise missing("invoiceitem", item_id, "id")
+    return record
+
+
+def _attach_target(store: Store, invoice_id: str, customer_id: str, currency: str | None) -> str:
+    """Check that a new item may join ``invoice_id``; return the item's currency."""
+    inv = require_invoice(store, invoice_id, "invoice", status=400).obj
+    if inv["status"] != "draft":
+        raise state_error(
+            "Invalid invoice: This invoice is no longer editable", "invoice", code=_NOT_EDITABLE
+        )
+    if inv["customer"] != customer_id:
+        raise state_error(
+            f"The invoice item's customer ({customer_id}) must match the customer of invoice "
+            f"{invoice_id} ({inv['customer']}).",
+            "invoice",
+        )
+    if currency is not None and currency != inv["currency"]:
+        raise state_error(
+            f"The currency of the invoice item ({currency}) must match the currency of invoice "
+            f"{invoice_id} ({inv['currency']}).",
+            "currency",
+        )
+    if len(store.invoice_lines.get(invoice_id, [])) >= MAX_ITEMS_PER_INVOICE:
+        raise state_error(
+            f"An invoice can have at most {MAX_ITEMS_PER_INVOICE} invoice items; invoice "
+            f"{invoice_id} already has {MAX_ITEMS_PER_INVOICE}. Create a new invoice for more.",
+            "invoice",
+        )
+    return str(inv["currency"])
+
+
+def _check_editable(store: Store, record: ItemRecord, verb: str) -> str | None:
+    """The draft invoice the item is on (None if pending); refuse if it is finalized."""
+    invoice_id: str | None = record.obj["invoice"]
+    if invoice_id is not None and store.invoices[invoice_id].obj["status"] != "draft":
+        raise state_error(
+            f"Can't {verb} an invoice item that is attached to an invoice that is no longer "
+            "editable",
+            code=_NOT_EDITABLE,
+        )
+    return invoice_id
+
+
+def _invoice_changed(store: Store, invoice_id: str, before: JsonObject, call: Call) -> None:
+    after = render_invoice(store, invoice_id)
+    previous = previous_attributes(before, after)
+    if previous:
+        record_event(store, "invoice.updated", after, call, previous)
+
+
+def create_invoice_item(store: Store, call: Call) -> Result:
+    params = call.params
+    check_params(params, _CREATE)
+    customer_id = required_str(params, "customer")
+    raw_amount = params.get("amount")
+    if raw_amount in (None, ""):
+        raise invalid("Missing required param: amount.", "amount", code="parameter_missing")
+    amount = parse_int(raw_amount, "amount", low=0, high=MAX_AMOUNT)
+    currency = opt_str(params, "currency")
+    if currency is not None:
+        currency = currency.lower()
+        if not re.fullmatch(r"[a-z]{3}", currency):
+            raise invalid(f"Invalid currency: {currency}", "currency")
+    invoice_id = opt_str(params, "invoice")
+    description = opt_str(params, "description")
+    item_metadata = metadata(params)
+    # Execution begins here: from now on errors are saved under the idempotency key.
+    require_customer(store, customer_id)
+    before: JsonObject | None = None
+    if invoice_id is not None:
+        currency = _attach_target(store, invoice_id, customer_id, currency)
+        before = render_invoice(store, invoice_id)
+    item_id = new_id("ii_", 24)
+    item: JsonObject = {
+        "id": item_id,
+        "object": "invoiceitem",
+        "amount": amount,
+        "currency": currency or "usd",
+        "customer": customer_id,
+        "date": call.now,
+        "description": description,
+        "discountable": True,
+        "discounts": [],
+        "invoice": invoice_id,
+        "livemode": False,
+        "metadata": item_metadata,
+        "net_amount": amount,
+        "parent": None,
+        "period": {"end": call.now, "start": call.now},
+        "proration": False,
+        "quantity": 1,
+        "tax_rates": [],
+        "test_clock": None,
+    }
+    store.items[item_id] = ItemRecord(item, store.next_seq())
+    record_event(store, "invoiceitem.created", item, call)
+    if invoice_id is not None and before is not None:
+        store.invoice_lines.setdefault(invoice_id, []).append(item_id)
+        _invoice_changed(store, invoice_id, before, call)
+    return Result(item, item_id, mutated=True)
+
+
+def get_invoice_item(store: Store, call: Call) -> Result:
+    check_params(call.params, _RETRIEVE)
+    record = live_item(store, call.path_id or "")
+    return Result(record.obj, record.obj["id"])
+
+
+def update_invoice_item(store: Store, call: Call) -> Result:
+    """``POST /v1/invoiceitems/{id}``: metadata merges; an empty value unsets a key."""
+    params = call.params
+    check_params(params, _UPDATE)
+    amount = opt_amount(params, "amount")
+    description = opt_str(params, "description")
+    record = live_item(store, call.path_id or "")
+    new_metadata = merge_metadata(record.obj["metadata"], params)
+    invoice_id = _check_editable(store, record, "update")
+    before = None if invoice_id is None else render_invoice(store, invoice_id)
+    item = record.obj
+    if amount is not None:
+        item["amount"] = item["net_amount"] = amount
+    if "description" in params:
+        item["description"] = description
+    item["metadata"] = new_metadata
+    if invoice_id is not None and before is not None:
+        _invoice_changed(store, invoice_id, before, call)
+    return Result(item, item["id"], mutated=True)
+
+
+def delete_invoice_item(store: Store, call: Call) -> Result:
+    check_params(call.params, frozenset())
+    record = live_item(store, call.path_id or "")
+    invoice_id = _check_editable(store, record, "delete")
+    before = None if invoice_id is None else render_invoice(store, invoice_id)
+    record.deleted = True
+    record.deleted_at = time.time()
+    item_id: str = record.obj["id"]
+    record_event(store, "invoiceitem.deleted", record.obj, call)
+    if invoice_id is not None and before is not None:
+        store.invoice_lines[invoice_id].remove(item_id)
+        _invoice_changed(store, invoice_id, before, call)
+    deleted = {"id": item_id, "object": "invoiceitem", "deleted": True}
+    return Result(deleted, item_id, mutated=True)
+
+
+def list_invoice_items(store: Store, call: Call) -> Result:
+    params = call.params
+    check_params(params, _LIST)
+    customer = opt_str(params, "customer")
+    invoice = opt_str(params, "invoice")
+    pending = None if params.get("pending") is None else parse_bool(params["pending"], "pending")
+    records = [
+        (r.seq, r.obj)
+        for r in reversed(store.items.values())
+        if not r.deleted
+        and (customer is None or r.obj["customer"] == customer)
+        and (invoice is None or r.obj["invoice"] == invoice)
+        and (pending is None or (r.obj["invoice"] is None) == pending)
+    ]
+    return Result(list_page(records, params, "/v1/invoiceitems", store.item_cursor))
+
+
+def search_invoice_items(store: Store, call: Call) -> Result:
+    check_params(call.params, _SEARCH)
+    clauses = parse_query(required_str(call.params, "query"))
+    found = [
+        r.obj for r in reversed(store.items.values()) if not r.deleted and matches(r.obj, clauses)
+    ]
+    return Result(search_page(found, call.params, "/v1/invoiceitems/search"))
