@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from domain.pricing import PriceList
 from domain.saga import RetryPolicy
 from domain.usage import DEFAULT_MAX_RECORD_BYTES
+from store.schema import DEFAULT_DLQ_TOPIC, DEFAULT_EVENTS_TOPIC, DEFAULT_USAGE_TOPIC
 
 __all__ = ["DEFAULT_PRICE_LIST", "Settings", "StripeSettings"]
 
@@ -42,8 +43,8 @@ class Settings(BaseSettings):
         description="libpq URI of the PostgreSQL database that holds the event store",
     )
     kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers")
-    usage_topic: str = "usage"
-    dlq_topic: str = "usage.dlq"
+    usage_topic: str = DEFAULT_USAGE_TOPIC
+    dlq_topic: str = DEFAULT_DLQ_TOPIC
     usage_partitions: int = Field(4, ge=1, description="partitions when creating the topic")
     ingest_group: str = "billing-ledger-ingest"
     price_list: Path = DEFAULT_PRICE_LIST
@@ -56,7 +57,7 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(4, ge=1)
 
     # -- charging ---------------------------------------------------------------
-    events_topic: str = "billing.events"
+    events_topic: str = DEFAULT_EVENTS_TOPIC
     events_partitions: int = Field(4, ge=1)
     charge_group: str = "billing-ledger-charge"
     stripe_api_base: str = "http://127.0.0.1:12111"

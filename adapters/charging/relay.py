@@ -31,7 +31,7 @@ from psycopg import sql
 from adapters.observability import telemetry
 from store.connections import Database
 from store.eventlog import START, LogRow, Position, follow, read_after
-from store.schema import EVENTS_TABLE
+from store.schema import DEFAULT_EVENTS_TOPIC, EVENTS_TABLE
 
 __all__ = ["Relay"]
 
@@ -47,7 +47,7 @@ class Relay:
         producer: KafkaProducer,
         topic: str,
         *,
-        name: str = "billing.events",
+        name: str = DEFAULT_EVENTS_TOPIC,
         batch: int = 2000,
     ) -> None:
         self.database = database
