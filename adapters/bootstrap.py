@@ -15,21 +15,23 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from psycopg import errors as pgerrors
 
 from adapters.broker import ensure_topics, make_consumer, make_producer
-from adapters.charging.charger import Charger
-from adapters.charging.process_manager import ChargeWorker, SeekToStored
+from adapters.charging.process_manager import ChargeWorker
+from adapters.charging.pusher import LinePusher
 from adapters.charging.reconciler import Reconciler
 from adapters.charging.relay import Relay
+from adapters.charging.scheduler import LineScheduler
 from adapters.errors import WorkerFailed
 from adapters.ingest.worker import IngestWorker
 from adapters.observability.heartbeat import Heartbeat, Pulses
 from adapters.settings import Settings
 from adapters.stripe.breaker import CircuitBreaker
-from adapters.stripe.client import StripeCharges
+from adapters.stripe.client import StripeGateway
 from projections import projector, queue_health
 from projections.projector import Projector
 from store.connections import Database
@@ -42,11 +44,12 @@ __all__ = [
     "DRILLS",
     "ROLES",
     "build_charge_worker",
-    "build_charger",
     "build_ingest_worker",
     "build_projector",
+    "build_pusher",
     "build_reconciler",
     "build_relay",
+    "build_scheduler",
     "close_worker",
     "database",
     "install_drill",
@@ -104,7 +107,7 @@ def open_ledger(settings: Settings, *, create_tables: bool = False) -> BillingLe
     """The ledger application on the configured database."""
     env = postgres_env(settings.database_url, pool_size=settings.db_pool_size)
     env["CREATE_TABLE"] = "y" if create_tables else "n"
-    return BillingLedger(settings.load_prices(), env=env)
+    return BillingLedger(settings.load_prices(), env=env, periods=settings.periods())
 
 
 # -- the roles -------------------------------------------------------------------------
@@ -137,9 +140,23 @@ def close_worker(worker: IngestWorker) -> None:
     worker.producer.close(timeout=5)
 
 
-def build_charger(settings: Settings, ledger: BillingLedger) -> Charger:
-    """The saga driver with its own Stripe client (breaker, limits) for this process."""
-    return Charger(ledger, StripeCharges(settings.stripe()), settings.retry_policy())
+def build_pusher(settings: Settings, ledger: BillingLedger) -> LinePusher:
+    """The line pusher with its own Stripe client (breaker, limits) for this process."""
+    return LinePusher(
+        ledger,
+        StripeGateway(settings.stripe()),
+        settings.retry_policy(),
+        key_window=timedelta(seconds=settings.stripe_key_window_s),
+    )
+
+
+def build_scheduler(settings: Settings, pusher: LinePusher) -> LineScheduler:
+    """The schedule of line pushes, run by ``stripe_max_concurrency`` threads."""
+    return LineScheduler(
+        pusher,
+        settle_interval_s=settings.settle_interval_s,
+        workers=settings.stripe_max_concurrency,
+    )
 
 
 def build_relay(settings: Settings, db: Database | None = None) -> Relay:
@@ -150,36 +167,22 @@ def build_relay(settings: Settings, db: Database | None = None) -> Relay:
     )
 
 
-def build_charge_worker(
-    settings: Settings, charger: Charger, db: Database | None = None
-) -> ChargeWorker:
-    listener = SeekToStored(
-        db or database(settings, pool_size=0), settings.charge_group, settings.events_topic
-    )
+def build_charge_worker(settings: Settings, scheduler: LineScheduler) -> ChargeWorker:
+    """The process manager: line changes on ``billing.events`` to the scheduler."""
     consumer = make_consumer(
         settings.kafka_bootstrap,
         settings.events_topic,
         settings.charge_group,
-        max_poll_records=200,
+        max_poll_records=2000,
         fetch_max_wait_ms=settings.fetch_max_wait_ms,
-        listener=listener,
     )
-    listener.consumer = consumer
-    return ChargeWorker(
-        charger,
-        consumer,
-        group=settings.charge_group,
-        topic=settings.events_topic,
-        parallel=settings.stripe_max_concurrency,
-    )
+    return ChargeWorker(scheduler, consumer)
 
 
 def build_reconciler(
-    settings: Settings, charger: Charger, db: Database | None = None
+    settings: Settings, pusher: LinePusher, scheduler: LineScheduler, db: Database | None = None
 ) -> Reconciler:
-    return Reconciler(
-        charger, db or database(settings, pool_size=0), parallel=settings.stripe_max_concurrency
-    )
+    return Reconciler(pusher, scheduler, db or database(settings, pool_size=0))
 
 
 def build_projector(
@@ -192,22 +195,21 @@ def build_projector(
 # -- drills ----------------------------------------------------------------------------
 
 
-def install_drill(drill: str, *, ingest: IngestWorker | None, chargers: list[Charger]) -> None:
+def install_drill(drill: str, *, ingest: IngestWorker | None, pusher: LinePusher | None) -> None:
     """Wrap the built parts so that the process dies (SIGKILL) at the drill's moment:
 
     * ``kill_after_save``: after an ingest batch is saved, before its offsets commit;
-    * ``kill_before_stripe``: as a charge is about to call Stripe;
-    * ``kill_after_stripe``: after Stripe answered a charge, before it is recorded.
+    * ``kill_before_stripe``: as a line push is about to set its items in Stripe;
+    * ``kill_after_stripe``: after Stripe answered a line push, before it is recorded.
     """
     if drill not in DRILLS:
         raise ValueError(f"unknown drill {drill!r} (one of: {', '.join(DRILLS)})")
     if drill == "kill_after_save" and ingest is not None:
         _wrap(ingest.ledger, "record_usage", after=_die)
-    for charger in chargers:
-        if drill == "kill_before_stripe":
-            _wrap(charger.stripe, "charge", before=_die)
-        elif drill == "kill_after_stripe":
-            _wrap(charger.stripe, "charge", after=_die)
+    if pusher is not None and drill == "kill_before_stripe":
+        _wrap(pusher.gateway, "set_line_items", before=_die)
+    elif pusher is not None and drill == "kill_after_stripe":
+        _wrap(pusher.gateway, "set_line_items", after=_die)
 
 
 def _wrap(
@@ -261,7 +263,7 @@ def _run_roles(
     pulses = Pulses()
     breakers: list[CircuitBreaker] = []
     stats: dict[str, Callable[[], object]] = {}
-    chargers: list[Charger] = []
+    pusher: LinePusher | None = None
     ingest: IngestWorker | None = None
     if "ingest" in roles:
         ingest = worker = build_ingest_worker(settings, ledger, db)
@@ -278,21 +280,29 @@ def _run_roles(
         projector_ = build_projector(settings, ledger, db)
         projector_.pulse = pulses.of("project")
         targets["project"] = lambda: projector_.run(stop)
-    if "charge" in roles:
-        charge = build_charge_worker(settings, build_charger(settings, ledger), db)
-        charge.pulse = pulses.of("charge")
-        targets["charge"] = lambda: _closing(lambda: charge.run(stop), charge.consumer.close)
-        chargers.append(charge.charger)
-        stats["charge"] = lambda: {"driven": charge.driven}
-    if "reconcile" in roles:
-        reconciler = build_reconciler(settings, build_charger(settings, ledger), db)
-        chargers.append(reconciler.charger)
-        targets["reconcile"] = _reconcile_loop(
-            reconciler, stop, settings.reconcile_interval_s, pulses.of("reconcile")
-        )
-    breakers += [c.stripe.breaker for c in chargers if isinstance(c.stripe, StripeCharges)]
+    if "charge" in roles or "reconcile" in roles:
+        pusher = build_pusher(settings, ledger)
+        scheduler = build_scheduler(settings, pusher)
+        targets["push"] = lambda: scheduler.run(stop, pulses.of("push"))
+        stats["push"] = lambda: {
+            "pushed": scheduler.pushed,
+            "requests": scheduler.requests,
+            "charged": scheduler.charged,
+            "waiting": scheduler.waiting(),
+        }
+        if isinstance(pusher.gateway, StripeGateway):
+            breakers.append(pusher.gateway.breaker)
+        if "charge" in roles:
+            charge = build_charge_worker(settings, scheduler)
+            charge.pulse = pulses.of("charge")
+            targets["charge"] = lambda: _closing(lambda: charge.run(stop), charge.consumer.close)
+        if "reconcile" in roles:
+            reconciler = build_reconciler(settings, pusher, scheduler, db)
+            targets["reconcile"] = _reconcile_loop(
+                reconciler, stop, settings.reconcile_interval_s, pulses.of("reconcile")
+            )
     if drill:
-        install_drill(drill, ingest=ingest, chargers=chargers)
+        install_drill(drill, ingest=ingest, pusher=pusher)
     heartbeat = Heartbeat(
         settings,
         Database(settings.database_url, pool_size=0, connect_timeout_s=5),
@@ -312,7 +322,7 @@ def _reconcile_loop(
         while not stop.is_set():
             pulse()
             report = reconciler.pass_once()
-            if report.driven:
+            if report.adopted:
                 log.info("reconciled", extra={"step": "reconcile", **vars(report)})
             stop.wait(interval_s)
 

@@ -7,9 +7,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from domain.periods import PeriodPolicy
 from domain.pricing import PriceList
 from domain.saga import RetryPolicy
 from domain.usage import DEFAULT_MAX_RECORD_BYTES
@@ -76,6 +77,12 @@ class Settings(BaseSettings):
     retry_max_delay_s: float = Field(300.0, gt=0)
     stale_after_s: float = Field(30.0, gt=0, description="reconciler drives Reserved after")
     reconcile_interval_s: float = Field(5.0, gt=0)
+    billing_period: str = Field(
+        "month", description="invoice periods: month, day, hour, or a number of seconds (UTC)"
+    )
+    settle_interval_s: float = Field(
+        10.0, gt=0, description="a line is pushed to Stripe at most this often"
+    )
 
     # -- health ---------------------------------------------------------------------
     health_host: str = Field("127.0.0.1", description="address the health server listens on")
@@ -104,6 +111,14 @@ class Settings(BaseSettings):
         """An unfinished transaction is overdue this long after it was metered: the retry
         horizon plus one reconciler interval (invariant I2)."""
         return timedelta(seconds=self.retry_horizon_s + self.reconcile_interval_s)
+
+    @field_validator("billing_period")
+    @classmethod
+    def _period(cls, value: str) -> str:
+        return str(PeriodPolicy.parse(value))
+
+    def periods(self) -> PeriodPolicy:
+        return PeriodPolicy.parse(self.billing_period)
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(

@@ -13,17 +13,24 @@ between in flight and charged is read from the transactions: ``tools.summary``.)
 Reservations are recorded one event per ingest batch (``AmountsReserved`` lists the
 transactions and amounts) because ingest reserves hundreds at once; releases,
 settlements and reversals happen one transaction at a time.
+
+Amounts are exact (``Decimal`` minor units, as ``Metered`` records them): a limit holds
+exactly what the usage is worth, not what rounding per record would make of it. The
+limit itself is a whole number of minor units, at most ``MAX_SPEND_LIMIT_MINOR``.
+Histories from before exact amounts (integers) load through upcasting.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
 from domain.ids import account_id
+from domain.money import add_exact, canonical, check_spend_limit
 
 __all__ = ["CustomerAccount"]
 
@@ -40,20 +47,40 @@ class CustomerAccount(Aggregate):
         spend_limit: int | None
 
     class AmountsReserved(Aggregate.Event):
+        class_version = 2
         transaction_ids: list[str]
-        amounts: list[int]
+        amounts: list[str]  # exact minor units, canonical decimal text (v1: integers)
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["amounts"] = [str(a) for a in state["amounts"]]
 
     class ReservationReleased(Aggregate.Event):
+        class_version = 2
         transaction_id: str
-        amount: int
+        amount: Decimal
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["amount"] = Decimal(state["amount"])
 
     class ReservationSettled(Aggregate.Event):
+        class_version = 2
         transaction_id: str
-        amount: int
+        amount: Decimal
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["amount"] = Decimal(state["amount"])
 
     class ChargeReversed(Aggregate.Event):
+        class_version = 2
         transaction_id: str
-        amount: int
+        amount: Decimal
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["amount"] = Decimal(state["amount"])
 
     @staticmethod
     def create_id(customer_id: str, currency: str, **_: Any) -> UUID:
@@ -72,20 +99,20 @@ class CustomerAccount(Aggregate):
         self.customer_id = customer_id
         self.currency = currency
         self.spend_limit = spend_limit
-        self.reserved = 0
-        self.charged = 0
+        self.reserved = Decimal(0)
+        self.charged = Decimal(0)
 
     @property
-    def committed(self) -> int:
+    def committed(self) -> Decimal:
         """Reserved plus charged: what counts against the limit."""
-        return self.reserved + self.charged
+        return add_exact(self.reserved, self.charged)
 
     @property
-    def available(self) -> int | None:
+    def available(self) -> Decimal | None:
         """How much more can be reserved; None when unlimited."""
         if self.spend_limit is None:
             return None
-        return max(self.spend_limit - self.committed, 0)
+        return max(add_exact(Decimal(self.spend_limit), -self.committed), Decimal(0))
 
     def set_limit(self, spend_limit: int | None) -> None:
         """Set (or with None, remove) the spend limit. Existing reservations stand."""
@@ -97,14 +124,14 @@ class CustomerAccount(Aggregate):
     def _limit_set(self, spend_limit: int | None) -> None:
         self.spend_limit = spend_limit
 
-    def reserve_all(self, requests: Sequence[tuple[UUID, int]]) -> list[bool]:
-        """Reserve each (transaction, amount) in order while the limit allows.
+    def reserve_all(self, requests: Sequence[tuple[UUID, Decimal]]) -> list[bool]:
+        """Reserve each (transaction, exact amount) in order while the limit allows.
 
         Returns, per request, whether it was reserved. One event for the accepted.
         """
         granted: list[bool] = []
         ids: list[str] = []
-        amounts: list[int] = []
+        amounts: list[str] = []
         headroom = self.available
         for txn_id, amount in requests:
             _check_amount(amount)
@@ -112,18 +139,21 @@ class CustomerAccount(Aggregate):
             granted.append(ok)
             if ok:
                 ids.append(str(txn_id))
-                amounts.append(amount)
+                amounts.append(f"{canonical(amount):f}")
                 if headroom is not None:
-                    headroom -= amount
+                    headroom = add_exact(headroom, -amount)
         if ids:
             self._amounts_reserved(ids, amounts)
         return granted
 
     @event(AmountsReserved)
-    def _amounts_reserved(self, transaction_ids: list[str], amounts: list[int]) -> None:
-        self.reserved += sum(amounts)
+    def _amounts_reserved(self, transaction_ids: list[str], amounts: list[str]) -> None:
+        total = self.reserved
+        for amount in amounts:
+            total = add_exact(total, Decimal(amount))
+        self.reserved = total
 
-    def release(self, transaction_id: UUID, amount: int) -> None:
+    def release(self, transaction_id: UUID, amount: Decimal) -> None:
         """Give back a reservation whose transaction was compensated."""
         _check_amount(amount)
         if amount > self.reserved:
@@ -131,10 +161,10 @@ class CustomerAccount(Aggregate):
         self._released(str(transaction_id), amount)
 
     @event(ReservationReleased)
-    def _released(self, transaction_id: str, amount: int) -> None:
-        self.reserved -= amount
+    def _released(self, transaction_id: str, amount: Decimal) -> None:
+        self.reserved = add_exact(self.reserved, -amount)
 
-    def settle(self, transaction_id: UUID, amount: int) -> None:
+    def settle(self, transaction_id: UUID, amount: Decimal) -> None:
         """Turn a reservation into a charge."""
         _check_amount(amount)
         if amount > self.reserved:
@@ -142,11 +172,11 @@ class CustomerAccount(Aggregate):
         self._settled(str(transaction_id), amount)
 
     @event(ReservationSettled)
-    def _settled(self, transaction_id: str, amount: int) -> None:
-        self.reserved -= amount
-        self.charged += amount
+    def _settled(self, transaction_id: str, amount: Decimal) -> None:
+        self.reserved = add_exact(self.reserved, -amount)
+        self.charged = add_exact(self.charged, amount)
 
-    def reverse_charge(self, transaction_id: UUID, amount: int) -> None:
+    def reverse_charge(self, transaction_id: UUID, amount: Decimal) -> None:
         """Take back a charge that was reversed (refunded) in Stripe."""
         _check_amount(amount)
         if amount > self.charged:
@@ -154,15 +184,14 @@ class CustomerAccount(Aggregate):
         self._reversed(str(transaction_id), amount)
 
     @event(ChargeReversed)
-    def _reversed(self, transaction_id: str, amount: int) -> None:
-        self.charged -= amount
+    def _reversed(self, transaction_id: str, amount: Decimal) -> None:
+        self.charged = add_exact(self.charged, -amount)
 
 
 def _check_limit(spend_limit: int | None) -> None:
-    if spend_limit is not None and spend_limit < 0:
-        raise ValueError("a spend limit cannot be negative")
+    check_spend_limit(spend_limit)
 
 
-def _check_amount(amount: int) -> None:
+def _check_amount(amount: Decimal) -> None:
     if amount < 0:
         raise ValueError(f"an amount cannot be negative: {amount}")

@@ -12,9 +12,10 @@ Findings are facts, not exceptions: an audit reports all of them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal, localcontext
 from typing import Any
 
 from domain.transaction import ALLOWED_FROM, TxnState
@@ -28,10 +29,12 @@ __all__ = [
     "check_balances",
     "check_stripe",
     "check_transactions",
+    "uuid_text",
 ]
 
 _TO_STATE = {
     "Reserved": TxnState.RESERVED,
+    "Settled": TxnState.RESERVED,
     "ChargeFailed": TxnState.CHARGE_FAILED,
     "Charged": TxnState.CHARGED,
     "Compensated": TxnState.COMPENSATED,
@@ -56,7 +59,7 @@ class TxnAudit:
     usage_id: str
     meter: str
     quantity: str
-    amount: int
+    amount: Decimal  # exact minor units
     currency: str
     metered_at: str
     state: TxnState = TxnState.METERED
@@ -67,6 +70,9 @@ class TxnAudit:
     compensation_reason: str | None = None
     refused: bool = False  # compensated straight from Metered (the spend limit said no)
     charges: int = 0
+    line_id: str | None = None  # the invoice line it joined, and the line's version then
+    line_version: int | None = None
+    line_sequence: int | None = None  # the acknowledged line sequence that charged it
     problems: tuple[str, ...] = ()  # a tuple: millions of these are built per audit
 
     @classmethod
@@ -78,7 +84,7 @@ class TxnAudit:
             data["usage_id"],
             data["meter"],
             str(data["quantity"]),
-            data["amount"],
+            Decimal(data["amount"]),  # an integer in histories from before exact amounts
             data["currency"],
             str(data["timestamp"]),
         )
@@ -109,7 +115,20 @@ def _check_failed(txn: TxnAudit, data: Mapping[str, Any]) -> str | None:
 
 
 def _check_charged(txn: TxnAudit, data: Mapping[str, Any]) -> str | None:
-    return "charged twice" if txn.charges else None
+    if txn.charges:
+        return "charged twice"
+    line, sequence = uuid_text(data.get("line_id")), data.get("sequence")
+    if line != txn.line_id:
+        return f"Charged names line {line}, the transaction is in line {txn.line_id}"
+    if line is not None and (sequence is None or sequence < (txn.line_version or 0)):
+        return f"Charged at line sequence {sequence}, before it joined at {txn.line_version}"
+    return None
+
+
+def _check_settled(txn: TxnAudit, data: Mapping[str, Any]) -> str | None:
+    if txn.line_id is not None:
+        return f"joins line {uuid_text(data['line_id'])}, but is in line {txn.line_id} already"
+    return None
 
 
 def _check_compensated(txn: TxnAudit, data: Mapping[str, Any]) -> str | None:
@@ -123,7 +142,14 @@ def _check_compensated(txn: TxnAudit, data: Mapping[str, Any]) -> str | None:
 
 
 def _apply_reserved(txn: TxnAudit, data: Mapping[str, Any]) -> None:
-    pass
+    txn.line_id = uuid_text(data.get("line_id"))
+    txn.line_version = data.get("line_version")
+
+
+def _apply_settled(txn: TxnAudit, data: Mapping[str, Any]) -> None:
+    txn.line_id = uuid_text(data["line_id"])
+    txn.line_version = data["line_version"]
+    txn.next_attempt_at = None
 
 
 def _apply_failed(txn: TxnAudit, data: Mapping[str, Any]) -> None:
@@ -135,6 +161,7 @@ def _apply_failed(txn: TxnAudit, data: Mapping[str, Any]) -> None:
 def _apply_charged(txn: TxnAudit, data: Mapping[str, Any]) -> None:
     txn.charges += 1
     txn.stripe_object_id = data["stripe_object_id"]
+    txn.line_sequence = data.get("sequence")
     txn.next_attempt_at = None
 
 
@@ -145,12 +172,14 @@ def _apply_compensated(txn: TxnAudit, data: Mapping[str, Any]) -> None:
 
 
 _CHECKS = {
+    "Settled": _check_settled,
     "ChargeFailed": _check_failed,
     "Charged": _check_charged,
     "Compensated": _check_compensated,
 }
 _APPLY = {
     "Reserved": _apply_reserved,
+    "Settled": _apply_settled,
     "ChargeFailed": _apply_failed,
     "Charged": _apply_charged,
     "Compensated": _apply_compensated,
@@ -161,20 +190,20 @@ _APPLY = {
 class Balance:
     """One customer's money in one currency, in minor units (``billing.customer_balances``)."""
 
-    metered: int = 0
-    charged: int = 0
-    compensated: int = 0
-    in_flight: int = 0
+    metered: Decimal = Decimal(0)
+    charged: Decimal = Decimal(0)
+    compensated: Decimal = Decimal(0)
+    in_flight: Decimal = Decimal(0)
     transactions: int = 0
     refused: int = 0
     spend_limit: int | None = None
 
     @property
-    def available(self) -> int | None:
+    def available(self) -> Decimal | None:
         """What the limit still allows (None: unlimited), as the projection computes it."""
         if self.spend_limit is None:
             return None
-        return max(self.spend_limit - (self.metered - self.compensated), 0)
+        return max(self.spend_limit - (self.metered - self.compensated), Decimal(0))
 
     @property
     def conserved(self) -> bool:
@@ -188,6 +217,12 @@ def balances_of(
     out: dict[tuple[str, str], Balance] = {}
     for key, limit in limits.items():
         out[key] = Balance(spend_limit=limit)
+    with localcontext(prec=80):  # sums of exact amounts stay exact
+        _add_up(txns, out)
+    return out
+
+
+def _add_up(txns: Iterable[TxnAudit], out: dict[tuple[str, str], Balance]) -> None:
     for txn in txns:
         bal = out.setdefault((txn.customer_id, txn.currency), Balance())
         bal.transactions += 1
@@ -199,19 +234,23 @@ def balances_of(
             bal.refused += txn.refused
         else:
             bal.in_flight += txn.amount
-    return out
 
 
 def check_transactions(
-    txns: Iterable[TxnAudit], *, now: datetime, horizon: timedelta
+    txns: Iterable[TxnAudit],
+    *,
+    now: datetime,
+    horizon: timedelta,
+    failing_lines: Collection[str] = (),
 ) -> list[Finding]:
-    """Illegal sequences, double charges, and what is past its deadline without a reason."""
+    """Illegal sequences, double charges, and what is past its deadline without a reason
+    (a transaction whose line's push is failing has its reason recorded there)."""
     findings: list[Finding] = []
     for txn in txns:
         for problem in txn.problems:
             kind = "double_charge" if problem.endswith("charged twice") else "sequence"
             findings.append(Finding(kind, txn.transaction_id, problem))
-        if txn.state.is_terminal or txn.last_error:
+        if txn.state.is_terminal or txn.last_error or txn.line_id in failing_lines:
             continue
         deadline = datetime.fromisoformat(txn.metered_at) + horizon
         if deadline < now:
@@ -242,12 +281,14 @@ def check_balances(balances: Mapping[tuple[str, str], Balance]) -> list[Finding]
 
 @dataclass(frozen=True)
 class InvoiceItem:
-    """A live invoice item in Stripe, with the transaction id its metadata names (if any)."""
+    """A live invoice item in Stripe, with the transaction (a charge from before lines)
+    or the invoice line its metadata names."""
 
     id: str
     txn_id: str | None
     amount: int
     currency: str
+    line_id: str | None = None  # an invoice line's item (its metadata names the line)
 
 
 def check_stripe(
@@ -262,6 +303,8 @@ def check_stripe(
     findings: list[Finding] = []
     by_txn: dict[str, list[InvoiceItem]] = {}
     for item in items:
+        if item.line_id is not None:
+            continue  # a line's item: ``domain.audit_lines.check_line_items``
         if item.txn_id is not None and item.txn_id in txns:
             by_txn.setdefault(item.txn_id, []).append(item)
         elif foreign_items:
@@ -275,6 +318,8 @@ def check_stripe(
             )
     for txn_id, txn in txns.items():
         live = by_txn.get(txn_id, [])
+        if txn.line_id is not None and not live:
+            continue  # charged through its line: ``domain.audit_lines.check_line_items``
         if txn.state is TxnState.CHARGED:
             findings.extend(_charged_vs_stripe(txn, live))
         elif live and (txn.state is TxnState.COMPENSATED or len(live) > 1):
@@ -290,7 +335,7 @@ def _charged_vs_stripe(txn: TxnAudit, live: list[InvoiceItem]) -> list[Finding]:
     ids = [i.id for i in live]
     if ids == [txn.stripe_object_id]:
         item = live[0]
-        if (item.amount, item.currency.upper()) == (txn.amount, txn.currency):
+        if item.amount == txn.amount and item.currency.upper() == txn.currency:
             return []
         detail = (
             f"charged {txn.amount} {txn.currency}, Stripe item is {item.amount} {item.currency}"
@@ -304,3 +349,13 @@ def _charged_vs_stripe(txn: TxnAudit, live: list[InvoiceItem]) -> list[Finding]:
 
 def _ids(items: list[InvoiceItem]) -> str:
     return ", ".join(i.id for i in items)
+
+
+def uuid_text(value: Any) -> str | None:
+    """A UUID as the stored JSON has it (``{"_type_": "uuid_hex", "_data_": hex}``, or
+    already text) in its canonical text form; None stays None."""
+    if value is None:
+        return None
+    text = value["_data_"] if isinstance(value, dict) else str(value)
+    h = text.replace("-", "")
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

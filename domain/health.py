@@ -23,6 +23,7 @@ class Thresholds:
     max_stripe_errors_5m: int = 0
     max_projector_behind: int = 10_000
     max_loop_age_s: float = 300.0  # a role whose loop has not turned this long is hung
+    max_unsent_age_s: float = 120.0  # a line change Stripe has not seen for this long is late
 
 
 def assess(figures: Mapping[str, Any], limits: Thresholds = Thresholds()) -> tuple[str, list[str]]:
@@ -35,11 +36,13 @@ def assess(figures: Mapping[str, Any], limits: Thresholds = Thresholds()) -> tup
     degraded: list[str] = []
     if figures["past_deadline"]:
         failing.append(f"{figures['past_deadline']} transaction(s) past their deadline")
+    failing += _lines_failing(figures)
     open_work = figures["backlog_metered"] + figures["backlog_reserved"]
     if not figures["workers_alive"] and open_work + figures["backlog_charge_failed"]:
         failing.append("no live worker while transactions are unfinished")
     for worker in figures.get("workers", ()):
         degraded += _worker_reasons(worker, limits)
+    degraded += _lines_late(figures, limits)
     if figures["retries_overdue"]:
         degraded.append(f"{figures['retries_overdue']} retry(ies) overdue")
     if figures["stale_reserved"]:
@@ -62,6 +65,27 @@ def assess(figures: Mapping[str, Any], limits: Thresholds = Thresholds()) -> tup
     if failing:
         return FAILING, failing + degraded
     return (DEGRADED, degraded) if degraded else (OK, [])
+
+
+def _lines_failing(figures: Mapping[str, Any]) -> list[str]:
+    if figures.get("lines_past_deadline"):
+        return [
+            f"{figures['lines_past_deadline']} invoice line(s) failing to reach Stripe"
+            " for longer than the retry horizon"
+        ]
+    return []
+
+
+def _lines_late(figures: Mapping[str, Any], limits: Thresholds) -> list[str]:
+    reasons = []
+    if figures.get("lines_failing"):
+        reasons.append(f"{figures['lines_failing']} invoice line(s) failing to reach Stripe")
+    if figures.get("oldest_unsent_age_s", 0) > limits.max_unsent_age_s:
+        reasons.append(
+            f"the oldest change Stripe has not seen is {figures['oldest_unsent_age_s']:.0f} s old"
+            f" ({figures.get('lines_unsent', 0)} line(s) waiting)"
+        )
+    return reasons
 
 
 def _worker_reasons(worker: Mapping[str, Any], limits: Thresholds) -> list[str]:

@@ -7,9 +7,19 @@ a redelivered or duplicated record names the same aggregate and the event store'
 
 from __future__ import annotations
 
+import json
 from uuid import UUID, uuid5
 
-__all__ = ["ACCOUNT_NAMESPACE", "NAMESPACE", "account_id", "transaction_id"]
+__all__ = [
+    "ACCOUNT_NAMESPACE",
+    "NAMESPACE",
+    "account_id",
+    "customer_link_id",
+    "invoice_id",
+    "line_id",
+    "line_push_id",
+    "transaction_id",
+]
 
 NAMESPACE = UUID("6f1c7d36-4d8e-5b8a-9a57-2f0b5e3c9d41")
 # Accounts have a namespace of their own, so no usage key can ever name an account.
@@ -27,3 +37,35 @@ def transaction_id(customer_id: str, usage_id: str) -> UUID:
 def account_id(customer_id: str, currency: str) -> UUID:
     """The id of a customer's account in one currency."""
     return uuid5(ACCOUNT_NAMESPACE, f"{customer_id}:{currency}")
+
+
+# Each kind of aggregate has a namespace of its own, so no key of one can name another.
+LINE_NAMESPACE = UUID("3d1f0c4e-7b2a-5e96-8c41-0a9b6e2f5d13")
+PUSH_NAMESPACE = UUID("8a6e2b1d-4c3f-5a07-9e58-1f2d7c6b0e94")
+INVOICE_NAMESPACE = UUID("5c0b9e7a-2d4f-5183-a6e2-7f3c1b8d9a05")
+CUSTOMER_NAMESPACE = UUID("e2a47c19-6b5d-5f30-8d1e-4c9a0f7b3e68")
+
+
+def _key(*parts: str) -> str:
+    """Parts joined unambiguously (a meter or a period key may contain ':')."""
+    return json.dumps(parts, separators=(",", ":"))
+
+
+def line_id(customer_id: str, currency: str, meter: str, period_key: str) -> UUID:
+    """The invoice line of one customer's usage of one meter in one period."""
+    return uuid5(LINE_NAMESPACE, _key(customer_id, currency, meter, period_key))
+
+
+def line_push_id(line: UUID) -> UUID:
+    """The record of what Stripe holds for one line (written by the pushers only)."""
+    return uuid5(PUSH_NAMESPACE, str(line))
+
+
+def invoice_id(customer_id: str, currency: str, period_key: str) -> UUID:
+    """The invoice of one customer in one currency for one period."""
+    return uuid5(INVOICE_NAMESPACE, _key(customer_id, currency, period_key))
+
+
+def customer_link_id(customer_id: str) -> UUID:
+    """The link between a customer and its customer in the payment provider."""
+    return uuid5(CUSTOMER_NAMESPACE, customer_id)

@@ -1,10 +1,13 @@
 """The ingest decision for one batch of usage records (pure; the adapter saves the result).
 
-Given valid usage records, the price list and a way to load accounts, decide which
-transactions to create, which accounts change, which records are duplicates and
-which cannot be priced. Records whose transaction is already recorded are skipped
-without a write; a reservation the spend limit refuses becomes a Compensated
-transaction with the reason.
+Given valid usage records, the price list and a way to load accounts and invoice
+lines, decide which transactions to create, which accounts and lines change, which
+records are duplicates and which cannot be priced. Records whose transaction is
+already recorded are skipped without a write; a reservation the spend limit refuses
+becomes a Compensated transaction with the reason. Every reserved transaction joins
+the invoice line of its customer, currency, meter and period (the period its usage
+occurred in), in one ``Settled`` event per line per batch, and its ``Reserved``
+names that line and the line's version: all in the batch's one save.
 
 Two forms of the same decision:
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from functools import cached_property
 from uuid import UUID
 
@@ -30,6 +34,8 @@ from eventsourcing.utils import get_topic
 from domain.account import CustomerAccount
 from domain.errors import InvalidUsage
 from domain.ids import transaction_id
+from domain.invoice_line import InvoiceLine
+from domain.periods import Period, PeriodPolicy
 from domain.pricing import PriceList
 from domain.transaction import BillingTransaction, Source, TxnState
 from domain.usage import UsageRecord
@@ -44,6 +50,7 @@ __all__ = [
 ]
 
 AccountLoader = Callable[[str, str], CustomerAccount | None]
+LineLoader = Callable[[str, str, str, Period], InvoiceLine | None]
 
 _TXN_TOPIC = get_topic(BillingTransaction)
 
@@ -67,6 +74,7 @@ class MeteringDecision:
 
     transactions: list[BillingTransaction] = field(default_factory=list)
     accounts: list[CustomerAccount] = field(default_factory=list)
+    lines: list[InvoiceLine] = field(default_factory=list)
     duplicates: list[Metering] = field(default_factory=list)
     rejected: list[tuple[Metering, str]] = field(default_factory=list)
 
@@ -76,8 +84,8 @@ class MeteringDecision:
         return [t for t in self.transactions if t.compensation_reason is not None]
 
     @property
-    def aggregates(self) -> list[CustomerAccount | BillingTransaction]:
-        return [*self.accounts, *self.transactions]
+    def aggregates(self) -> list[CustomerAccount | InvoiceLine | BillingTransaction]:
+        return [*self.accounts, *self.lines, *self.transactions]
 
 
 def meter_batch(
@@ -85,6 +93,8 @@ def meter_batch(
     prices: PriceList,
     *,
     load_account: AccountLoader,
+    load_line: LineLoader,
+    periods: PeriodPolicy,
     already_recorded: Collection[UUID] = (),
 ) -> MeteringDecision:
     """Decide the events for ``batch`` (see the module docstring)."""
@@ -108,13 +118,28 @@ def meter_batch(
     for (customer_id, currency), txns in by_account.items():
         account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
         granted = account.reserve_all([(t.id, t.amount) for t in txns])
+        by_line: dict[tuple[str, Period], list[BillingTransaction]] = {}
         for txn, ok in zip(txns, granted, strict=True):
             if ok:
-                txn.reserve(account.id)
+                by_line.setdefault((txn.meter, periods.period_of(txn.occurred_at)), []).append(txn)
             else:
                 txn.compensate(_refusal(account, txn.amount))
+        for (meter, period), members in by_line.items():
+            line = _line(load_line, customer_id, currency, meter, period)
+            line.settle([(t.id, t.amount) for t in members])
+            for txn in members:
+                txn.reserve(account.id, line.id, line.sequence)
+            decision.lines.append(line)
         decision.accounts.append(account)
     return decision
+
+
+def _line(
+    load_line: LineLoader, customer_id: str, currency: str, meter: str, period: Period
+) -> InvoiceLine:
+    return load_line(customer_id, currency, meter, period) or InvoiceLine.open(
+        customer_id, currency, meter, period
+    )
 
 
 # -- the same decision, as events --------------------------------------------------------
@@ -132,7 +157,7 @@ class NewTransaction:
         return self.metered.originator_id
 
     @property
-    def amount(self) -> int:
+    def amount(self) -> Decimal:
         return self.metered.amount
 
     @property
@@ -149,6 +174,7 @@ class MeteredBatch:
 
     transactions: list[NewTransaction] = field(default_factory=list)
     accounts: list[CustomerAccount] = field(default_factory=list)
+    lines: list[InvoiceLine] = field(default_factory=list)
     duplicates: list[Metering] = field(default_factory=list)
     rejected: list[tuple[Metering, str]] = field(default_factory=list)
 
@@ -168,6 +194,8 @@ def meter_batch_events(
     prices: PriceList,
     *,
     load_account: AccountLoader,
+    load_line: LineLoader,
+    periods: PeriodPolicy,
     already_recorded: Collection[UUID] = (),
 ) -> MeteredBatch:
     """``meter_batch``'s decision as the events it records (see the module docstring)."""
@@ -193,10 +221,19 @@ def meter_batch_events(
     for (customer_id, currency), events in by_account.items():
         account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
         granted = account.reserve_all([(e.originator_id, e.amount) for e in events])
+        by_line: dict[tuple[str, Period], list[BillingTransaction.Metered]] = {}
         for event, ok in zip(events, granted, strict=True):
-            then[event.originator_id] = (
-                _reserved(event, account.id) if ok else _compensated(event, account)
-            )
+            if ok:
+                key = (event.meter, periods.period_of(event.occurred_at))
+                by_line.setdefault(key, []).append(event)
+            else:
+                then[event.originator_id] = _compensated(event, account)
+        for (meter, period), members in by_line.items():
+            line = _line(load_line, customer_id, currency, meter, period)
+            line.settle([(e.originator_id, e.amount) for e in members])
+            for event in members:
+                then[event.originator_id] = _reserved(event, account.id, line)
+            result.lines.append(line)
         result.accounts.append(account)
     result.transactions = [NewTransaction(m, then[m.originator_id]) for m in metered]
     return result
@@ -217,7 +254,9 @@ def metered_event(
     )
 
 
-def _reserved(metered: BillingTransaction.Metered, account_id: UUID) -> BillingTransaction.Reserved:
+def _reserved(
+    metered: BillingTransaction.Metered, account_id: UUID, line: InvoiceLine
+) -> BillingTransaction.Reserved:
     """What ``BillingTransaction.reserve`` records on a just-Metered transaction."""
     event_class = BillingTransaction.Reserved
     return event_class(  # type: ignore[call-arg]
@@ -225,6 +264,8 @@ def _reserved(metered: BillingTransaction.Metered, account_id: UUID) -> BillingT
         originator_version=metered.originator_version + 1,
         timestamp=event_class.create_timestamp(),
         account_id=account_id,
+        line_id=line.id,
+        line_version=line.sequence,
     )
 
 
@@ -243,8 +284,8 @@ def _compensated(
     )
 
 
-def _refusal(account: CustomerAccount, amount: int) -> str:
+def _refusal(account: CustomerAccount, amount: Decimal) -> str:
     return (
-        f"spend limit: {amount} {account.currency} would exceed the limit of "
+        f"spend limit: {amount:f} {account.currency} would exceed the limit of "
         f"{account.spend_limit} {account.currency}"
     )

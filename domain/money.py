@@ -1,27 +1,78 @@
-"""Money: integer minor units plus an ISO 4217 currency, and the one rounding rule.
+"""Money: amounts in minor units plus an ISO 4217 currency, exact, and the one rounding.
 
-Amounts are always integers of the currency's minor unit (cents for USD, yen for
-JPY). Unit prices may be fractions of a minor unit (AI tokens cost fractions of a
-cent), so pricing multiplies in ``Decimal`` and rounds **once per transaction**,
-half up (``ROUND_HALF_UP``: 0.5 of a minor unit or more rounds away from zero).
+A usage record keeps its **exact** amount: a ``Decimal`` of the currency's minor unit
+(cents for USD, yen for JPY), never rounded, because AI usage costs fractions of a
+cent (1,520 tokens at 2.50 USD per million is 0.38 cents). Money is rounded **once,
+on an invoice line** (the sum of a customer's usage of one meter in one period), half
+up (``ROUND_HALF_UP``: 0.5 of a minor unit or more rounds away from zero), to an
+integer of minor units: ``round_minor``.
+
+Bounds (each a documented refusal, never a silent rounding):
+
+* ``AMOUNT_DIGITS``: an exact amount may need at most 38 significant digits (what
+  PostgreSQL's ``numeric`` and every read model keep); a price whose product with a
+  quantity does not terminate within them (a ``per`` of 3, say) is refused;
+* ``MAX_TRANSACTION_MINOR``: one transaction's exact amount is below 10^12 minor units
+  (10 billion USD);
+* ``MAX_SPEND_LIMIT_MINOR``: a spend limit is at most 10^15 minor units;
+* ``MAX_LINE_MINOR``: an invoice line's total stays below 10^20 minor units (it is
+  summed exactly in a 60-digit context; more would be refused, not rounded);
+* ``MAX_ITEM_AMOUNT``: Stripe's largest invoice-item amount (99,999,999 minor units);
+  a line's billed total above it continues on further items (``split_for_items``).
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation, localcontext
+from decimal import (
+    ROUND_HALF_UP,
+    Context,
+    Decimal,
+    DivisionByZero,
+    Inexact,
+    InvalidOperation,
+    Overflow,
+    localcontext,
+)
 
 from domain.errors import InvalidUsage
 
 __all__ = [
+    "AMOUNT_DIGITS",
     "CURRENCY_EXPONENTS",
+    "MAX_ITEM_AMOUNT",
+    "MAX_LINE_MINOR",
+    "MAX_SPEND_LIMIT_MINOR",
+    "MAX_TRANSACTION_MINOR",
     "ROUNDING",
+    "add_exact",
+    "canonical",
     "check_currency",
+    "check_spend_limit",
     "exact_arithmetic",
+    "exact_minor",
+    "format_exact",
     "format_minor",
     "parse_exact_amount",
+    "round_minor",
+    "split_for_items",
     "to_minor_units",
 ]
+
+AMOUNT_DIGITS = 38
+MAX_TRANSACTION_MINOR = Decimal(10) ** 12
+MAX_SPEND_LIMIT_MINOR = 10**15
+MAX_LINE_MINOR = Decimal(10) ** 20
+MAX_ITEM_AMOUNT = 99_999_999
+
+_TRAPS = [Inexact, InvalidOperation, DivisionByZero, Overflow]
+# Products and quotients of one record: exact within AMOUNT_DIGITS, or Inexact.
+_EXACT = Context(prec=AMOUNT_DIGITS, rounding=ROUND_HALF_UP, traps=_TRAPS)
+# Sums of a line's amounts: wide enough for any sum below MAX_LINE_MINOR of amounts
+# with up to AMOUNT_DIGITS digits each (their exponents differ, so digits add up).
+_SUM = Context(prec=60, rounding=ROUND_HALF_UP, traps=_TRAPS)
+# The one rounding (to whole minor units), which is inexact by design.
+_ROUND = Context(prec=60, rounding=ROUND_HALF_UP, traps=[InvalidOperation])
 
 ROUNDING = ROUND_HALF_UP
 
@@ -75,8 +126,89 @@ def parse_exact_amount(text: str, currency: str) -> int:
     return int(minor)
 
 
-def format_minor(amount: int, currency: str) -> str:
-    """``1250, "USD"`` -> ``"12.50 USD"``."""
+def format_minor(amount: int | Decimal, currency: str) -> str:
+    """``1250, "USD"`` -> ``"12.50 USD"`` (an exact amount is shown to the minor unit,
+    rounded half up: for display only)."""
     code = currency.upper()
     exponent = CURRENCY_EXPONENTS.get(code, 2)
-    return f"{Decimal(amount).scaleb(-exponent):.{exponent}f} {code}"
+    shown = Decimal(amount).quantize(Decimal(1), rounding=ROUNDING, context=_ROUND)
+    return f"{shown.scaleb(-exponent):.{exponent}f} {code}"
+
+
+def format_exact(amount: Decimal, currency: str) -> str:
+    """An exact amount in major units, every digit kept: ``0.38, "USD"`` -> ``"0.0038 USD"``."""
+    code = currency.upper()
+    major = canonical(Decimal(amount).scaleb(-CURRENCY_EXPONENTS.get(code, 2)))
+    text = f"{major:f}"
+    if "." not in text and CURRENCY_EXPONENTS.get(code, 2):
+        text += "." + "0" * CURRENCY_EXPONENTS.get(code, 2)
+    return f"{text} {code}"
+
+
+def canonical(amount: Decimal | int) -> Decimal:
+    """One form per value, without exponents: 0.3800 -> 0.38, 380.00 -> 380, 1E+2 -> 100.
+
+    The same value always encodes to the same text, so two paths that compute an
+    amount (the aggregate and the ingest's fast path) store the same bytes."""
+    amount = Decimal(amount)
+    if amount == amount.to_integral_value():
+        return amount.quantize(Decimal(1), context=_SUM)
+    return amount.normalize(_SUM)
+
+
+def exact_minor(quantity: Decimal, unit_price: Decimal, per: int, currency: str) -> Decimal:
+    """The exact amount, in minor units, of ``quantity`` at ``unit_price`` (major units)
+    per ``per`` units; raises InvalidUsage when it needs more than AMOUNT_DIGITS digits
+    or is not below MAX_TRANSACTION_MINOR (never rounds)."""
+    scale = _SCALES[CURRENCY_EXPONENTS[currency]]
+    try:
+        amount = _EXACT.divide(_EXACT.multiply(_EXACT.multiply(quantity, unit_price), scale), per)
+    except Inexact:
+        raise InvalidUsage(
+            f"amount_not_exact: {quantity} x {unit_price} / {per} {currency} needs more than"
+            f" {AMOUNT_DIGITS} significant digits"
+        ) from None
+    except (InvalidOperation, Overflow):
+        raise InvalidUsage(f"amount_too_large: {quantity} x {unit_price} / {per}") from None
+    if amount >= MAX_TRANSACTION_MINOR:
+        raise InvalidUsage(
+            f"amount_too_large: {canonical(amount):f} minor units of {currency} is not below"
+            f" the ceiling of {MAX_TRANSACTION_MINOR:f} per transaction"
+        )
+    return canonical(amount)
+
+
+_SCALES = {e: Decimal(10) ** e for e in range(5)}
+
+
+def add_exact(total: Decimal, amount: Decimal) -> Decimal:
+    """``total + amount`` exactly (a line's running total); ValueError past MAX_LINE_MINOR."""
+    result = _SUM.add(total, amount)
+    if abs(result) >= MAX_LINE_MINOR:
+        raise ValueError(f"a line total of {result} minor units is beyond {MAX_LINE_MINOR:f}")
+    return canonical(result)
+
+
+def round_minor(exact: Decimal) -> int:
+    """The one rounding: an exact line total to whole minor units, half up."""
+    return int(exact.quantize(Decimal(1), rounding=ROUNDING, context=_ROUND))
+
+
+def split_for_items(billed: int, maximum: int = MAX_ITEM_AMOUNT) -> list[int]:
+    """``billed`` as invoice-item amounts of at most ``maximum`` each, in order (always
+    at least one, possibly 0): 250,000,000 -> [99,999,999, 99,999,999, 50,000,002]."""
+    if billed < 0:
+        raise ValueError(f"a billed total cannot be negative: {billed}")
+    parts = [maximum] * (billed // maximum)
+    if billed % maximum or not parts:
+        parts.append(billed % maximum)
+    return parts
+
+
+def check_spend_limit(limit: int | None) -> int | None:
+    """``limit`` if it is None or within 0..MAX_SPEND_LIMIT_MINOR (else ValueError)."""
+    if limit is not None and not 0 <= limit <= MAX_SPEND_LIMIT_MINOR:
+        raise ValueError(
+            f"a spend limit must be from 0 to {MAX_SPEND_LIMIT_MINOR:,} minor units, got {limit:,}"
+        )
+    return limit

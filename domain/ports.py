@@ -2,8 +2,10 @@
 
 Each outside thing is a small Protocol with one real adapter and one hand-written fake:
 
-* ``PaymentGateway``: Stripe (``adapters.stripe.client.StripeCharges``); failures come
-  back as ``domain.saga.ChargeFailure`` values, never as the SDK's exceptions;
+* ``PaymentGateway``: Stripe (``adapters.stripe.client.StripeGateway``): customers, a
+  draft invoice per customer, currency and period, and the items of invoice lines;
+  failures come back as ``domain.saga.ChargeFailure`` values, never as the SDK's
+  exceptions;
 * ``DeadLetterSink``: where unbillable usage records are kept with their reason
   (``store.dead_letters.DeadLetterStore``).
 """
@@ -12,13 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Protocol
+from uuid import UUID
 
-from domain.saga import ChargeFailure, ChargeOutcome
-from domain.transaction import BillingTransaction
+from domain.periods import Period
+from domain.pushing import PushPlan
+from domain.saga import ChargeFailure
 
-__all__ = ["DeadLetter", "DeadLetterSink", "PaymentGateway", "Removal"]
+__all__ = ["DeadLetter", "DeadLetterSink", "DraftInvoice", "LineItems", "PaymentGateway"]
 
 
 @dataclass(frozen=True)
@@ -42,20 +46,50 @@ class DeadLetterSink(Protocol):
         ...
 
 
-Removal = str | None | ChargeFailure
-"""The outcome of removing a charge: the id of what was removed, None when there was
-nothing to remove, or the failure (then nobody knows whether a charge is still there)."""
+@dataclass(frozen=True)
+class DraftInvoice:
+    """The draft invoice a line's items go on: one per customer, currency and period."""
+
+    invoice_id: UUID  # the ledger's id (``domain.ids.invoice_id``), the key's origin
+    customer_id: str
+    stripe_customer_id: str
+    currency: str
+    period: Period
+
+
+@dataclass(frozen=True)
+class LineItems:
+    """One push of a line: its items set to ``plan``'s amounts on ``stripe_invoice_id``."""
+
+    line_id: UUID
+    meter: str
+    period: Period
+    stripe_customer_id: str
+    stripe_invoice_id: str
+    currency: str
+    plan: PushPlan
+    look_first: bool  # creation keys may have expired: look for planned items first
 
 
 class PaymentGateway(Protocol):
-    """Charges in the payment provider, each made exactly once by its idempotency key."""
+    """Stripe, as the pushers need it. Every call either answers or returns the
+    failure (retryable or not); none raises. Each create has an idempotency key
+    derived from the ids, so a repeated call returns the first call's object."""
 
-    def charge(self, txn: BillingTransaction, age: timedelta) -> ChargeOutcome:
-        """Charge ``txn`` (``age``: how long since it was metered); never raises."""
+    def customer(self, customer_id: str, *, look_first: bool) -> str | ChargeFailure:
+        """The Stripe customer of ``customer_id``, created on first need."""
         ...
 
-    def remove_charge(self, txn: BillingTransaction, stripe_object_id: str | None) -> Removal:
-        """Remove ``txn``'s charge (by id, else by looking it up); never raises."""
+    def draft_invoice(self, draft: DraftInvoice, *, look_first: bool) -> str | ChargeFailure:
+        """The Stripe id of ``draft``, created (a draft that never advances) on first need."""
+        ...
+
+    def set_line_items(self, items: LineItems) -> list[str] | ChargeFailure:
+        """Create or update the line's items to the plan's amounts; their ids, in order."""
+        ...
+
+    def delete_item(self, item_id: str, key: str) -> ChargeFailure | None:
+        """Delete one invoice item (a charge from before lines had its own); gone counts."""
         ...
 
     def breaker_state(self) -> str:

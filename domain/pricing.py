@@ -2,8 +2,10 @@
 
 A price is given in *major* units of its currency per ``per`` units of the meter
 (``2.50`` USD per 1,000,000 input tokens), because that is how AI products publish
-prices. The amount of a transaction is ``quantity * unit_price / per`` computed
-exactly in ``Decimal`` and rounded once to minor units (see ``domain.money``).
+prices. The amount of a transaction is ``quantity * unit_price / per`` in minor units,
+exact (``domain.money.exact_minor``): never rounded here; an invoice line rounds its
+sum once. A price list whose rate does not terminate as a decimal (``per = 3``) is
+refused when it is loaded, not record by record.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from domain.errors import InvalidUsage, PriceListError, UnknownMeter
-from domain.money import check_currency, exact_arithmetic, to_minor_units
+from domain.money import check_currency, exact_minor
 
 __all__ = ["Price", "PriceList"]
 
@@ -27,10 +29,10 @@ class Price:
     currency: str
     per: int = 1
 
-    def amount_minor(self, quantity: Decimal) -> int:
-        """The rounded amount, in minor units, for ``quantity`` of this meter."""
-        with exact_arithmetic():
-            return to_minor_units(quantity * self.unit_price / self.per, self.currency)
+    def exact_amount(self, quantity: Decimal) -> Decimal:
+        """The exact amount, in minor units, of ``quantity`` of this meter (InvalidUsage
+        when it is out of bounds: see ``domain.money``)."""
+        return exact_minor(quantity, self.unit_price, self.per, self.currency)
 
 
 @dataclass(frozen=True)
@@ -74,4 +76,9 @@ def _parse_price(name: str, spec: Any) -> Price:
         raise PriceListError(f"meter {name!r}: per must be a whole number above 0, got {per!r}")
     if not unit_price.is_finite() or unit_price < 0:
         raise PriceListError(f"meter {name!r}: unit_price must be a number >= 0")
-    return Price(unit_price=unit_price, currency=currency, per=per)
+    price = Price(unit_price=unit_price, currency=currency, per=per)
+    try:
+        price.exact_amount(Decimal(1))  # the rate of one unit must be an exact decimal
+    except InvalidUsage as exc:
+        raise PriceListError(f"meter {name!r}: one unit cannot be priced: {exc}") from None
+    return price

@@ -8,6 +8,14 @@
                 +--> Compensated  (refused: spend limit, ...)
      Charged --> Compensated  (operator reversal, with the Stripe reversal)
 
+``Metered`` keeps the exact amount (``Decimal`` minor units, never rounded). A
+transaction joins exactly one invoice line: its ``Reserved`` names the line (ingest
+saves it with the line's ``Settled`` in one atomic save); ``Charged`` names the line
+sequence Stripe acknowledged. Histories written before lines existed load through
+upcasting (``class_version``): an integer amount, a ``Reserved`` without a line and a
+``Charged`` of a per-transaction invoice item. Such a transaction that is not charged
+yet joins a line later with ``Settled`` (ChargeFailed exists only in those histories).
+
 Public methods decide (check the state, compute); the private ``@event`` methods
 only apply, because they are re-run on every load.
 """
@@ -48,6 +56,7 @@ class TxnState(StrEnum):
 
 ALLOWED_FROM: dict[str, tuple[TxnState, ...]] = {
     "Reserved": (TxnState.METERED,),
+    "Settled": (TxnState.RESERVED, TxnState.CHARGE_FAILED),
     "ChargeFailed": (TxnState.RESERVED, TxnState.CHARGE_FAILED),
     "Charged": (TxnState.RESERVED, TxnState.CHARGE_FAILED),
     "Compensated": (
@@ -77,19 +86,36 @@ class BillingTransaction(Aggregate):
     """One usage record, priced, held against a limit, charged or compensated."""
 
     class Metered(Aggregate.Created):
+        class_version = 2
         customer_id: str
         usage_id: str
         meter: str
         quantity: Decimal
         unit_price: Decimal
         per: int
-        amount: int
+        amount: Decimal  # exact minor units (v1: an integer, rounded per record)
         currency: str
         occurred_at: datetime
         source: str
 
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["amount"] = Decimal(state["amount"])
+
     class Reserved(Aggregate.Event):
+        class_version = 2
         account_id: UUID
+        line_id: UUID | None  # None: reserved before lines existed
+        line_version: int | None
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["line_id"] = None
+            state["line_version"] = None
+
+    class Settled(Aggregate.Event):
+        line_id: UUID
+        line_version: int
 
     class ChargeFailed(Aggregate.Event):
         attempt: int
@@ -99,7 +125,15 @@ class BillingTransaction(Aggregate):
         next_attempt_at: datetime | None
 
     class Charged(Aggregate.Event):
-        stripe_object_id: str
+        class_version = 2
+        stripe_object_id: str  # the line's (first) invoice item; v1: the transaction's own
+        line_id: UUID | None
+        sequence: int | None  # the line sequence Stripe acknowledged
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["line_id"] = None
+            state["sequence"] = None
 
     class Compensated(Aggregate.Event):
         reason: str
@@ -133,7 +167,7 @@ class BillingTransaction(Aggregate):
             "quantity": record.quantity,
             "unit_price": price.unit_price,
             "per": price.per,
-            "amount": price.amount_minor(record.quantity),
+            "amount": price.exact_amount(record.quantity),
             "currency": price.currency,
             "occurred_at": record.occurred_at,
             "source": str(source),
@@ -148,7 +182,7 @@ class BillingTransaction(Aggregate):
         quantity: Decimal,
         unit_price: Decimal,
         per: int,
-        amount: int,
+        amount: Decimal,
         currency: str,
         occurred_at: datetime,
         source: str,
@@ -165,6 +199,9 @@ class BillingTransaction(Aggregate):
         self.source = source
         self.state = TxnState.METERED
         self.account_id: UUID | None = None
+        self.line_id: UUID | None = None
+        self.line_version: int | None = None
+        self.line_sequence: int | None = None  # the acknowledged sequence that charged it
         self.attempts = 0
         self.last_error: str | None = None
         self.next_attempt_at: datetime | None = None
@@ -173,14 +210,37 @@ class BillingTransaction(Aggregate):
 
     # -- Reserved ---------------------------------------------------------------
 
-    def reserve(self, account_id: UUID) -> None:
-        """Record that the amount is held against the customer's spend limit."""
+    def reserve(
+        self, account_id: UUID, line_id: UUID | None = None, line_version: int | None = None
+    ) -> None:
+        """Record that the amount is held against the customer's spend limit, and the
+        invoice line (at its version) the transaction joined in the same save."""
         self._require("reserve", *ALLOWED_FROM["Reserved"])
-        self._reserved(account_id)
+        if (line_id is None) != (line_version is None):
+            raise ValueError("a line and its version go together")
+        self._reserved(account_id, line_id, line_version)
 
     @event(Reserved)
-    def _reserved(self, account_id: UUID) -> None:
+    def _reserved(self, account_id: UUID, line_id: UUID | None, line_version: int | None) -> None:
         self.account_id = account_id
+        self.line_id = line_id
+        self.line_version = line_version
+        self.state = TxnState.RESERVED
+
+    # -- Settled (histories from before lines) -------------------------------------
+
+    def settle(self, line_id: UUID, line_version: int) -> None:
+        """Join a line later: only a transaction reserved before lines existed."""
+        self._require("join a line", *ALLOWED_FROM["Settled"])
+        if self.line_id is not None:
+            raise IllegalTransition(f"transaction {self.id} is in line {self.line_id} already")
+        self._settled(line_id, line_version)
+
+    @event(Settled)
+    def _settled(self, line_id: UUID, line_version: int) -> None:
+        self.line_id = line_id
+        self.line_version = line_version
+        self.next_attempt_at = None
         self.state = TxnState.RESERVED
 
     # -- ChargeFailed -----------------------------------------------------------
@@ -216,14 +276,25 @@ class BillingTransaction(Aggregate):
 
     # -- Charged ----------------------------------------------------------------
 
-    def record_charged(self, stripe_object_id: str) -> None:
-        """Record that Stripe accepted the charge."""
+    def record_charged(
+        self, stripe_object_id: str, line_id: UUID | None = None, sequence: int | None = None
+    ) -> None:
+        """Record that Stripe holds the charge: the push of the transaction's line at
+        ``sequence`` (at or after the version the transaction joined) was acknowledged."""
         self._require("record a charge", *ALLOWED_FROM["Charged"])
-        self._charged(stripe_object_id)
+        if line_id != self.line_id:
+            raise IllegalTransition(f"transaction {self.id} is not in line {line_id}")
+        if line_id is not None and (sequence is None or sequence < (self.line_version or 0)):
+            raise IllegalTransition(
+                f"line {line_id} at {sequence} does not include transaction {self.id}"
+                f" (joined at {self.line_version})"
+            )
+        self._charged(stripe_object_id, line_id, sequence)
 
     @event(Charged)
-    def _charged(self, stripe_object_id: str) -> None:
+    def _charged(self, stripe_object_id: str, line_id: UUID | None, sequence: int | None) -> None:
         self.stripe_object_id = stripe_object_id
+        self.line_sequence = sequence
         self.next_attempt_at = None
         self.state = TxnState.CHARGED
 

@@ -1,7 +1,8 @@
 """The ``billing.customer_balances`` read model: where each customer's money is.
 
-One row per customer and currency, in minor units, with the meaning of
-``tools.summary.Balance`` (the fold the tests compare it with)::
+One row per customer and currency, in minor units, exact (``numeric``: the sums of
+the transactions' exact amounts, never rounded), with the meaning of
+``domain.audit.Balance`` (the audit's fold compares it row by row)::
 
     in_flight = metered - charged - compensated      (a generated column)
     available = max(spend_limit - (in_flight + charged), 0), or NULL when unlimited
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -45,14 +47,14 @@ _DDL = """
 CREATE TABLE IF NOT EXISTS {table} (
     customer_id  text    NOT NULL,
     currency     char(3) NOT NULL,
-    metered      bigint  NOT NULL DEFAULT 0,
-    charged      bigint  NOT NULL DEFAULT 0,
-    compensated  bigint  NOT NULL DEFAULT 0,
-    in_flight    bigint  GENERATED ALWAYS AS (metered - charged - compensated) STORED,
+    metered      numeric NOT NULL DEFAULT 0,
+    charged      numeric NOT NULL DEFAULT 0,
+    compensated  numeric NOT NULL DEFAULT 0,
+    in_flight    numeric GENERATED ALWAYS AS (metered - charged - compensated) STORED,
     transactions integer NOT NULL DEFAULT 0,
     refused      integer NOT NULL DEFAULT 0,
-    spend_limit  bigint,
-    available    bigint  GENERATED ALWAYS AS (CASE WHEN spend_limit IS NULL THEN NULL
+    spend_limit  numeric,
+    available    numeric GENERATED ALWAYS AS (CASE WHEN spend_limit IS NULL THEN NULL
         ELSE GREATEST(spend_limit - (metered - compensated), 0) END) STORED,
     updated_at   timestamptz NOT NULL,
     CONSTRAINT {pkey} PRIMARY KEY (customer_id, currency)
@@ -79,9 +81,9 @@ ON CONFLICT (customer_id, currency) DO UPDATE SET
 
 @dataclass
 class _Delta:
-    metered: int = 0
-    charged: int = 0
-    compensated: int = 0
+    metered: Decimal = Decimal(0)
+    charged: Decimal = Decimal(0)
+    compensated: Decimal = Decimal(0)
     transactions: int = 0
     refused: int = 0
     limit_set: bool = False

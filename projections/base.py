@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -23,6 +24,7 @@ from eventsourcing.persistence import StoredEvent
 from psycopg import sql
 
 from domain.account import CustomerAccount
+from domain.invoice_line import InvoiceLine, LinePush
 from domain.transaction import BillingTransaction, TxnState
 from domain.usage import CUSTOMER_ID_MAX_LENGTH, CUSTOMER_ID_PATTERN
 from store.eventlog import read_created
@@ -79,7 +81,7 @@ class Facts:
 
     customer_id: str
     currency: str
-    amount: int  # 0 for an account
+    amount: Decimal  # exact minor units; 0 for an account or a line
     created_at: datetime  # when it was metered (a transaction) or opened (an account)
 
 
@@ -94,25 +96,37 @@ class History:
         self.decode = decode
         self.max_cached = max_cached
         self._facts: dict[UUID, Facts] = {}
+        self._push_lines: dict[UUID, UUID] = {}
 
     def remember(self, event: Any) -> None:
         """Keep the facts of a first event seen in the log."""
         if isinstance(event, BillingTransaction.Metered):
             facts = Facts(event.customer_id, event.currency, event.amount, event.timestamp)
-        elif isinstance(event, CustomerAccount.Opened):
-            facts = Facts(event.customer_id, event.currency, 0, event.timestamp)
+        elif isinstance(event, CustomerAccount.Opened | InvoiceLine.Opened):
+            facts = Facts(event.customer_id, event.currency, Decimal(0), event.timestamp)
+        elif isinstance(event, LinePush.Opened):
+            self._push_lines[event.originator_id] = event.line_id
+            return
         else:
             return
         if len(self._facts) >= self.max_cached:
             self._facts.clear()  # cheap to read back; a bound on memory matters more
+            self._push_lines.clear()
         self._facts[event.originator_id] = facts
 
     def prefetch(self, conn: psycopg.Connection[Any], originator_ids: Iterable[UUID]) -> None:
         """Read the first events of those not known yet, in one query."""
-        missing = {i for i in originator_ids if i not in self._facts}
+        missing = {i for i in originator_ids if i not in self._facts and i not in self._push_lines}
         if missing:
             for row in read_created(conn, missing):
                 self.remember(self.decode(row.notification()))
+
+    def line_of_push(self, push_id: UUID) -> UUID:
+        """The line a ``LinePush`` is about (``prefetch`` the push first)."""
+        try:
+            return self._push_lines[push_id]
+        except KeyError:
+            raise LookupError(f"no LinePush.Opened for {push_id}") from None
 
     def facts(self, originator_id: UUID) -> Facts:
         """The facts of an aggregate (``prefetch`` it first)."""

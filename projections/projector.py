@@ -29,11 +29,21 @@ from psycopg import sql
 from projections.balances import BalancesProjection
 from projections.base import SCHEMA, Decode, History, Projection, UnknownProjection
 from projections.charge_attempts import ChargeAttemptsProjection
+from projections.invoice_lines import InvoiceLinesProjection, LinePushesProjection
 from projections.transactions import TransactionsProjection
 from store.connections import Database
 from store.eventlog import START, Position, follow, read_after
+from store.schema import EVENTS_TABLE
 
-__all__ = ["PROJECTIONS", "Projector", "RebuildReport", "projection", "rebuild", "schema_sql"]
+__all__ = [
+    "PROJECTIONS",
+    "Projector",
+    "RebuildReport",
+    "projection",
+    "projector_behind",
+    "rebuild",
+    "schema_sql",
+]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +51,8 @@ PROJECTIONS: tuple[Projection, ...] = (
     TransactionsProjection(),
     BalancesProjection(),
     ChargeAttemptsProjection(),
+    InvoiceLinesProjection(),
+    LinePushesProjection(),
 )
 
 
@@ -244,3 +256,16 @@ def _store_position(conn: psycopg.Connection[Any], name: str, position: Position
         " WHERE name = %s",
         (position.xid, position.notification_id, name),
     )
+
+
+def projector_behind(conn: psycopg.Connection[Any]) -> int:
+    """Events (visible in commit order) the slowest projection has not applied yet."""
+    row = conn.execute(
+        sql.SQL(
+            "SELECT coalesce(max((SELECT count(*) FROM {events} e"
+            " WHERE (e.xid, e.notification_id) > (p.xid, p.notification_id)"
+            " AND e.xid < pg_snapshot_xmin(pg_current_snapshot()))), 0)"
+            " FROM billing.projection_positions p"
+        ).format(events=sql.Identifier(EVENTS_TABLE))
+    ).fetchone()
+    return int(row[0]) if row else 0

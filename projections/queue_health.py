@@ -37,16 +37,18 @@ CREATE SCHEMA IF NOT EXISTS billing;
 -- The views wrap SQL functions, whose bodies are bound when they run: a projection
 -- rebuild can drop and rename billing.transactions without touching the views.
 CREATE OR REPLACE FUNCTION billing.stuck_transactions_now() RETURNS TABLE (
-    transaction_id uuid, customer_id text, usage_id text, amount bigint, currency text,
+    transaction_id uuid, customer_id text, usage_id text, amount numeric, currency text,
     state text, attempts integer, last_error text, next_attempt_at timestamptz,
     metered_at timestamptz, deadline_at timestamptz, stuck_because text
 ) LANGUAGE sql STABLE AS $body$
 SELECT t.transaction_id, t.customer_id, t.usage_id, t.amount, t.currency::text, t.state,
-       t.attempts, t.last_error, t.next_attempt_at, t.metered_at,
+       coalesce(l.push_attempts, t.attempts), coalesce(l.last_error, t.last_error),
+       coalesce(l.next_attempt_at, t.next_attempt_at), t.metered_at,
        t.metered_at + make_interval(secs => s.retry_horizon_s),
        CASE
          WHEN t.metered_at + make_interval(secs => s.retry_horizon_s + s.reconcile_interval_s)
               < now() THEN 'past its deadline'
+         WHEN l.push_attempts > 0 THEN 'its line is failing to reach Stripe'
          WHEN t.state = 'charge_failed'
               AND t.next_attempt_at + make_interval(secs => 2 * s.reconcile_interval_s) < now()
               THEN 'retry overdue'
@@ -54,7 +56,9 @@ SELECT t.transaction_id, t.customer_id, t.usage_id, t.amount, t.currency::text, 
          WHEN t.state = 'reserved' THEN 'not charged after stale_after_s'
          ELSE 'metered but neither reserved nor compensated'
        END
-FROM billing.transactions t, billing.health_settings s
+FROM billing.transactions t
+CROSS JOIN billing.health_settings s
+LEFT JOIN billing.invoice_lines l ON l.line_id = t.line_id
 WHERE t.state IN ('metered', 'reserved', 'charge_failed')
   AND (t.metered_at + make_interval(secs => s.retry_horizon_s + s.reconcile_interval_s) < now()
        OR (t.state = 'charge_failed' AND t.next_attempt_at <= now())
@@ -72,7 +76,10 @@ CREATE OR REPLACE FUNCTION billing.queue_health_now() RETURNS TABLE (
     dead_letters_last_hour bigint, stripe_errors_1m bigint, stripe_errors_5m bigint,
     stripe_errors_15m bigint, stripe_errors_by_class jsonb, charges_last_minute bigint,
     max_consumer_lag bigint, workers_alive bigint, workers_silent bigint,
-    breakers_not_closed bigint, projector_behind bigint
+    breakers_not_closed bigint, projector_behind bigint, lines_unsent bigint,
+    oldest_unsent_age_s double precision, lines_failing bigint, lines_past_deadline bigint,
+    stripe_requests_last_hour bigint, records_last_hour bigint,
+    stripe_requests_per_1000 double precision
 ) LANGUAGE sql STABLE AS $body$
 WITH s AS (SELECT * FROM billing.health_settings WHERE id = 1),
 open AS (
@@ -82,14 +89,33 @@ open AS (
     GROUP BY state
 ),
 stuck AS (SELECT stuck_because, count(*) AS n FROM billing.stuck_transactions_now() GROUP BY 1),
+failures AS (
+    SELECT error_class, at FROM billing.charge_attempts
+    WHERE outcome = 'failed' AND at > now() - interval '15 minutes'
+    UNION ALL
+    SELECT error_class, at FROM billing.line_pushes
+    WHERE outcome = 'failed' AND at > now() - interval '15 minutes'
+),
 errors AS (
     SELECT error_class,
            count(*) FILTER (WHERE at > now() - interval '1 minute') AS m1,
            count(*) FILTER (WHERE at > now() - interval '5 minutes') AS m5,
            count(*) AS m15
-    FROM billing.charge_attempts
-    WHERE outcome = 'failed' AND at > now() - interval '15 minutes'
-    GROUP BY error_class
+    FROM failures GROUP BY error_class
+),
+unsent AS (
+    SELECT count(*) AS n, min(oldest_unsent_at) AS oldest,
+           count(*) FILTER (WHERE push_attempts > 0) AS failing,
+           count(*) FILTER (WHERE failing_since + make_interval(secs => s.retry_horizon_s)
+                            < now()) AS past_deadline
+    FROM billing.invoice_lines, s
+    WHERE sequence > pushed_sequence OR charged_through < pushed_sequence
+),
+hour AS (
+    SELECT (SELECT coalesce(sum(requests), 0) FROM billing.line_pushes
+             WHERE at > now() - interval '1 hour') AS requests,
+           (SELECT count(*) FROM billing.transactions
+             WHERE metered_at > now() - interval '1 hour') AS records
 ),
 workers AS (
     SELECT w.breaker_state,
@@ -126,7 +152,16 @@ SELECT
                  SELECT 1 FROM billingledger_events e
                  WHERE (e.xid, e.notification_id) > (p.xid, p.notification_id)
                  LIMIT 100000) behind))
-              FROM billing.projection_positions p), 0)
+              FROM billing.projection_positions p), 0),
+    (SELECT n FROM unsent),
+    coalesce(extract(epoch FROM now() - (SELECT oldest FROM unsent)), 0)::double precision,
+    (SELECT failing FROM unsent),
+    (SELECT past_deadline FROM unsent),
+    (SELECT requests FROM hour)::bigint,
+    (SELECT records FROM hour),
+    CASE WHEN (SELECT records FROM hour) > 0
+         THEN round(1000.0 * (SELECT requests FROM hour) / (SELECT records FROM hour), 2)
+         ELSE 0 END::double precision
 $body$;
 CREATE OR REPLACE VIEW billing.queue_health AS SELECT * FROM billing.queue_health_now();
 """

@@ -13,15 +13,19 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from eventsourcing.utils import get_topic
 from psycopg import sql
 from psycopg.rows import dict_row
 
 from domain.transaction import BillingTransaction, TxnState
 from projections.base import SCHEMA, History, check_customer, check_limit, check_state
-from store.schema import EVENTS_TABLE, PROJECTION_POSITIONS
 
-__all__ = ["COLUMNS", "TransactionsProjection", "open_transaction_ids", "transactions"]
+__all__ = [
+    "COLUMNS",
+    "TransactionsProjection",
+    "open_transactions",
+    "transactions",
+    "unlined_transaction_ids",
+]
 
 COLUMNS = (
     "transaction_id",
@@ -32,6 +36,8 @@ COLUMNS = (
     "amount",
     "currency",
     "state",
+    "line_id",
+    "line_sequence",
     "attempts",
     "last_error",
     "next_attempt_at",
@@ -52,9 +58,11 @@ CREATE TABLE IF NOT EXISTS {table} (
     usage_id            text        NOT NULL,
     meter               text        NOT NULL,
     quantity            numeric     NOT NULL,
-    amount              bigint      NOT NULL,
+    amount              numeric     NOT NULL,
     currency            char(3)     NOT NULL,
     state               text        NOT NULL CHECK (state IN ({states})),
+    line_id             uuid,
+    line_sequence       integer,
     attempts            integer     NOT NULL DEFAULT 0,
     last_error          text,
     next_attempt_at     timestamptz,
@@ -145,7 +153,19 @@ def _change(event: Any) -> dict[str, Any] | None:
     """The columns an event after Metered sets (None: not a transaction's event)."""
     at = getattr(event, "timestamp", None)
     if isinstance(event, BillingTransaction.Reserved):
-        return {"state": str(TxnState.RESERVED), "reserved_at": at, "updated_at": at}
+        return {
+            "state": str(TxnState.RESERVED),
+            "line_id": event.line_id,
+            "reserved_at": at,
+            "updated_at": at,
+        }
+    if isinstance(event, BillingTransaction.Settled):
+        return {
+            "state": str(TxnState.RESERVED),
+            "line_id": event.line_id,
+            "next_attempt_at": None,
+            "updated_at": at,
+        }
     if isinstance(event, BillingTransaction.ChargeFailed):
         return {
             "state": str(TxnState.CHARGE_FAILED),
@@ -158,6 +178,7 @@ def _change(event: Any) -> dict[str, Any] | None:
         return {
             "state": str(TxnState.CHARGED),
             "stripe_object_id": event.stripe_object_id,
+            "line_sequence": event.sequence,
             "next_attempt_at": None,
             "charged_at": at,
             "updated_at": at,
@@ -213,45 +234,23 @@ def transactions(
         return cur.execute(query, [*params, checked_limit]).fetchall()
 
 
-_OPEN = (TxnState.METERED, TxnState.RESERVED, TxnState.CHARGE_FAILED)
-_TXN_TOPIC_PREFIX = get_topic(BillingTransaction.Metered).removesuffix("Metered")
-_TERMINAL_TOPICS = [
-    get_topic(BillingTransaction.Charged),
-    get_topic(BillingTransaction.Compensated),
-]
-_OPEN_IDS = sql.SQL(
-    "SELECT transaction_id FROM {table} WHERE state = ANY(%(open)s)"
-    " UNION "
-    "SELECT originator_id FROM ("
-    " SELECT DISTINCT ON (originator_id) originator_id, topic FROM {events}"
-    " WHERE (xid, notification_id) > coalesce("
-    "  (SELECT (p.xid, p.notification_id) FROM {positions} p WHERE p.name = %(name)s),"
-    "  ('0'::xid8, 0::bigint))"
-    " AND topic LIKE %(prefix)s"
-    " ORDER BY originator_id, originator_version DESC) latest"
-    " WHERE topic <> ALL(%(terminal)s)"
-).format(
-    table=sql.Identifier(SCHEMA, TransactionsProjection.name),
-    events=sql.Identifier(EVENTS_TABLE),
-    positions=sql.Identifier(SCHEMA, PROJECTION_POSITIONS),
-)
+_UNLINED = sql.SQL(
+    "SELECT transaction_id FROM {table}"
+    " WHERE state IN ('reserved', 'charge_failed') AND line_id IS NULL"
+).format(table=sql.Identifier(SCHEMA, TransactionsProjection.name))
 
 
-def open_transaction_ids(conn: psycopg.Connection[Any]) -> list[UUID]:
-    """Transactions that are neither Charged nor Compensated.
+def unlined_transaction_ids(conn: psycopg.Connection[Any]) -> list[UUID]:
+    """Open transactions in no invoice line: reserved before lines existed (they join
+    their line through the reconciler). Ingest puts every new one in a line at once."""
+    return [r[0] for r in conn.execute(_UNLINED).fetchall()]
 
-    Those the projection has seen come from its (state, next_attempt_at) index; those
-    recorded after the projection's position (in commit order, as the projector reads)
-    are found in the events past it, so a projector that is behind or stopped never
-    hides an open transaction. A row that is out of date only costs its reader a load.
-    """
-    rows = conn.execute(
-        _OPEN_IDS,
-        {
-            "open": [str(s) for s in _OPEN],
-            "name": TransactionsProjection.name,
-            "prefix": _TXN_TOPIC_PREFIX + "%",
-            "terminal": _TERMINAL_TOPICS,
-        },
-    ).fetchall()
-    return [r[0] for r in rows]
+
+def open_transactions(conn: psycopg.Connection[Any]) -> int:
+    """How many transactions the read model shows neither charged nor compensated."""
+    row = conn.execute(
+        sql.SQL(
+            "SELECT count(*) FROM {} WHERE state IN ('metered', 'reserved', 'charge_failed')"
+        ).format(sql.Identifier(SCHEMA, TransactionsProjection.name))
+    ).fetchone()
+    return int(row[0]) if row else 0

@@ -25,8 +25,12 @@ from eventsourcing.domain import (
 from eventsourcing.persistence import IntegrityError, JSONTranscoder, Recording, Transcoder
 
 from domain.account import CustomerAccount
-from domain.ids import account_id
+from domain.customer import CustomerLink
+from domain.ids import account_id, customer_link_id, invoice_id, line_id, line_push_id
+from domain.invoice import Invoice
+from domain.invoice_line import InvoiceLine, LinePush
 from domain.metering import MeteredBatch, Metering, meter_batch_events
+from domain.periods import Period, PeriodPolicy
 from domain.pricing import PriceList
 from domain.transaction import BillingTransaction
 from store.errors import ConcurrencyExhausted
@@ -41,6 +45,9 @@ class SaveStats:
     events: int
 
 
+MONTHLY = PeriodPolicy()
+
+
 class BillingLedger(Application[UUID]):
     """Billing transactions and customer accounts in the event store."""
 
@@ -49,12 +56,23 @@ class BillingLedger(Application[UUID]):
         "AGGREGATE_CACHE_MAXSIZE": "20000",
         "AGGREGATE_CACHE_FASTFORWARD": "y",
     }
-    snapshotting_intervals: ClassVar[dict[type[Any], int]] = {CustomerAccount: 200}
+    snapshotting_intervals: ClassVar[dict[type[Any], int]] = {
+        CustomerAccount: 200,
+        InvoiceLine: 500,
+        LinePush: 200,
+    }
     max_attempts = 8
 
-    def __init__(self, prices: PriceList, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        prices: PriceList,
+        env: dict[str, str] | None = None,
+        *,
+        periods: PeriodPolicy = MONTHLY,
+    ) -> None:
         super().__init__(env)
         self.prices = prices
+        self.periods = periods
         self.last_save = SaveStats(attempts=0, events=0)
 
     def record_usage(self, batch: Sequence[Metering]) -> MeteredBatch:
@@ -65,13 +83,19 @@ class BillingLedger(Application[UUID]):
                 self._recorded_ids([m.transaction_id for m in batch]) if check_existing else ()
             )
             decision = meter_batch_events(
-                batch, self.prices, load_account=self._load_account, already_recorded=recorded
+                batch,
+                self.prices,
+                load_account=self._load_account,
+                load_line=self.line,
+                periods=self.periods,
+                already_recorded=recorded,
             )
             events = decision.transaction_events
-            events_count = len(events) + sum(len(a.pending_events) for a in decision.accounts)
+            touched = [*decision.accounts, *decision.lines]
+            events_count = len(events) + sum(len(a.pending_events) for a in touched)
             try:
                 # Nothing reads this save's notification ids, so the recorder may skip them.
-                self.save(*decision.accounts, *events, notification_ids=False)
+                self.save(*touched, *events, notification_ids=False)
             except IntegrityError:
                 check_existing = True
                 continue
@@ -129,6 +153,60 @@ class BillingLedger(Application[UUID]):
         """The transaction (raises AggregateNotFoundError)."""
         txn: BillingTransaction = self.repository.get(txn_id)
         return txn
+
+    def line(
+        self, customer_id: str, currency: str, meter: str, period: Period
+    ) -> InvoiceLine | None:
+        """The invoice line, or None if no usage joined it yet."""
+        found = self._get(line_id(customer_id, currency, meter, period.key))
+        return found if isinstance(found, InvoiceLine) else None
+
+    def line_by_id(self, line: UUID) -> InvoiceLine:
+        """The invoice line (raises AggregateNotFoundError)."""
+        found: InvoiceLine = self.repository.get(line)
+        return found
+
+    def line_push(self, line: UUID) -> LinePush | None:
+        """What Stripe holds for a line, or None before its first push."""
+        found = self._get(line_push_id(line))
+        return found if isinstance(found, LinePush) else None
+
+    def invoice(self, customer_id: str, currency: str, period: Period) -> Invoice | None:
+        """The invoice, or None before its draft exists in Stripe."""
+        found = self._get(invoice_id(customer_id, currency, period.key))
+        return found if isinstance(found, Invoice) else None
+
+    def customer_link(self, customer_id: str) -> CustomerLink | None:
+        found = self._get(customer_link_id(customer_id))
+        return found if isinstance(found, CustomerLink) else None
+
+    def line_changes(
+        self, line: UUID, after: int, through: int
+    ) -> list[InvoiceLine.Settled | InvoiceLine.Removed]:
+        """The line's changes with versions in ``(after, through]``, in order."""
+        return [
+            e
+            for e in self.events.get(line, gt=after, lte=through)
+            if isinstance(e, InvoiceLine.Settled | InvoiceLine.Removed)
+        ]
+
+    def latest_versions(self, ids: Sequence[UUID]) -> dict[UUID, tuple[int, str]]:
+        """Each aggregate's newest version and the topic of its newest event (one query)."""
+        if isinstance(self.recorder, LedgerRecorder):
+            latest: dict[UUID, tuple[int, str]] = self.recorder.select_latest(ids)
+            return latest
+        out: dict[UUID, tuple[int, str]] = {}  # another persistence (the in-memory tests)
+        for i in set(ids):
+            events = self.recorder.select_events(i, desc=True, limit=1)
+            if events:
+                out[i] = (events[0].originator_version, events[0].topic)
+        return out
+
+    def _get(self, aggregate_id: UUID) -> Any:
+        try:
+            return self.repository.get(aggregate_id)
+        except AggregateNotFoundError:
+            return None
 
     def history(self, aggregate_id: UUID) -> list[DomainEventProtocol[UUID]]:
         """Every event of one aggregate, oldest first."""

@@ -97,6 +97,11 @@ class LedgerRecorder(PostgresApplicationRecorder):
             " WHERE (originator_id, originator_version) IN"
             " (SELECT * FROM unnest(%s::{1}[], %s::bigint[]))"
         ).format(table, SQL(self.datastore.originator_id_type))
+        self._select_latest = SQL(
+            "SELECT DISTINCT ON (originator_id) originator_id, originator_version, topic"
+            " FROM {0} WHERE originator_id = ANY(%s)"
+            " ORDER BY originator_id, originator_version DESC"
+        ).format(table)
         self._select_recorded = SQL(
             "SELECT DISTINCT originator_id FROM {0} WHERE originator_id = ANY(%s)"
         ).format(table)
@@ -200,6 +205,16 @@ class LedgerRecorder(PostgresApplicationRecorder):
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
             curs.execute(self._select_recorded, (list(set(originator_ids)),))
             return {row["originator_id"] for row in curs.fetchall()}
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def select_latest(self, originator_ids: Iterable[UUID]) -> dict[UUID, tuple[int, str]]:
+        """Each aggregate's newest version and the topic of its newest event (one query)."""
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute(self._select_latest, (list(set(originator_ids)),))
+            return {
+                row["originator_id"]: (row["originator_version"], row["topic"])
+                for row in curs.fetchall()
+            }
 
     def _insert_events(
         self,

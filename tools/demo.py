@@ -9,19 +9,19 @@ emulator, audits the whole history and shows the queue health.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
 from collections import Counter
+from decimal import Decimal
 from typing import Any
 
 from adapters.audit.replay import Scope
 from adapters.audit.report import audit, stripe_invoice_items
 from adapters.bootstrap import (
-    build_charger,
     build_ingest_worker,
     build_projector,
-    build_reconciler,
     close_worker,
     database,
     open_ledger,
@@ -39,6 +39,9 @@ from domain.money import format_minor
 from domain.ports import DeadLetter
 from infra.embedded import EmbeddedPostgres, TansuBroker
 from infra.stripe_emulator import StripeEmulator
+from projections.invoice_lines import lines
+from projections.projector import projector_behind
+from projections.transactions import open_transactions
 from store.dead_letters import DeadLetterStore
 from store.ledger import BillingLedger
 from tools.summary import Balances
@@ -55,6 +58,7 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
     from adapters.progress import Progress, step
 
     configure_logging("ERROR")  # the demo reports through its summary, not log lines
+    logging.getLogger("kafka").setLevel(logging.ERROR)
     started = time.monotonic()
     step("starting embedded PostgreSQL and the Tansu broker")
     with EmbeddedPostgres() as pg, TansuBroker() as broker:
@@ -108,11 +112,14 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
                         "stripe_api_base": stripe.url,
                         "stripe_rate_per_s": 250,
                         "reconcile_interval_s": 0.5,
+                        "settle_interval_s": 1.0,
                     }
                 )
-                _charge_everything(charging, ledger, deadline=time.monotonic() + timeout)
+                reserved = worker.stats.transactions - worker.stats.refused
+                _charge_everything(charging, ledger, reserved, deadline=time.monotonic() + timeout)
                 summary = summarize(ledger, settings, produced)
                 summary["health"] = _health(charging, ledger)
+                summary["lines"] = _lines(charging)
                 summary["audit"] = _audit(charging)
                 items = stripe.live_invoice_items()
                 summary["stripe"] = {
@@ -124,30 +131,58 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
     return summary
 
 
-def _charge_everything(settings: Settings, ledger: BillingLedger, *, deadline: float) -> None:
-    """Run the relay, the charge process manager and the reconciler until nothing is open."""
+def _charge_everything(
+    settings: Settings, ledger: BillingLedger, total: int, *, deadline: float
+) -> None:
+    """Run the relay, the projector, the process manager and the reconciler until every
+    transaction is charged or compensated, as the read models show it."""
     from adapters.progress import Progress, step
 
-    step("charging through the Stripe emulator: relay -> process manager -> Stripe")
-    reconciler = build_reconciler(settings, build_charger(settings, ledger))
-    total = len(reconciler.open_transactions())
+    step("charging through the Stripe emulator: relay -> process manager -> line pushes")
     progress = Progress(total, "settled")
     stop = threading.Event()
     workers = threading.Thread(
-        target=run_roles, args=(settings, ledger, ["relay", "charge", "reconcile"], stop)
+        target=run_roles,
+        args=(settings, ledger, ["relay", "project", "charge", "reconcile"], stop),
     )
     workers.start()
     try:
-        while (still_open := len(reconciler.open_transactions())) > 0:
+        while True:
+            still_open, behind = _open(settings)
             progress.update(total - still_open)
+            if not still_open and not behind:
+                break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{still_open} transactions still open")
             stop.wait(0.25)
-        progress.update(total)
         progress.done()
     finally:
         stop.set()
         workers.join()
+
+
+def _open(settings: Settings) -> tuple[int, int]:
+    """Open transactions in the read model, and events the projector has not applied."""
+    with database(settings, pool_size=0) as db, db.connection() as conn:
+        return open_transactions(conn), projector_behind(conn)
+
+
+def _lines(settings: Settings) -> list[dict[str, Any]]:
+    """Every invoice line: records, exact total, billed, what Stripe holds, requests."""
+    with database(settings, pool_size=0) as db, db.connection() as conn:
+        return [
+            {
+                "customer_id": r["customer_id"],
+                "currency": r["currency"].strip(),
+                "meter": r["meter"],
+                "transactions": r["transactions"],
+                "exact": str(r["exact_total"]),
+                "billed": r["billed"],
+                "stripe": r["stripe_amount"],
+                "requests": r["stripe_requests"],
+            }
+            for r in lines(conn, limit=10_000)
+        ]
 
 
 def _health(settings: Settings, ledger: BillingLedger) -> dict[str, Any]:
@@ -226,7 +261,9 @@ def render_summary(summary: dict[str, Any]) -> str:
         f"duplicates ignored    {summary['duplicates_ignored']:>10,}",
         f"dead letters          {summary['dead_letters']:>10,}",
         f"refused by limit      {summary['refused_by_limit']:>10,}",
-        f"charged in Stripe     {summary.get('stripe', {}).get('live_invoice_items', 0):>10,}",
+        f"invoice lines         {len(summary.get('lines', [])):>10,}",
+        f"Stripe invoice items  {summary.get('stripe', {}).get('live_invoice_items', 0):>10,}",
+        f"Stripe requests       {summary.get('stripe', {}).get('requests', 0):>10,}",
         f"money conserved       {'yes' if summary['conserved'] else 'NO':>10}",
         "",
         f"{'customer':<10} {'cur':<4} {'txns':>7} {'metered':>14} {'in flight':>14} "
@@ -236,8 +273,21 @@ def render_summary(summary: dict[str, Any]) -> str:
         for cur, b in currencies.items():
             lines.append(
                 f"{customer:<10} {cur:<4} {b['transactions']:>7,} "
-                f"{format_minor(b['metered'], cur):>14} {format_minor(b['in_flight'], cur):>14} "
-                f"{format_minor(b['charged'], cur):>14} {format_minor(b['compensated'], cur):>14}"
+                f"{_money(b['metered'], cur):>14} {_money(b['in_flight'], cur):>14} "
+                f"{_money(b['charged'], cur):>14} {_money(b['compensated'], cur):>14}"
+            )
+    if summary.get("lines"):
+        lines += [
+            "",
+            f"{'customer':<10} {'cur':<4} {'meter':<22} {'records':>8} {'exact (minor)':>22}"
+            f" {'billed':>14} {'in Stripe':>14} {'requests':>8}",
+        ]
+        for ln in summary["lines"]:
+            cur = ln["currency"]
+            lines.append(
+                f"{ln['customer_id']:<10} {cur:<4} {ln['meter']:<22} {ln['transactions']:>8,}"
+                f" {ln['exact']:>22} {format_minor(ln['billed'], cur):>14}"
+                f" {format_minor(ln['stripe'], cur):>14} {ln['requests']:>8}"
             )
     if summary["dead_letter_reasons"]:
         lines += ["", "dead letters by reason:"]
@@ -261,3 +311,8 @@ def render_summary(summary: dict[str, Any]) -> str:
 def _dead_letters(settings: Settings) -> list[DeadLetter]:
     with database(settings, pool_size=0) as db:
         return DeadLetterStore(db).all(limit=1_000_000)
+
+
+def _money(exact: str, currency: str) -> str:
+    """An exact amount (decimal text, minor units) shown to the cent, for reading."""
+    return format_minor(Decimal(exact), currency)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from decimal import Decimal, localcontext
 from typing import Any
 from uuid import UUID
 
@@ -27,12 +28,13 @@ class Balances:
     """The fold; ``by_customer[customer][currency]`` is a Balance."""
 
     by_customer: dict[str, dict[str, Balance]] = field(default_factory=dict)
-    _txns: dict[UUID, tuple[str, str, int, str]] = field(default_factory=dict, repr=False)
+    _txns: dict[UUID, tuple[str, str, Decimal, str]] = field(default_factory=dict, repr=False)
     _accounts: dict[UUID, tuple[str, str]] = field(default_factory=dict, repr=False)
 
     def apply_all(self, events: Iterable[Any]) -> Balances:
-        for event in events:
-            self.apply(event)
+        with localcontext(prec=80):  # sums of exact amounts stay exact
+            for event in events:
+                self.apply(event)
         return self
 
     def apply(self, event: Any) -> None:
@@ -74,7 +76,11 @@ class Balances:
         return self.by_customer.setdefault(customer, {}).setdefault(currency, Balance())
 
     def as_dict(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Plain data for JSON: exact amounts as their decimal text."""
         return {
-            customer: {cur: asdict(bal) for cur, bal in sorted(currencies.items())}
+            customer: {
+                cur: {k: f"{v:f}" if isinstance(v, Decimal) else v for k, v in asdict(bal).items()}
+                for cur, bal in sorted(currencies.items())
+            }
             for customer, currencies in sorted(self.by_customer.items())
         }

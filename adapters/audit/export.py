@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -29,7 +30,7 @@ def balances_as_of(
         {
             "customer_id": customer_id,
             "currency": currency,
-            **{c: getattr(bal, c) for c in BALANCE_COLUMNS},
+            **{c: _json_number(getattr(bal, c)) for c in BALANCE_COLUMNS},
         }
         for (customer_id, currency), bal in sorted(result.balances().items())
     ]
@@ -38,7 +39,7 @@ def balances_as_of(
             "transaction_id": t.transaction_id,
             "customer_id": t.customer_id,
             "usage_id": t.usage_id,
-            "amount": t.amount,
+            "amount": _json_number(t.amount),
             "currency": t.currency,
             "state": str(t.state),
             "attempts": t.attempts,
@@ -46,6 +47,11 @@ def balances_as_of(
         for t in sorted(result.transactions.values(), key=lambda t: (t.customer_id, t.metered_at))
     ]
     return {"as_of": as_of.isoformat(), "balances": balances, "transactions": txns}
+
+
+def _json_number(value: Any) -> Any:
+    """An exact amount as its decimal text (JSON numbers are floats to many readers)."""
+    return f"{value:f}" if isinstance(value, Decimal) else value
 
 
 _EXPORT = sql.SQL(

@@ -28,8 +28,11 @@ from domain.audit import (
     Balance,
     TxnAudit,
     balances_of,
+    uuid_text,
 )
+from domain.audit_lines import LineAudit, PushAudit
 from domain.chain import GENESIS, ChainBreak, ChainLink, link_hash, link_problem, topic_header
+from domain.invoice_line import InvoiceLine, LinePush
 from domain.transaction import BillingTransaction
 from store.schema import EVENTS_TABLE
 
@@ -48,6 +51,8 @@ __all__ = [
 
 TXN_TOPICS = get_topic(BillingTransaction.Metered).removesuffix("Metered")
 ACCOUNT_TOPICS = get_topic(CustomerAccount.Opened).removesuffix("Opened")
+LINE_TOPICS = get_topic(InvoiceLine.Opened).removesuffix("Opened")
+PUSH_TOPICS = get_topic(LinePush.Opened).removesuffix("Opened")
 HISTORY_COPY = sql.SQL(
     "COPY (SELECT uuid_send(originator_id), originator_version, topic, state, prev_hash, hash"
     " FROM {} ORDER BY notification_id) TO STDOUT (FORMAT BINARY)"
@@ -92,6 +97,8 @@ class Replay:
     aggregates: int = 0
     transactions: dict[str, TxnAudit] = field(default_factory=dict)
     limits: dict[tuple[str, str], int | None] = field(default_factory=dict)
+    lines: dict[str, LineAudit] = field(default_factory=dict)
+    pushes: dict[str, PushAudit] = field(default_factory=dict)
     breaks: list[ChainBreak] = field(default_factory=list)
 
     def balances(self) -> dict[tuple[str, str], Balance]:
@@ -119,7 +126,7 @@ def history_size(conn: psycopg.Connection[Any]) -> int:
 class _Aggregate:
     """The replay's cursor on one aggregate: its chain so far and where its events go."""
 
-    __slots__ = ("account", "expected", "id", "prev", "txn")
+    __slots__ = ("account", "expected", "id", "line", "prev", "push", "txn")
 
     def __init__(self, id_bytes: bytes) -> None:
         self.id = id_bytes
@@ -127,12 +134,20 @@ class _Aggregate:
         self.prev = GENESIS
         self.txn: TxnAudit | None = None
         self.account: tuple[str, str] | None = None
+        self.line: LineAudit | None = None
+        self.push: PushAudit | None = None
 
 
 _SKIP = "skip"
-_ALWAYS = frozenset({"metered", "Opened", "LimitSet"})  # else only for a transaction in scope
-_NO_DATA: dict[str, Any] = {}
-_WRAPPED = {"metered": ("quantity", "timestamp"), "ChargeFailed": ("next_attempt_at",)}
+# Always decoded; other kinds only for an aggregate in scope.
+_ALWAYS = frozenset({"metered", "Opened", "LimitSet", "line:Opened", "push:Opened"})
+_WRAPPED = {
+    "metered": ("quantity", "timestamp", "amount"),
+    "ChargeFailed": ("next_attempt_at",),
+    "line:Opened": ("period_start",),
+    "line:Settled": ("exact_total",),
+    "line:Removed": ("exact_total",),
+}
 
 
 def replay(
@@ -177,10 +192,9 @@ def _replay(rows: Iterable[Row], scope: Scope, tick: Callable[[int], None] | Non
         ):
             _chain_break(out, agg, row)
         agg.expected, agg.prev = version + 1, digest or GENESIS
-        if kind == "Reserved" and not scope.partial:
-            if agg.txn is not None:
-                agg.txn.apply(kind, _NO_DATA, version)
-        elif kind in _ALWAYS or (kind != _SKIP and agg.txn is not None):
+        if kind in _ALWAYS or (
+            kind != _SKIP and (agg.txn is not None or agg.line is not None or agg.push is not None)
+        ):
             _route(out, agg, kind, version, state, scope)
         if tick is not None and events % _PROGRESS_EVERY == 0:
             tick(events)
@@ -202,7 +216,11 @@ def _kind(topic: str) -> str:
         return "metered" if name == "Metered" else name
     if topic in (ACCOUNT_TOPICS + "Opened", ACCOUNT_TOPICS + "LimitSet"):
         return topic[len(ACCOUNT_TOPICS) :]
-    return _SKIP  # an account's reservations: not needed to recompute anything
+    if topic.startswith(LINE_TOPICS):
+        return "line:" + topic[len(LINE_TOPICS) :]
+    if topic.startswith(PUSH_TOPICS) and not topic.endswith(".ItemPlanned"):
+        return "push:" + topic[len(PUSH_TOPICS) :]
+    return _SKIP  # an account's reservations, planned items: nothing to recompute
 
 
 def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
@@ -214,7 +232,10 @@ def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
     at = datetime.fromisoformat(unwrap(data["timestamp"])) if scope.partial else None
     if scope.as_of is not None and at is not None and at > scope.as_of:
         return
-    if kind == "metered":
+    if kind.startswith(("line:", "push:")):
+        if not scope.partial:  # lines sum whole periods: audited with the whole history
+            _route_line(out, agg, kind, version, data, scope)
+    elif kind == "metered":
         if scope.includes(data["customer_id"], at):
             agg.txn = TxnAudit.metered(_uuid_text(agg.id), data)
             out.transactions[agg.txn.transaction_id] = agg.txn
@@ -227,6 +248,25 @@ def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
             out.limits[agg.account] = data["spend_limit"]
     elif agg.txn is not None:
         agg.txn.apply(kind, data, version)
+
+
+def _route_line(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
+    out: Replay, agg: _Aggregate, kind: str, version: int, data: dict[str, Any], scope: Scope
+) -> None:
+    if kind == "line:Opened":
+        if scope.customer in (None, data["customer_id"]):
+            agg.line = LineAudit.opened(_uuid_text(agg.id), data)
+            out.lines[agg.line.line_id] = agg.line
+    elif kind == "push:Opened":
+        line = uuid_text(data["line_id"])
+        if line in out.lines:
+            assert line is not None
+            agg.push = PushAudit(_uuid_text(agg.id), line)
+            out.pushes[agg.push.push_id] = agg.push
+    elif agg.line is not None:
+        agg.line.apply(kind[5:], data, version)
+    elif agg.push is not None:
+        agg.push.apply(kind[5:], data, version)
 
 
 def _uuid_text(id_bytes: bytes) -> str:

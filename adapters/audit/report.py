@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 import psycopg
 from psycopg import sql
@@ -22,7 +23,7 @@ from psycopg.rows import dict_row
 from adapters.audit.replay import Replay, Scope, history_size, read_history, replay
 from adapters.progress import Progress
 from adapters.settings import StripeSettings
-from adapters.stripe.client import StripeCharges
+from adapters.stripe.client import StripeGateway
 from domain.audit import (
     Balance,
     Finding,
@@ -32,6 +33,7 @@ from domain.audit import (
     check_stripe,
     check_transactions,
 )
+from domain.audit_lines import check_line_items, check_lines
 from projections.transactions import COLUMNS as TXN_COLUMNS
 from store.connections import Database
 from store.schema import EVENTS_TABLE
@@ -41,6 +43,7 @@ __all__ = [
     "AuditReport",
     "audit",
     "compare_balances",
+    "compare_lines",
     "compare_transactions",
     "render",
     "stripe_invoice_items",
@@ -88,12 +91,16 @@ def audit(
             findings += projection_lag(conn)
             findings += compare_transactions(conn, result.transactions, scope)
             if not scope.partial:
+                findings += check_lines(result.lines, result.pushes, result.transactions)
                 findings += compare_balances(conn, balances, scope.customer)
+                findings += compare_lines(conn, result, scope.customer)
             findings += dead_letters_without_reason(conn)
     items = stripe_items() if stripe_items is not None else None
     if items is not None:
         foreign = not scope.partial
         findings += check_stripe(items, result.transactions, foreign_items=foreign)
+        if not scope.partial:
+            findings += check_line_items(items, result.pushes, result.lines)
     return AuditReport(
         scope={
             k: v.isoformat() if isinstance(v, datetime) else v for k, v in asdict(scope).items()
@@ -124,8 +131,9 @@ def _history_findings(
     findings = [
         Finding("chain", f"{b.originator_id} v{b.version}", b.problem) for b in result.breaks
     ]
+    failing = {p.line_id for p in result.pushes.values() if p.failing}
     findings += check_transactions(
-        result.transactions.values(), now=datetime.now(UTC), horizon=horizon
+        result.transactions.values(), now=datetime.now(UTC), horizon=horizon, failing_lines=failing
     )
     return findings + check_balances(balances)
 
@@ -177,6 +185,8 @@ def _expected(txn: TxnAudit, column: str) -> Any:
         return Decimal(value)
     if column in ("next_attempt_at", "metered_at") and value is not None:
         return datetime.fromisoformat(value)
+    if column == "line_id" and value is not None:
+        return UUID(value)
     return str(value) if column == "state" else value
 
 
@@ -280,7 +290,7 @@ def stripe_invoice_items(
 ) -> list[InvoiceItem]:
     """Every live invoice item in Stripe (of one customer's Stripe customer, if given),
     listed through the project's one Stripe client (its rate limit and breaker)."""
-    client = StripeCharges(settings)
+    client = StripeGateway(settings)
     stripe_customer = None
     if customer is not None:
         stripe_customer = client.find_customer(customer)
@@ -292,9 +302,50 @@ def stripe_invoice_items(
             (item.get("metadata") or {}).get("txn_id"),
             int(item["amount"]),
             str(item["currency"]),
+            (item.get("metadata") or {}).get("line_id"),
         )
         for item in client.invoice_items(stripe_customer)
     ]
+
+
+_LINE_COMPARED = ("exact_total", "billed", "transactions", "sequence")
+_PUSH_COMPARED = ("pushed_sequence", "stripe_amount", "charged_through")
+
+
+def compare_lines(
+    conn: psycopg.Connection[Any], result: Replay, customer: str | None
+) -> list[Finding]:
+    """Every difference between the replayed lines and pushes and ``billing.invoice_lines``."""
+    query = sql.SQL("SELECT line_id, {} FROM billing.invoice_lines{}").format(
+        sql.SQL(", ").join(map(sql.Identifier, _LINE_COMPARED + _PUSH_COMPARED)),
+        sql.SQL(" WHERE customer_id = %s" if customer else ""),
+    )
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = {str(r["line_id"]): r for r in cur.execute(query, [customer] if customer else [])}
+    push_of = {p.line_id: p for p in result.pushes.values()}
+    findings: list[Finding] = []
+    for line_id in sorted(rows.keys() | result.lines.keys()):
+        row, line = rows.get(line_id), result.lines.get(line_id)
+        if row is None or line is None:
+            where = "billing.invoice_lines" if row is None else "history"
+            findings.append(Finding("projection", line_id, f"line missing from {where}"))
+            continue
+        push = push_of.get(line_id)
+        want = {
+            "exact_total": line.exact_total,
+            "billed": line.billed,
+            "transactions": line.transactions,
+            "sequence": line.sequence,
+            "pushed_sequence": push.pushed_sequence if push else 0,
+            "stripe_amount": push.pushed_billed if push else 0,
+            "charged_through": push.charged_through if push else 0,
+        }
+        findings += [
+            Finding("projection", line_id, f"invoice_lines.{c}: {row[c]!r}, history says {v!r}")
+            for c, v in want.items()
+            if row[c] != v
+        ]
+    return findings
 
 
 def render(report: AuditReport) -> str:

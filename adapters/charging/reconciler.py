@@ -1,27 +1,23 @@
-"""The reconciler: every transaction whose next step is due or overdue is driven.
+"""The reconciler: every line with a change Stripe has not acknowledged is scheduled,
+and every transaction reserved before lines existed joins its line.
 
-Every ``reconcile_interval_s`` it finds the open transactions (through the read
-model's query ``projections.transactions.open_transaction_ids``, which also sees what
-the projector has not reached), asks the domain which are due (a retry due, a
-reservation nobody charged within ``stale_after``, a transaction past its horizon)
-and drives them with the ``Charger``, a few at a time. Forward progress never
-depends on a message being delivered again.
+Every ``reconcile_interval_s`` it reads the lines with unsent changes, failed pushes
+or charges not yet recorded (``projections.invoice_lines.open_lines``, which also sees
+what the projector has not reached) and hands them to the scheduler with the time of
+their oldest unsent change and their next attempt; it settles open transactions that
+have no line yet (histories from before lines). Forward progress never depends on a
+message being delivered again.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from uuid import UUID
+from dataclasses import dataclass
 
-from adapters.charging.charger import Charger
-from adapters.observability import telemetry
-from adapters.observability.logs import step_fields
-from domain.saga import Step, StepResult, is_stale, next_step
-from domain.transaction import TxnState
-from projections.transactions import open_transaction_ids
+from adapters.charging.pusher import LinePusher
+from adapters.charging.scheduler import LineScheduler
+from projections.invoice_lines import open_lines
+from projections.transactions import unlined_transaction_ids
 from store.connections import Database
 
 __all__ = ["ReconcileReport", "Reconciler"]
@@ -31,57 +27,27 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ReconcileReport:
-    examined: int = 0
-    driven: int = 0
-    results: dict[str, int] = field(default_factory=dict)
+    lines: int = 0
+    adopted: int = 0
 
 
 class Reconciler:
-    """Finds transactions whose next step is due or overdue and drives them."""
+    """Finds the work the database says is open and schedules it."""
 
-    def __init__(self, charger: Charger, database: Database, *, parallel: int = 8) -> None:
-        self.charger = charger
+    def __init__(self, pusher: LinePusher, scheduler: LineScheduler, database: Database) -> None:
+        self.pusher = pusher
+        self.scheduler = scheduler
         self.database = database
-        self.parallel = parallel
 
     def pass_once(self) -> ReconcileReport:
-        """Drive every transaction whose step is due, ``parallel`` at a time (the Stripe
-        client's own limits still bound the pressure on Stripe)."""
         report = ReconcileReport()
-        now = self.charger.clock()
-        due: list[UUID] = []
-        for txn_id in self.open_transactions():
-            report.examined += 1
-            txn = self.charger.ledger.transaction(txn_id)
-            step = next_step(txn, now, self.charger.policy)
-            if step is Step.COMPENSATE or (
-                step is Step.CHARGE
-                and (txn.state is TxnState.CHARGE_FAILED or is_stale(txn, now, self.charger.policy))
-            ):
-                due.append(txn_id)
-        report.driven = len(due)
-        if due:
-            with ThreadPoolExecutor(self.parallel, thread_name_prefix="reconcile") as pool:
-                results = Counter(str(r) for r in pool.map(self._drive, due))
-            report.results = dict(results)
-        return report
-
-    def open_transactions(self) -> list[UUID]:
-        """Transactions that are neither Charged nor Compensated (see the query)."""
         with self.database.connection() as conn:
-            return open_transaction_ids(conn)
-
-    def _drive(self, txn_id: UUID) -> StepResult:
-        """One reconciler action: a ``reconcile`` span in the transaction's trace."""
-        with telemetry.span(
-            "reconcile",
-            telemetry.transaction_context(txn_id),
-            billing__transaction_id=str(txn_id),
-        ) as current:
-            result = self.charger.drive(txn_id)
-            current.set_attribute("billing.result", str(result))
-            log.info(
-                "transaction reconciled",
-                extra=step_fields("reconcile", str(result), transaction_id=txn_id),
-            )
-        return result
+            lines = open_lines(conn)
+            legacy = unlined_transaction_ids(conn)
+        for txn_id in legacy:
+            self.pusher.adopt(txn_id)
+            report.adopted += 1
+        for line, oldest, due in lines:
+            self.scheduler.changed(line, changed_at=oldest, due=due)
+        report.lines = len(lines)
+        return report

@@ -116,10 +116,12 @@ class Relay:
             "event": event,
         }
         txn = str(originator_id) if ":BillingTransaction." in topic else None
+        line = str(originator_id) if ":InvoiceLine." in topic else None
         with telemetry.span(
             "relay publish",
-            telemetry.transaction_context(originator_id) if txn else None,
+            telemetry.transaction_context(originator_id) if txn or line else None,
             billing__transaction_id=txn,
+            billing__line_id=line,
             billing__customer_id=customer,
             billing__event=event,
             billing__notification_id=nid,

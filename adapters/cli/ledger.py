@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 from adapters.cli.args import (
@@ -72,13 +73,13 @@ def add_commands(sub: Any) -> None:
 
 
 def _reverse(args: argparse.Namespace) -> int:
-    from adapters.bootstrap import build_charger, open_ledger
+    from adapters.bootstrap import build_pusher, open_ledger
     from adapters.settings import Settings
     from domain.saga import StepResult
 
     settings = Settings()
     with open_ledger(settings) as ledger:
-        result = build_charger(settings, ledger).reverse(args.txn_id, args.reason)
+        result = build_pusher(settings, ledger).reverse(args.txn_id, args.reason)
     print(f"transaction {args.txn_id}: {result}")
     return 0 if result is StepResult.REVERSED else EXIT_FAILURE
 
@@ -147,10 +148,10 @@ def _show_account(args: argparse.Namespace) -> int:
         "available": account.available,
     }
     if args.json:
-        print(json.dumps(body, indent=2))
+        print(json.dumps(body, indent=2, default=lambda d: f"{d:f}"))  # exact: decimal text
     else:
         for key, value in body.items():
-            shown = value if not isinstance(value, int) else format_minor(value, currency)
+            shown = format_minor(value, currency) if isinstance(value, int | Decimal) else value
             print(f"{key:<12} {'unlimited' if value is None else shown}")
     return 0
 

@@ -16,8 +16,9 @@ test checks it names only these):
 ``billing_stripe_requests_total{operation,outcome}``    Stripe calls; outcome ok or the
                                                         error class (http_503, ...)
 ``billing_stripe_request_duration_seconds``             their latency (histogram)
-``billing_charge_steps_total{result}``                  charge steps: charged, retry, ...
-``billing_charge_retries_total``                        failed attempts that will be retried
+``billing_charge_steps_total{result}``                  line pushes: pushed, retry, abandoned
+``billing_transactions_charged_total``                  transactions recorded Charged
+``billing_charge_retries_total``                        failed pushes that will be retried
 ``billing_charge_latency_seconds``                      metered to charged (histogram)
 ``billing_breaker_transitions_total{from_state,to_state}``  circuit breaker moves
 ``billing_breaker_state{client}``                       0 closed, 1 half-open, 2 open
@@ -25,6 +26,8 @@ test checks it names only these):
 ``billing_oldest_open_age_seconds``                     age of the oldest unfinished one
 ``billing_retries_due``                                 failed attempts due now
 ``billing_consumer_lag{group,topic,partition}``         messages not yet consumed
+``billing_lines_unsent``, ``billing_lines_failing``     invoice lines waiting for Stripe
+``billing_oldest_unsent_age_seconds``                   the oldest change Stripe has not seen
 ======================================================  ===================================
 """
 
@@ -77,10 +80,15 @@ class Metrics:
             explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
         )
         self.charge_steps = meter.create_counter(
-            "billing.charge.steps", unit="{step}", description="charge steps by result"
+            "billing.charge.steps", unit="{step}", description="line pushes by result"
+        )
+        self.charged = meter.create_counter(
+            "billing.transactions.charged",
+            unit="{transaction}",
+            description="transactions recorded Charged (their line's push acknowledged)",
         )
         self.retries = meter.create_counter(
-            "billing.charge.retries", unit="{attempt}", description="failed attempts to retry"
+            "billing.charge.retries", unit="{attempt}", description="failed pushes to retry"
         )
         self.charge_latency = meter.create_histogram(
             "billing.charge.latency",
@@ -111,6 +119,18 @@ class Metrics:
         meter.create_observable_gauge(
             "billing.consumer.lag", [self._observe_lag], unit="{message}",
             description="messages on a partition not yet consumed by the group",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            "billing.lines.unsent", [self._figure("lines_unsent")], unit="{line}",
+            description="invoice lines with a change Stripe has not acknowledged",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            "billing.oldest_unsent_age", [self._figure("oldest_unsent_age_s")], unit="s",
+            description="age of the oldest change Stripe has not acknowledged",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            "billing.lines.failing", [self._figure("lines_failing")], unit="{line}",
+            description="invoice lines whose last push failed",
         )  # fmt: skip
         self._breakers: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         self._numbers = itertools.count(1)

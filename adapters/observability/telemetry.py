@@ -84,7 +84,7 @@ def start_span(
 
 
 def transaction_context(txn_id: UUID) -> context.Context:
-    """The parent of a transaction's spans: trace id = the transaction id.
+    """The parent of a transaction's (or an invoice line's) spans: trace id = its id.
 
     Its span id (the id's low 64 bits) names a root that is never exported, so a
     trace viewer shows the transaction's steps as siblings under a missing root.

@@ -1,20 +1,28 @@
 """The one way billing-ledger talks to Stripe: the SDK behind bounded pressure.
 
-``StripeCharges`` is the ``domain.ports.PaymentGateway``: one invoice item per
-transaction, created with ``Idempotency-Key: charge:{txn_id}`` and always the same
-parameters. Every call goes through the process's ``Pressure`` (breaker, AIMD
-in-flight limit, rate limit; ``adapters.stripe.pressure``). The SDK's own retries are
-off (``max_network_retries=0``): a failed attempt is recorded as ChargeFailed with a
-due time, and the reconciler retries it later with the SAME key and parameters.
-Failures reach the domain as ``ChargeFailure`` values (``adapters.stripe.errors``).
+``StripeGateway`` is the ``domain.ports.PaymentGateway``: a Stripe customer per
+customer, one draft invoice per customer, currency and period (``auto_advance=false``:
+it never finalizes by itself), and per invoice line one invoice item on that invoice
+(more when the line's total is above Stripe's largest item amount) whose amount is
+*set* to the line's billed total. Every create has an idempotency key derived from
+the ledger's ids (``customer:{id}``, ``invoice:{invoice id}``, ``line-item:{line}:{n}``)
+and always the same parameters; every update a key derived from the line, the item
+and the sequence (``line-push:{line}:{n}:{sequence}``). Past Stripe's key window
+(``key_window``, 23 h: Stripe keeps keys at least 24 h) the gateway looks an object up
+by its metadata before creating it again.
+
+Every call goes through the process's ``Pressure`` (breaker, AIMD in-flight limit,
+rate limit; ``adapters.stripe.pressure``). The SDK's own retries are off
+(``max_network_retries=0``): a failed push is recorded with a due time and pushed
+again later, with the same keys. Failures reach the domain as ``ChargeFailure``
+values (``adapters.stripe.errors``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from datetime import timedelta
 from typing import Any, TypeVar
+from uuid import UUID
 
 import stripe
 from stripe.params import InvoiceItemListParams
@@ -23,17 +31,17 @@ from adapters.observability import telemetry
 from adapters.settings import StripeSettings
 from adapters.stripe.errors import classify
 from adapters.stripe.pressure import Pressure
-from domain.ports import Removal
-from domain.saga import Charged, ChargeOutcome, idempotency_key
-from domain.transaction import BillingTransaction
+from domain.ports import DraftInvoice, LineItems
+from domain.pushing import ItemStep, item_key, push_key
+from domain.saga import ChargeFailure, idempotency_key
 
-__all__ = ["StripeCharges"]
+__all__ = ["StripeGateway"]
 
 T = TypeVar("T")
 
 
-class StripeCharges:
-    """Invoice items for billing transactions, one per transaction, exactly once."""
+class StripeGateway:
+    """Customers, draft invoices and line items in Stripe (see the module docstring)."""
 
     def __init__(self, settings: StripeSettings) -> None:
         self.settings = settings
@@ -45,105 +53,41 @@ class StripeCharges:
         )
         self.pressure = Pressure(settings)
         self.breaker = self.pressure.breaker
-        self._customers: dict[str, str] = {}
 
     # -- the port ------------------------------------------------------------------
 
-    def charge(self, txn: BillingTransaction, age: timedelta) -> ChargeOutcome:
-        """Create the transaction's invoice item (or find it); never raises."""
-        try:
-            return Charged(self.create_charge(txn, age))
-        except Exception as exc:  # every failure is classified and recorded, never dropped
-            return classify(exc)
+    def customer(self, customer_id: str, *, look_first: bool) -> str | ChargeFailure:
+        return _answer(lambda: self.create_customer(customer_id, look_first=look_first))
 
-    def remove_charge(self, txn: BillingTransaction, stripe_object_id: str | None) -> Removal:
-        """Delete the transaction's invoice item (by id, else by metadata); never raises."""
-        try:
-            return self.delete_charge(txn, stripe_object_id)
-        except Exception as exc:
-            return classify(exc)
+    def draft_invoice(self, draft: DraftInvoice, *, look_first: bool) -> str | ChargeFailure:
+        return _answer(lambda: self.create_draft_invoice(draft, look_first=look_first))
+
+    def set_line_items(self, items: LineItems) -> list[str] | ChargeFailure:
+        return _answer(lambda: self.push_line(items))
+
+    def delete_item(self, item_id: str, key: str) -> ChargeFailure | None:
+        failure = _answer(lambda: self.delete_invoice_item(item_id, key))
+        return failure if isinstance(failure, ChargeFailure) else None
 
     def breaker_state(self) -> str:
         return self.breaker.state
 
     # -- the calls (they raise) ----------------------------------------------------
 
-    def create_charge(self, txn: BillingTransaction, age: timedelta) -> str:
-        """Create the transaction's invoice item (or find it); returns its Stripe id."""
-        with _traced("charge", txn):
-            customer = self.customer(txn.customer_id)
-            if age >= self.settings.key_window:  # Stripe may have forgotten the key
-                existing = self.find_charge(txn, customer)
-                if existing is not None:
-                    return existing
-            item = self._call(
-                "invoice_items.create",
-                lambda: self.client.v1.invoice_items.create(
-                    params={
-                        "customer": customer,
-                        "amount": txn.amount,
-                        "currency": txn.currency.lower(),
-                        "description": f"{txn.meter} x {txn.quantity}",
-                        "metadata": {"txn_id": str(txn.id), "usage_id": txn.usage_id},
-                    },
-                    options={"idempotency_key": idempotency_key("charge", txn.id)},
-                ),
-            )
-            _http_status(item)
-            return str(item.id)
-
-    def delete_charge(self, txn: BillingTransaction, stripe_object_id: str | None) -> str | None:
-        """Delete the transaction's invoice item (by id, else by metadata); returns its id."""
-        with _traced("remove_charge", txn):
-            item_id = stripe_object_id or self.find_charge(txn)
-            if item_id is None:
-                return None
-            try:
-                self._call(
-                    "invoice_items.delete",
-                    lambda: self.client.v1.invoice_items.delete(
-                        item_id, options={"idempotency_key": idempotency_key("reverse", txn.id)}
-                    ),
-                )
-            except stripe.InvalidRequestError as exc:
-                if exc.http_status != 404:  # already gone: the reversal holds
-                    raise
-            return item_id
-
-    def find_charge(self, txn: BillingTransaction, customer: str | None = None) -> str | None:
-        """The live invoice item of ``txn``, looked up by its metadata, if any."""
-        for item in self.invoice_items(customer or self.customer(txn.customer_id)):
-            if (item.get("metadata") or {}).get("txn_id") == str(txn.id):
-                return str(item["id"])
-        return None
-
-    def invoice_items(self, customer: str | None = None) -> Iterator[dict[str, Any]]:
-        """Every live invoice item (of one Stripe customer, if given), as plain dicts."""
-        params: InvoiceItemListParams = {"limit": 100}
-        if customer is not None:
-            params["customer"] = customer
-        page = self._call(
-            "invoice_items.list", lambda: self.client.v1.invoice_items.list(params=params)
+    def create_customer(self, customer_id: str, *, look_first: bool = False) -> str:
+        """The Stripe customer of ``customer_id``, created with its own key."""
+        if look_first:
+            found = self.find_customer(customer_id)
+            if found is not None:
+                return found
+        created = self._call(
+            "customers.create",
+            lambda: self.client.v1.customers.create(
+                params={"name": customer_id, "metadata": {"customer_id": customer_id}},
+                options={"idempotency_key": idempotency_key("customer", customer_id)},
+            ),
         )
-        for item in page.auto_paging_iter():
-            yield item.to_dict()
-
-    def customer(self, customer_id: str) -> str:
-        """The Stripe customer of ``customer_id``, created on first use with its own key."""
-        if customer_id in self._customers:
-            return self._customers[customer_id]
-        stripe_id = self.find_customer(customer_id)
-        if stripe_id is None:
-            created = self._call(
-                "customers.create",
-                lambda: self.client.v1.customers.create(
-                    params={"name": customer_id, "metadata": {"customer_id": customer_id}},
-                    options={"idempotency_key": idempotency_key("customer", customer_id)},
-                ),
-            )
-            stripe_id = str(created.id)
-        self._customers[customer_id] = stripe_id
-        return stripe_id
+        return str(created.id)
 
     def find_customer(self, customer_id: str) -> str | None:
         """The Stripe customer of ``customer_id`` if there is one (never creates it)."""
@@ -155,39 +99,156 @@ class StripeCharges:
         )
         return str(found.data[0].id) if found.data else None
 
+    def create_draft_invoice(self, draft: DraftInvoice, *, look_first: bool = False) -> str:
+        """The draft invoice of ``draft``: created once, never advancing by itself."""
+        if look_first:
+            found = self.find_invoice(draft.invoice_id)
+            if found is not None:
+                return found
+        with telemetry.span("stripe draft_invoice", billing__customer_id=draft.customer_id):
+            invoice = self._call(
+                "invoices.create",
+                lambda: self.client.v1.invoices.create(
+                    params={
+                        "customer": draft.stripe_customer_id,
+                        "currency": draft.currency.lower(),
+                        "auto_advance": False,
+                        "collection_method": "charge_automatically",
+                        "pending_invoice_items_behavior": "exclude",
+                        "description": f"Usage {draft.period}",
+                        "metadata": {
+                            "invoice_id": str(draft.invoice_id),
+                            "customer_id": draft.customer_id,
+                            "period": str(draft.period),
+                        },
+                    },
+                    options={"idempotency_key": idempotency_key("invoice", draft.invoice_id)},
+                ),
+            )
+        return str(invoice.id)
+
+    def find_invoice(self, invoice_id: UUID) -> str | None:
+        found = self._call(
+            "invoices.search",
+            lambda: self.client.v1.invoices.search(
+                params={"query": f"metadata['invoice_id']:'{invoice_id}'", "limit": 1}
+            ),
+        )
+        return str(found.data[0].id) if found.data else None
+
+    def push_line(self, items: LineItems) -> list[str]:
+        """Set the line's items to the plan's amounts; their ids in chunk order."""
+        with telemetry.span(
+            "stripe push_line",
+            billing__line_id=str(items.line_id),
+            billing__sequence=items.plan.sequence,
+            billing__requests=items.plan.calls,
+        ) as current:
+            try:
+                ids = [self._item(items, step) for step in items.plan.items]
+            except Exception as exc:
+                failure = classify(exc)
+                current.set_attributes(
+                    {"billing.outcome": "error", "error.type": failure.error_class}
+                )
+                raise
+            current.set_attribute("billing.outcome", "ok")
+            return ids
+
+    def _item(self, items: LineItems, step: ItemStep) -> str:
+        item_id = step.item_id
+        if item_id is None:
+            item_id = self._create_item(items, step)
+        if step.update:
+            self._call(
+                "invoice_items.update",
+                lambda: self.client.v1.invoice_items.update(
+                    item_id,
+                    params={
+                        "amount": step.amount,
+                        "metadata": {"sequence": str(items.plan.sequence)},
+                    },
+                    options={
+                        "idempotency_key": push_key(items.line_id, step.chunk, items.plan.sequence)
+                    },
+                ),
+            )
+        return item_id
+
+    def _create_item(self, items: LineItems, step: ItemStep) -> str:
+        amount, sequence = step.create_amount, step.create_sequence
+        assert amount is not None and sequence is not None
+        if items.look_first:
+            found = self.find_line_item(items.stripe_invoice_id, items.line_id, step.chunk)
+            if found is not None:
+                return found
+        description = f"{items.meter} {items.period}"
+        if step.chunk:
+            description += f" (part {step.chunk + 1})"
+        created = self._call(
+            "invoice_items.create",
+            lambda: self.client.v1.invoice_items.create(
+                params={
+                    "customer": items.stripe_customer_id,
+                    "invoice": items.stripe_invoice_id,
+                    "currency": items.currency.lower(),
+                    "amount": amount,
+                    "description": description,
+                    "metadata": {
+                        "line_id": str(items.line_id),
+                        "chunk": str(step.chunk),
+                        "sequence": str(sequence),
+                    },
+                },
+                options={"idempotency_key": item_key(items.line_id, step.chunk)},
+            ),
+        )
+        return str(created.id)
+
+    def find_line_item(self, stripe_invoice_id: str, line_id: UUID, chunk: int) -> str | None:
+        """The item of ``line_id``'s ``chunk`` on the invoice, if it exists."""
+        for item in self.invoice_items(invoice=stripe_invoice_id):
+            meta = item.get("metadata") or {}
+            if meta.get("line_id") == str(line_id) and meta.get("chunk") == str(chunk):
+                return str(item["id"])
+        return None
+
+    def invoice_items(
+        self, customer: str | None = None, *, invoice: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every live invoice item (of one Stripe customer or invoice), as plain dicts."""
+        params: InvoiceItemListParams = {"limit": 100}
+        if customer is not None:
+            params["customer"] = customer
+        if invoice is not None:
+            params["invoice"] = invoice
+        page = self._call(
+            "invoice_items.list", lambda: self.client.v1.invoice_items.list(params=params)
+        )
+        for item in page.auto_paging_iter():
+            yield item.to_dict()
+
+    def delete_invoice_item(self, item_id: str, key: str) -> None:
+        """Delete an invoice item (a charge from before lines: one item per transaction);
+        an item already gone counts as deleted."""
+        try:
+            self._call(
+                "invoice_items.delete",
+                lambda: self.client.v1.invoice_items.delete(
+                    item_id, options={"idempotency_key": key}
+                ),
+            )
+        except stripe.InvalidRequestError as exc:
+            if exc.http_status != 404:
+                raise
+
     def _call(self, operation: str, fn: Callable[[], T]) -> T:
         return self.pressure.call(operation, fn)
 
 
-@contextmanager
-def _traced(operation: str, txn: BillingTransaction) -> Iterator[None]:
-    """A ``stripe <operation>`` span with its outcome: ``billing.outcome`` (ok or error),
-    and on error ``error.type`` (the ChargeFailure class), ``billing.retryable`` and
-    ``http.response.status_code`` when Stripe answered."""
-    with telemetry.span(
-        f"stripe {operation}",
-        billing__transaction_id=str(txn.id),
-        billing__customer_id=txn.customer_id,
-    ) as current:
-        try:
-            yield
-        except Exception as exc:
-            failure = classify(exc)
-            current.set_attributes(
-                {
-                    "billing.outcome": "error",
-                    "error.type": failure.error_class,
-                    "billing.retryable": failure.retryable,
-                }
-            )
-            if isinstance(exc, stripe.StripeError) and exc.http_status:
-                current.set_attribute("http.response.status_code", exc.http_status)
-            raise
-        current.set_attribute("billing.outcome", "ok")
-
-
-def _http_status(obj: stripe.StripeObject) -> None:
-    """Put the HTTP status of the response that made ``obj`` on the current span."""
-    response = obj.last_response
-    if response is not None:
-        telemetry.current_span().set_attribute("http.response.status_code", response.code)
+def _answer(fn: Callable[[], T]) -> T | ChargeFailure:
+    """``fn()``, or its failure as the domain's value (every failure is classified)."""
+    try:
+        return fn()
+    except Exception as exc:
+        return classify(exc)

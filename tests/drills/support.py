@@ -1,21 +1,31 @@
-"""Invariant checks shared by the drills (I1-I4)."""
+"""Invariant checks shared by the drills (I1-I4, I8), ending with the audit itself."""
 
 from __future__ import annotations
 
 from uuid import UUID
 
+from adapters.audit.replay import Scope
+from adapters.audit.report import audit, stripe_invoice_items
+from adapters.bootstrap import build_projector
+from adapters.settings import Settings
 from domain.metering import Metering
+from domain.money import round_minor
 from domain.transaction import Source, TxnState
 from infra.stripe_emulator import StripeEmulator
+from store.connections import Database
 from store.ledger import BillingLedger
 from tests.integration.support import usage
 from tools.summary import Balances
 
 
-def reserve(ledger: BillingLedger, n: int, customer: str = "acme") -> list[UUID]:
-    """Record ``n`` usage records (Metered + Reserved) straight through the ledger."""
+def reserve(
+    ledger: BillingLedger, n: int, customer: str = "acme", *, prefix: str = "d"
+) -> list[UUID]:
+    """Record ``n`` usage records (Metered + Reserved, and their line) through the ledger."""
     batch = [
-        Metering(usage(f"d-{i}", customer=customer, quantity=1000 + i), Source("usage", 0, i))
+        Metering(
+            usage(f"{prefix}-{i}", customer=customer, quantity=1000 + i), Source("usage", 0, i)
+        )
         for i in range(n)
     ]
     decision = ledger.record_usage(batch)
@@ -23,24 +33,46 @@ def reserve(ledger: BillingLedger, n: int, customer: str = "acme") -> list[UUID]
 
 
 def assert_invariants(
-    ledger: BillingLedger, emulator: StripeEmulator, txn_ids: list[UUID]
+    ledger: BillingLedger, emulator: StripeEmulator, txn_ids: list[UUID], settings: Settings
 ) -> dict[str, int]:
-    """Every transaction terminal, at most one live charge each, none for a compensated
-    one, the charged ones' items match, and money conserved per customer and currency."""
+    """Every transaction terminal; per line, Stripe holds exactly the newest acknowledged
+    total, which is the line's exact total rounded once; money conserved per customer
+    and currency; and the audit (chains, lifecycle, lines, read models, Stripe) clean."""
     states: dict[str, int] = {}
+    lines: set[UUID] = set()
     for txn_id in txn_ids:
         txn = ledger.transaction(txn_id)
         states[str(txn.state)] = states.get(str(txn.state), 0) + 1
         assert txn.state.is_terminal, (txn_id, txn.state, txn.last_error)
-        live = emulator.live_invoice_items(str(txn_id))
-        if txn.state is TxnState.CHARGED:
-            assert [i["id"] for i in live] == [txn.stripe_object_id], (txn_id, live)
-            assert live[0]["amount"] == txn.amount
-        else:
-            assert live == [], (txn_id, live)
+        if txn.line_id is not None:
+            lines.add(txn.line_id)
+    for line_id in lines:
+        line = ledger.line_by_id(line_id)
+        push = ledger.line_push(line_id)
+        assert push is not None and push.pushed_sequence == line.sequence, line_id
+        assert line.billed == round_minor(line.exact_total)
+        held = [
+            i for i in emulator.live_invoice_items() if i["metadata"].get("line_id") == str(line_id)
+        ]
+        assert sorted(i["id"] for i in held) == sorted(push.item_ids), line_id
+        assert sum(i["amount"] for i in held) == line.billed, line_id
     balances = Balances().apply_all(ledger.all_events())
     for currencies in balances.by_customer.values():
         for bal in currencies.values():
             assert bal.conserved, bal
             assert bal.in_flight == 0, bal
+    with build_projector(settings, ledger) as projector:
+        projector.pump_all()
+    report = audit(
+        Database(settings.database_url),
+        Scope(),
+        horizon=settings.overdue_after(),
+        stripe_items=lambda: stripe_invoice_items(settings.stripe()),
+        progress=False,
+    )
+    assert report.ok, [f"{f.kind} {f.subject}: {f.detail}" for f in report.findings]
     return states
+
+
+def settled(states: dict[str, int]) -> bool:
+    return set(states) <= {str(TxnState.CHARGED), str(TxnState.COMPENSATED)}

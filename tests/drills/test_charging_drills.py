@@ -1,5 +1,6 @@
 """Charging drills: faults injected on purpose against real PostgreSQL, the broker and
-the Stripe SDK over HTTP to the emulator. Each checks I1-I4 at the end."""
+the Stripe SDK over HTTP to the emulator. Each ends by checking the invariants and the
+audit against the emulator (``tests.drills.support.assert_invariants``)."""
 
 from __future__ import annotations
 
@@ -10,62 +11,56 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from uuid import UUID
 
+import psycopg
 import pytest
 
 from adapters.bootstrap import (
     build_charge_worker,
-    build_charger,
     build_projector,
+    build_pusher,
     build_reconciler,
+    build_relay,
+    build_scheduler,
+    run_roles,
 )
-from adapters.charging.charger import Charger
 from adapters.charging.process_manager import ChargeWorker
-from adapters.charging.reconciler import Reconciler
+from adapters.charging.pusher import LinePusher
 from adapters.settings import Settings
-from adapters.stripe.client import StripeCharges
-from domain.transaction import TxnState
+from domain.customer import CustomerLink
+from domain.metering import Metering
+from domain.saga import StepResult
+from domain.transaction import Source, TxnState
 from infra.stripe_emulator import StripeEmulator
+from projections.queue_health import write_settings
 from store.ledger import BillingLedger
 from tests.conftest import settings_env
 from tests.drills.support import assert_invariants, reserve
-from tests.integration.support import wait_for
+from tests.integration.support import usage, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.drill]
 
 
-def _reconcile_until_terminal(
-    reconciler: Reconciler, ledger: BillingLedger, ids: list[UUID]
+def _lines(ledger: BillingLedger, ids: list[UUID]) -> set[UUID]:
+    return {line for i in ids if (line := ledger.transaction(i).line_id) is not None}
+
+
+def _push_until_settled(
+    pusher: LinePusher, ledger: BillingLedger, ids: list[UUID], timeout: float = 60
 ) -> None:
-    def all_terminal() -> bool:
-        reconciler.pass_once()
+    """Push every line of ``ids`` again and again until every transaction is terminal."""
+
+    def settled() -> bool:
+        for line in _lines(ledger, ids):
+            pusher.push(line)
         return all(ledger.transaction(i).state.is_terminal for i in ids)
 
-    wait_for(all_terminal, timeout=60, what="every transaction to reach a terminal state")
-
-
-def _pump_until(worker: ChargeWorker, condition: Callable[[], bool], timeout: float = 60) -> None:
-    """Poll the process manager (no pause between polls: polling is its work) until done."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"process manager stuck: driven {worker.driven}"
-        worker.poll_once()
-
-
-def _charge_worker_process(settings: Settings, drill: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "adapters.cli", "run", "--role", "charge", "--drill", drill],
-        env=settings_env(settings),
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
+    wait_for(settled, timeout=timeout, what="every transaction charged or compensated")
 
 
 def _relay_all(settings: Settings) -> int:
-    from adapters.bootstrap import build_relay
-
     relay = build_relay(settings)
     while relay.pump():
         pass
@@ -74,149 +69,154 @@ def _relay_all(settings: Settings) -> int:
     return relay.published
 
 
+def _pump_until(worker: ChargeWorker, condition: Callable[[], bool], timeout: float = 60) -> None:
+    """Poll the process manager (no pause between polls: polling is its work) until done."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"process manager stuck: seen {worker.seen}"
+        worker.poll_once()
+
+
+def _executed(emulator: StripeEmulator, path: str) -> list[dict[str, object]]:
+    return [e for e in emulator.ledger() if e["path"] == path]
+
+
 @pytest.mark.parametrize("drill", ["kill_after_stripe", "kill_before_stripe"])
-def test_a_charge_worker_killed_around_the_stripe_call_is_finished_by_the_reconciler_once(
+def test_a_charge_worker_killed_around_the_stripe_call_is_finished_by_another_once(
     charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator, drill: str
 ) -> None:
-    ids = reserve(ledger, 3)
+    ids = reserve(ledger, 3, "acme") + reserve(ledger, 3, "bolt")
     _relay_all(charge_settings)
-    proc = _charge_worker_process(charge_settings, drill)
+    proc = subprocess.run(
+        [sys.executable, "-m", "adapters.cli", "run", "--role", "charge", "--drill", drill],
+        env=settings_env(charge_settings),
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
-    executed = [e for e in emulator.ledger() if e["path"] == "/v1/invoiceitems"]
-    # Killed after Stripe executed a charge (others may have been in flight beside it),
-    # or before any charge was sent.
-    if drill == "kill_after_stripe":
-        assert 1 <= len(executed) <= len(ids)
-    else:
-        assert executed == []
-    assert all(ledger.transaction(i).state is TxnState.RESERVED for i in ids)
+    created = _executed(emulator, "/v1/invoiceitems")
+    # Killed after Stripe set a line's item (another push may have been in flight beside
+    # it), or before any item was sent.
+    assert 1 <= len(created) <= 2 if drill == "kill_after_stripe" else created == []
+    assert {ledger.transaction(i).state for i in ids} == {TxnState.RESERVED}
 
-    reconciler = build_reconciler(charge_settings, build_charger(charge_settings, ledger))
-    _reconcile_until_terminal(reconciler, ledger, ids)
-
-    states = assert_invariants(ledger, emulator, ids)
-    assert states == {"charged": 3}
-    executed = [e for e in emulator.ledger() if e["path"] == "/v1/invoiceitems"]
-    assert len(executed) == 3  # the repeated call for the first one was replayed, not run
+    _push_until_settled(build_pusher(charge_settings, ledger), ledger, ids)
+    assert assert_invariants(ledger, emulator, ids, charge_settings) == {"charged": 6}
+    assert len(_executed(emulator, "/v1/invoiceitems")) == 2  # one item a line, executed once
 
 
-def test_the_ambiguous_timeout_is_retried_with_the_same_key_and_gets_the_saved_result(
+def test_the_ambiguous_timeout_is_retried_with_the_same_keys_and_gets_the_saved_result(
     charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
 ) -> None:
-    [txn_id] = reserve(ledger, 1)
-    charger = build_charger(charge_settings, ledger)
-    charger.stripe.customer("acme")  # create the customer first; drop only the charge
-    emulator.set_faults(drop_response_after_execute=1)
+    first = reserve(ledger, 1)
+    pusher = build_pusher(charge_settings, ledger)
+    [line] = _lines(ledger, first)
+    assert pusher.push(line).result is StepResult.CHARGED
+    later = reserve(ledger, 1, prefix="later")
+    emulator.set_faults(drop_response_after_execute=1)  # Stripe executes, the answer is lost
+    report = pusher.push(line)
+    assert report.result is StepResult.RETRY
+    push = ledger.line_push(line)
+    assert push is not None and push.unknown_outcome and push.last_error is not None
+    assert push.last_error.startswith("connection")
+    assert ledger.transaction(later[0]).state is TxnState.RESERVED
 
-    assert charger.drive(txn_id) == "retry"
-    txn = ledger.transaction(txn_id)
-    assert (txn.state, txn.attempts) == (TxnState.CHARGE_FAILED, 1)
-    assert txn.last_error is not None and txn.last_error.startswith("connection")
-    assert len(emulator.live_invoice_items(str(txn_id))) == 1  # Stripe did execute it
-
-    _reconcile_until_terminal(build_reconciler(charge_settings, charger), ledger, [txn_id])
-    assert assert_invariants(ledger, emulator, [txn_id]) == {"charged": 1}
-    keys = [e["idempotency_key"] for e in emulator.ledger() if e["path"] == "/v1/invoiceitems"]
-    assert keys == [f"charge:{txn_id}"]  # executed once; the retry was a replay
+    _push_until_settled(pusher, ledger, first + later)
+    assert assert_invariants(ledger, emulator, first + later, charge_settings) == {"charged": 2}
+    updates = [e for e in emulator.ledger() if str(e["path"]).startswith("/v1/invoiceitems/")]
+    assert len({e["idempotency_key"] for e in updates}) == len(updates)  # the retry replayed
 
 
-def test_a_permanent_error_is_one_attempt_then_compensated_and_the_reservation_released(
+def test_a_permanent_refusal_compensates_the_lines_transactions_and_releases_them(
     charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
 ) -> None:
-    [txn_id] = reserve(ledger, 1)
-    charger = build_charger(charge_settings, ledger)
-    charger.stripe._customers["acme"] = "cus_does_not_exist"  # Stripe will answer 400
-
-    assert charger.drive(txn_id) == "compensated"
-    txn = ledger.transaction(txn_id)
-    assert txn.state is TxnState.COMPENSATED
-    assert txn.attempts == 1
-    assert "permanent error" in (txn.compensation_reason or "")
+    ids = reserve(ledger, 2)
+    ledger.save(CustomerLink(customer_id="acme", stripe_customer_id="cus_does_not_exist"))
+    pusher = build_pusher(charge_settings, ledger)
+    [line] = _lines(ledger, ids)
+    assert pusher.push(line).result is StepResult.COMPENSATED
+    for txn_id in ids:
+        txn = ledger.transaction(txn_id)
+        assert txn.state is TxnState.COMPENSATED
+        assert (txn.compensation_reason or "").startswith("Stripe refused the line: http_400")
     account = ledger.account("acme", "USD")
-    assert account is not None and (account.reserved, account.charged) == (0, 0)
-    posts = [r for r in emulator.requests() if r["path"] == "/v1/invoiceitems"]
-    assert len(posts) == 1
-    assert_invariants(ledger, emulator, [txn_id])
+    assert account is not None and account.committed == 0
+    # The line is empty now: its next push records that without a call to Stripe.
+    again = pusher.push(line)
+    assert (again.result, again.requests, again.charged) == (StepResult.CHARGED, 0, 0)
+    assert _executed(emulator, "/v1/invoiceitems") == []
+    assert assert_invariants(ledger, emulator, ids, charge_settings) == {"compensated": 2}
 
 
-def test_two_process_managers_and_the_reconciler_racing_charge_each_transaction_once(
+def test_racing_pushers_while_usage_arrives_charge_each_transaction_once(
     charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
 ) -> None:
-    ids = reserve(ledger, 20)
-    emulator.set_faults(latency_ms=20)
-    policy = charge_settings.retry_policy()
-    drivers = [Charger(ledger, StripeCharges(charge_settings.stripe()), policy) for _ in range(3)]
+    pushers = [build_pusher(charge_settings, ledger) for _ in range(3)]
+    ids: list[UUID] = reserve(ledger, 5, "acme") + reserve(ledger, 5, "bolt")
+    stop = threading.Event()
     errors: list[BaseException] = []
-    start = threading.Barrier(len(drivers))
 
-    def race(charger: Charger) -> None:
-        start.wait()
-        for txn_id in ids:
-            try:
-                charger.drive(txn_id)
-            except BaseException as exc:  # reported by the assertion below
-                errors.append(exc)
+    def push_forever(pusher: LinePusher) -> None:
+        try:
+            while not stop.is_set():
+                for line in _lines(ledger, ids):
+                    pusher.push(line)
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
 
-    threads = [threading.Thread(target=race, args=(d,)) for d in drivers]
+    threads = [threading.Thread(target=push_forever, args=(p,)) for p in pushers]
     for t in threads:
         t.start()
+    for batch in range(6):  # usage keeps arriving while three pushers race
+        ids += reserve(ledger, 5, "acme", prefix=f"a{batch}")
+        ids += reserve(ledger, 5, "bolt", prefix=f"b{batch}")
+    _push_until_settled(pushers[0], ledger, ids)
+    stop.set()
     for t in threads:
         t.join(60)
     assert errors == []
-    reconciler = build_reconciler(charge_settings, drivers[0])
-    _reconcile_until_terminal(reconciler, ledger, ids)
-    assert assert_invariants(ledger, emulator, ids) == {"charged": 20}
+    assert assert_invariants(ledger, emulator, ids, charge_settings) == {"charged": len(ids)}
+    assert len(_executed(emulator, "/v1/invoiceitems")) == 2  # one item a line
 
 
 def test_an_outage_opens_the_breaker_bounds_the_calls_and_everything_is_charged_after(
     charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
 ) -> None:
-    ids = reserve(ledger, 30)
-    charger = build_charger(charge_settings, ledger)
-    charger.stripe.customer("acme")
-    emulator.set_faults(outage=True, outage_mode="503")
-    sent_before = len(emulator.requests())
-    results = [charger.drive(i) for i in ids]
-    during = len(emulator.requests()) - sent_before
-    assert charger.stripe.breaker_state() == "open"
-    assert results.count("retry") == len(ids)  # recorded, none lost
-    assert during <= charge_settings.breaker_fail_max  # the rest were refused locally
-    keys_before = {ledger.transaction(i).id for i in ids}
-
-    emulator.set_faults(outage=False)
-    _reconcile_until_terminal(build_reconciler(charge_settings, charger), ledger, ids)
-    assert assert_invariants(ledger, emulator, ids) == {"charged": 30}
-    keys = {e["idempotency_key"] for e in emulator.ledger() if e["path"] == "/v1/invoiceitems"}
-    assert keys == {f"charge:{i}" for i in keys_before}
-
-
-def test_the_relay_publishes_reserved_events_and_the_process_manager_charges_them(
-    charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
-) -> None:
-    ids = reserve(ledger, 12)
-    # Metered + Reserved for each transaction; Opened + AmountsReserved for the account.
-    assert _relay_all(charge_settings) == 12 * 2 + 2
-    worker = build_charge_worker(charge_settings, build_charger(charge_settings, ledger))
+    settings = charge_settings.model_copy(
+        update={"settle_interval_s": 0.2, "reconcile_interval_s": 0.2, "breaker_reset_s": 1.0}
+    )
+    stop = threading.Event()
+    roles = threading.Thread(
+        target=run_roles, args=(settings, ledger, ["relay", "project", "charge", "reconcile"], stop)
+    )
+    roles.start()
     try:
-        _pump_until(
-            worker,
-            lambda: all(ledger.transaction(i).state is TxnState.CHARGED for i in ids),
-            timeout=60,
+        before = reserve(ledger, 3, "acme")
+        wait_for(
+            lambda: all(ledger.transaction(i).state is TxnState.CHARGED for i in before),
+            what="the first charges",
+        )
+        emulator.set_faults(outage=True)
+        at = len(emulator.requests())
+        during: list[UUID] = []
+        for customer in ("acme", "bolt", "cute", "dash"):
+            during += reserve(ledger, 5, customer, prefix="o")
+        time.sleep(4)  # the outage lasts: this drill is about what happens meanwhile
+        sent = len(emulator.requests()) - at
+        emulator.set_faults(outage=False)
+        wait_for(
+            lambda: all(ledger.transaction(i).state is TxnState.CHARGED for i in during),
+            timeout=90,
+            what="every charge after the outage",
         )
     finally:
-        worker.consumer.close()
-        worker.pool.shutdown()
-    assert assert_invariants(ledger, emulator, ids) == {"charged": 12}
-
-
-def _max_in_any_second(times: list[float]) -> int:
-    times = sorted(times)
-    best, lo = 0, 0
-    for hi, t in enumerate(times):
-        while t - times[lo] >= 1.0:
-            lo += 1
-        best = max(best, hi - lo + 1)
-    return best
+        stop.set()
+        roles.join(60)
+    # 4 lines retried with backoff behind a breaker that opens after 5 failures and lets
+    # one probe through a second: far fewer calls than 4 lines x 20 pushes a second.
+    assert 1 <= sent <= 30, sent
+    assert assert_invariants(ledger, emulator, before + during, settings) == {"charged": 23}
 
 
 def test_stripe_answering_429_above_a_rate_never_sees_more_than_that_rate(
@@ -227,22 +227,32 @@ def test_stripe_answering_429_above_a_rate_never_sees_more_than_that_rate(
     Stripe's limit, as a deployment should be, and Stripe never sees more than its own."""
     rate = 10
     settings = charge_settings.model_copy(update={"stripe_rate_per_s": rate * 4 // 5})
-    ids = reserve(ledger, 30)
     emulator.set_faults(rate_limit_per_s=rate)
-    charger = build_charger(settings, ledger)
+    ids: list[UUID] = []
+    for customer in range(12):  # 12 customers: 36 calls to create them, their drafts, items
+        ids += reserve(ledger, 2, f"cust-{customer}")
+    pusher = build_pusher(settings, ledger)
     threads = [
-        threading.Thread(target=lambda part=part: [charger.drive(i) for i in part])
-        for part in (ids[0::3], ids[1::3], ids[2::3])
+        threading.Thread(target=lambda part=part: [pusher.push(line) for line in part])
+        for part in (sorted(_lines(ledger, ids))[i::3] for i in range(3))
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
-    _reconcile_until_terminal(build_reconciler(settings, charger), ledger, ids)
-
-    seen = [r["at"] for r in emulator.requests() if r["path"].startswith("/v1/")]
+    _push_until_settled(pusher, ledger, ids)
+    seen = sorted(r["at"] for r in emulator.requests() if r["path"].startswith("/v1/"))
     assert _max_in_any_second(seen) <= rate
-    assert assert_invariants(ledger, emulator, ids) == {"charged": 30}
+    assert assert_invariants(ledger, emulator, ids, settings) == {"charged": 24}
+
+
+def _max_in_any_second(times: list[float]) -> int:
+    best, lo = 0, 0
+    for hi, t in enumerate(times):
+        while t - times[lo] >= 1.0:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
 
 
 def test_the_relay_killed_mid_stream_resumes_without_loss_and_duplicates_have_no_effect(
@@ -280,7 +290,12 @@ def test_the_relay_killed_mid_stream_resumes_without_loss_and_duplicates_have_no
     assert len(set(published)) == total  # nothing lost
     assert len(published) >= total  # the batch in flight at the kill may be sent twice
 
-    worker = build_charge_worker(settings, build_charger(settings, ledger))
+    pusher = build_pusher(settings, ledger)
+    scheduler = build_scheduler(settings, pusher)
+    worker = build_charge_worker(settings, scheduler)
+    stop = threading.Event()
+    pushing = threading.Thread(target=scheduler.run, args=(stop,))
+    pushing.start()
     try:
         _pump_until(
             worker,
@@ -288,50 +303,55 @@ def test_the_relay_killed_mid_stream_resumes_without_loss_and_duplicates_have_no
             timeout=120,
         )
     finally:
+        stop.set()
+        pushing.join(60)
         worker.consumer.close()
-        worker.pool.shutdown()
-    assert assert_invariants(ledger, emulator, ids) == {"charged": len(ids)}
+    assert assert_invariants(ledger, emulator, ids, settings) == {"charged": len(ids)}
 
 
 def _relayed(settings: Settings) -> int:
-    import psycopg
-
     with psycopg.connect(settings.database_url) as conn:
         row = conn.execute("SELECT count(*) FROM billing.relay_position").fetchone()
     return int(row[0]) if row else 0
 
 
-def test_past_the_key_window_a_retry_finds_the_charge_instead_of_creating_a_second(
+def test_past_the_key_window_a_retry_finds_the_item_instead_of_creating_a_second(
     charge_settings: Settings, ledger: BillingLedger
 ) -> None:
-    import time
-
     with StripeEmulator(port=0, key_ttl_s=0.5) as stripe:
         settings = charge_settings.model_copy(
             update={"stripe_api_base": stripe.url, "stripe_key_window_s": 0.5}
         )
-        [txn_id] = reserve(ledger, 1)
-        charger = build_charger(settings, ledger)
-        charger.stripe.customer("acme")
+        pusher = build_pusher(settings, ledger)
+        first = reserve(ledger, 1)  # a first line: the customer and the draft exist after it
+        assert pusher.push(next(iter(_lines(ledger, first)))).result is StepResult.CHARGED
+        gpu = Metering(usage("gpu-1", meter="gpu.a100.seconds"), Source("usage", 1, 1))
+        other = [t.id for t in ledger.record_usage([gpu]).transactions]
+        [line] = _lines(ledger, other)
         stripe.set_faults(drop_response_after_execute=1)
-        assert charger.drive(txn_id) == "retry"  # executed at Stripe, response lost
+        assert pusher.push(line).result is StepResult.RETRY  # created at Stripe, answer lost
         time.sleep(0.6)  # let Stripe forget the key: the point of this drill is the clock
-        _reconcile_until_terminal(build_reconciler(settings, charger), ledger, [txn_id])
-        assert assert_invariants(ledger, stripe, [txn_id]) == {"charged": 1}
+        _push_until_settled(pusher, ledger, other)
+        assert assert_invariants(ledger, stripe, first + other, settings) == {"charged": 2}
         created = [e for e in stripe.ledger() if e["path"] == "/v1/invoiceitems"]
-        assert len(created) == 1  # found by its txn_id metadata, not created again
+        assert len(created) == 2  # found by its line metadata, not created again
 
 
-def test_reverse_deletes_the_invoice_item_and_releases_the_hold(
+def test_reverse_lowers_the_line_and_the_next_push_sets_the_lower_amount(
     charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
 ) -> None:
-    [txn_id] = reserve(ledger, 1)
-    assert build_charger(charge_settings, ledger).drive(txn_id) == "charged"
+    ids = reserve(ledger, 2)
+    pusher = build_pusher(charge_settings, ledger)
+    [line] = _lines(ledger, ids)
+    pusher.push(line)
+    before = ledger.line_by_id(line).billed
     account = ledger.account("acme", "USD")
-    assert account is not None and account.committed == ledger.transaction(txn_id).amount
+    assert account is not None and account.committed == sum(
+        ledger.transaction(i).amount for i in ids
+    )
 
     proc = subprocess.run(
-        [sys.executable, "-m", "adapters.cli", "reverse", str(txn_id), "--reason", "goodwill"],
+        [sys.executable, "-m", "adapters.cli", "reverse", str(ids[0]), "--reason", "goodwill"],
         env=settings_env(charge_settings),
         capture_output=True,
         text=True,
@@ -339,14 +359,17 @@ def test_reverse_deletes_the_invoice_item_and_releases_the_hold(
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    txn = ledger.transaction(txn_id)
-    assert txn.state is TxnState.COMPENSATED
-    assert txn.compensation_reason == "goodwill"
-    assert emulator.live_invoice_items(str(txn_id)) == []
+    txn = ledger.transaction(ids[0])
+    assert txn.state is TxnState.COMPENSATED and txn.compensation_reason == "goodwill"
+    pusher.push(line)
+    after = ledger.line_by_id(line).billed
+    assert after < before
+    [item] = [i for i in emulator.live_invoice_items() if i["metadata"]["line_id"] == str(line)]
+    assert item["amount"] == after
     account = ledger.account("acme", "USD")
-    assert account is not None and account.committed == 0
+    assert account is not None and account.committed == ledger.transaction(ids[1]).amount
     again = subprocess.run(
-        [sys.executable, "-m", "adapters.cli", "reverse", str(txn_id), "--reason", "twice"],
+        [sys.executable, "-m", "adapters.cli", "reverse", str(ids[0]), "--reason", "twice"],
         env=settings_env(charge_settings),
         capture_output=True,
         text=True,
@@ -354,91 +377,106 @@ def test_reverse_deletes_the_invoice_item_and_releases_the_hold(
         check=False,
     )
     assert again.returncode == 1 and "not charged" in again.stderr
+    assert_invariants(ledger, emulator, ids, charge_settings)
 
 
-def test_past_the_retry_horizon_the_reconciler_removes_a_charge_an_unknown_outcome_left(
+def test_a_process_manager_reading_every_event_again_sends_nothing_new_to_stripe(
     charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
 ) -> None:
-    settings = charge_settings.model_copy(
-        update={"retry_horizon_s": 1.0, "retry_base_s": 5.0, "retry_max_delay_s": 10.0}
-    )
-    [txn_id] = reserve(ledger, 1)
-    stripe = StripeCharges(settings.stripe())
-    charger = Charger(ledger, stripe, settings.retry_policy(), jitter=lambda: 0.9)
-    stripe.customer("acme")
-    emulator.set_faults(drop_response_after_execute=1)
-    # The retry would be due in 4.5 s, past the 1 s horizon: give up, and clean up.
-    assert charger.drive(txn_id) == "compensated"
-    txn = ledger.transaction(txn_id)
-    assert txn.state is TxnState.COMPENSATED
-    assert "retry horizon" in (txn.compensation_reason or "")
-    assert emulator.live_invoice_items(str(txn_id)) == []  # Stripe executed it; it was removed
-    assert len(emulator.invoice_items(str(txn_id))) == 1
-    account = ledger.account("acme", "USD")
-    assert account is not None and account.committed == 0
-    assert_invariants(ledger, emulator, [txn_id])
-
-
-def test_the_process_manager_resumes_from_the_positions_it_recorded_with_its_steps(
-    charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
-) -> None:
-    import psycopg
-
     ids = reserve(ledger, 8)
     _relay_all(charge_settings)
-    first = build_charge_worker(charge_settings, build_charger(charge_settings, ledger))
-    first.consumer.commit = lambda *a, **k: None  # as if every Kafka offset commit were lost
+    pusher = build_pusher(charge_settings, ledger)
+    first = build_charge_worker(charge_settings, build_scheduler(charge_settings, pusher))
+    stop = threading.Event()
+    pushing = threading.Thread(target=first.scheduler.run, args=(stop,))
+    pushing.start()
     try:
         _pump_until(
             first, lambda: all(ledger.transaction(i).state is TxnState.CHARGED for i in ids)
         )
     finally:
+        stop.set()
+        pushing.join(60)
         first.consumer.close()
-        first.pool.shutdown()
-    with psycopg.connect(charge_settings.database_url) as conn:
-        stored = conn.execute(
-            "SELECT sum(next_offset) FROM billing.consumer_positions WHERE group_name = %s",
-            (charge_settings.charge_group,),
-        ).fetchone()
-    assert stored is not None and stored[0] == 8 * 2 + 2  # every event on the topic
     requests_before = len(emulator.requests())
 
-    # A second instance of the group: Kafka has no committed offset, so without the
-    # stored positions it would start from the earliest event and drive all again.
-    second = build_charge_worker(charge_settings, build_charger(charge_settings, ledger))
+    # Another group reads the topic from the earliest event: every change is scheduled
+    # again, and Stripe already holds every newest total.
+    again = charge_settings.model_copy(update={"charge_group": charge_settings.charge_group + "2"})
+    second = build_charge_worker(again, build_scheduler(again, pusher))
+    stop = threading.Event()
+    pushing = threading.Thread(target=second.scheduler.run, args=(stop,))
+    pushing.start()
     try:
-        _pump_until(second, lambda: bool(second.consumer.assignment()))
-        for _ in range(10):
-            second.poll_once(timeout_ms=100)
+        _pump_until(second, lambda: second.scheduled > 0 and second.scheduler.waiting() == 0)
     finally:
+        stop.set()
+        pushing.join(60)
         second.consumer.close()
-        second.pool.shutdown()
-    assert second.driven == 0
     assert len(emulator.requests()) == requests_before
-    assert assert_invariants(ledger, emulator, ids) == {"charged": 8}
+    assert assert_invariants(ledger, emulator, ids, charge_settings) == {"charged": 8}
 
 
-def test_the_reconciler_finds_open_transactions_in_the_projection_and_past_its_position(
-    charge_settings: Settings, ledger: BillingLedger
+def test_the_reconciler_finds_open_lines_in_the_projection_and_past_its_position(
+    charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
 ) -> None:
-    """Projected rows answer from the index; what the projector has not reached yet is
-    found in the events after its position; a stopped projector hides nothing."""
-    first = reserve(ledger, 3, customer="early")
+    pusher = build_pusher(charge_settings, ledger)
+    scheduler = build_scheduler(charge_settings, pusher)
+    reconciler = build_reconciler(charge_settings, pusher, scheduler)
+    first = reserve(ledger, 2, "acme")
     with build_projector(charge_settings, ledger) as projector:
         projector.pump_all()
-    charger = build_charger(charge_settings, ledger)
-    assert charger.drive(first[0]) == "charged"  # the projection still says reserved
-    later = reserve(ledger, 2, customer="late")  # past the projection's position
-    reconciler = build_reconciler(charge_settings, charger)
-    assert set(reconciler.open_transactions()) == {*first, *later}
+    later = reserve(ledger, 2, "bolt")  # past the projection's position
+    assert reconciler.pass_once().lines == 2
+    assert scheduler.waiting() == 2
+    stop = threading.Event()
+    pushing = threading.Thread(target=scheduler.run, args=(stop,))
+    pushing.start()
+    try:
+        wait_for(
+            lambda: (
+                scheduler.waiting() == 0
+                and all(ledger.transaction(i).state is TxnState.CHARGED for i in first + later)
+            ),
+            what="the scheduled lines pushed",
+        )
+    finally:
+        stop.set()
+        pushing.join(60)
+    with build_projector(charge_settings, ledger) as projector:
+        projector.pump_all()
+    assert reconciler.pass_once().lines == 0  # nothing open any more
+    assert_invariants(ledger, emulator, first + later, charge_settings)
 
-    with build_projector(charge_settings, ledger) as projector:
-        projector.pump_all()
-    assert set(reconciler.open_transactions()) == {first[1], first[2], *later}
 
-    _reconcile_until_terminal(reconciler, ledger, [*first, *later])
-    with build_projector(charge_settings, ledger) as projector:
+def test_owed_usage_is_not_dropped_while_stripe_is_down_past_the_horizon(
+    charge_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
+) -> None:
+    settings = charge_settings.model_copy(update={"retry_horizon_s": 0.5})
+    ids = reserve(ledger, 2)
+    pusher = build_pusher(settings, ledger)
+    [line] = _lines(ledger, ids)
+    emulator.set_faults(outage=True)
+    deadline = ledger.transaction(ids[0]).created_on + timedelta(seconds=1)
+    wait_for(
+        lambda: pusher.push(line).result is StepResult.RETRY and pusher.clock() > deadline,
+        what="pushes failing past the horizon",
+    )
+    assert {ledger.transaction(i).state for i in ids} == {TxnState.RESERVED}  # still owed
+    with build_projector(settings, ledger) as projector:
         projector.pump_all()
-    (done,) = reserve(ledger, 1, customer="done")
-    assert charger.drive(done) == "charged"  # past the position, and terminal there
-    assert reconciler.open_transactions() == []
+    with psycopg.connect(settings.database_url) as conn:
+        write_settings(
+            conn,
+            retry_horizon_s=0.5,
+            reconcile_interval_s=0.1,
+            stale_after_s=30,
+            heartbeat_timeout_s=30,
+        )
+        row = conn.execute(
+            "SELECT lines_failing, lines_past_deadline FROM billing.queue_health"
+        ).fetchone()
+    assert row == (1, 1)  # reported failing, not compensated
+    emulator.set_faults(outage=False)
+    _push_until_settled(pusher, ledger, ids)
+    assert assert_invariants(ledger, emulator, ids, settings) == {"charged": 2}

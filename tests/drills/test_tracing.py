@@ -1,6 +1,7 @@
 """Traces and logs: one usage record's path is one trace (trace id = transaction id),
-across the Kafka hops and the database; each step's span carries the transaction id;
-each step's JSON log line carries the step fields and the trace ids."""
+across the Kafka hops and the database, ending with the span of its charge; the pushes of
+an invoice line are the line's trace (trace id = line id), linked from each charge; each
+step's JSON log line carries the step fields and the trace ids."""
 
 from __future__ import annotations
 
@@ -16,23 +17,18 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from adapters.bootstrap import (
-    build_charge_worker,
-    build_charger,
-    build_ingest_worker,
-    build_reconciler,
-    close_worker,
-)
+from adapters.bootstrap import build_ingest_worker, build_pusher, close_worker
 from adapters.broker import make_producer
 from adapters.ingest.producer import send_usage
 from adapters.observability.logs import JsonFormatter
 from adapters.settings import Settings
 from domain.ids import transaction_id
+from domain.saga import StepResult
 from domain.transaction import TxnState
 from infra.stripe_emulator import StripeEmulator
 from store.ledger import BillingLedger
 from tests.drills.support import reserve
-from tests.drills.test_charging_drills import _pump_until, _relay_all
+from tests.drills.test_charging_drills import _relay_all
 from tests.integration.support import drive, usage, wait_for
 
 pytestmark = pytest.mark.integration
@@ -81,7 +77,7 @@ def _span_id(span: ReadableSpan) -> int:
     return span.context.span_id
 
 
-def test_one_usage_record_is_one_trace_from_the_producer_to_the_recorded_charge(
+def test_one_usage_record_is_one_trace_from_the_producer_to_its_recorded_charge(
     spans: InMemorySpanExporter,
     json_lines: Callable[[], list[dict[str, Any]]],
     charge_settings: Settings,
@@ -107,23 +103,14 @@ def test_one_usage_record_is_one_trace_from_the_producer_to_the_recorded_charge(
     finally:
         close_worker(worker)
     _relay_all(charge_settings)
-    charges = build_charge_worker(charge_settings, build_charger(charge_settings, ledger))
-    try:
-        _pump_until(
-            charges,
-            lambda: all(
-                ledger.transaction(i).state is TxnState.CHARGED for i in (txn_id, foreign_id)
-            ),
-        )
-    finally:
-        charges.consumer.close()
-        charges.pool.shutdown()
+    line = ledger.transaction(txn_id).line_id
+    assert line is not None
+    assert build_pusher(charge_settings, ledger).push(line).result is StepResult.CHARGED
+    assert ledger.transaction(foreign_id).state is TxnState.CHARGED
 
     finished = spans.get_finished_spans()
     mine = _in_trace(finished, txn_id)
-    assert {s.name for s in mine} == {
-        "produce usage", "reserve", "relay publish", "charge", "stripe charge", "record",
-    }  # fmt: skip
+    assert {s.name for s in mine} == {"produce usage", "reserve", "relay publish", "charged"}
     for s in mine:
         assert _attrs(s).get("billing.transaction_id") == str(txn_id), (s.name, _attrs(s))
         assert _attrs(s)["billing.customer_id"] == "acme", s.name
@@ -136,16 +123,20 @@ def test_one_usage_record_is_one_trace_from_the_producer_to_the_recorded_charge(
     (batch_link,) = reserved.links
     assert batch_link.context.span_id in batches  # the batch span is its own trace, linked
     assert sum(_attrs(b)["billing.records"] for b in batches.values()) == 3
+    _one(mine, "relay publish", **{"billing.event": "Reserved"})
 
-    publish = _one(mine, "relay publish", **{"billing.event": "Reserved"})
-    charge = _one(mine, "charge")
-    assert _parent_id(charge) == _span_id(publish)  # across the billing.events hop
-    stripe_call = _one(mine, "stripe charge")
-    recorded = _one(mine, "record")
-    assert _parent_id(stripe_call) == _parent_id(recorded) == _span_id(charge)
+    # The push of the line is a trace of its own (trace id = the line id); each charge
+    # it made is a span in its transaction's trace, linked to it.
+    pushes = _in_trace(finished, line)
+    push = _one(pushes, "push line", **{"billing.result": "charged"})
+    assert _attrs(push)["billing.charged"] == 2 and _attrs(push)["billing.requests"] == 3
+    stripe_call = _one(pushes, "stripe push_line")
+    assert _parent_id(stripe_call) == _span_id(push)
     assert _attrs(stripe_call)["billing.outcome"] == "ok"
-    assert _attrs(stripe_call)["http.response.status_code"] == 200
-    assert _attrs(recorded)["billing.events"] == "Charged"
+    _one(pushes, "relay publish", **{"billing.event": "Settled"})
+    charged = _one(mine, "charged")
+    assert [link.context.span_id for link in charged.links] == [_span_id(push)]
+    assert _attrs(charged)["billing.line_id"] == str(line)
 
     # A producer tracing in its own trace: linked from the transaction's trace.
     theirs = _one(_in_trace(finished, foreign_id), "reserve")
@@ -160,65 +151,50 @@ def test_one_usage_record_is_one_trace_from_the_producer_to_the_recorded_charge(
     assert int(summary["trace_id"], 16) == batches[int(summary["span_id"], 16)].context.trace_id
     (letter,) = [line for line in lines if line.get("status") == "dead_letter"]
     assert letter["error_code"] == "not_json" and letter["reason"].startswith("not valid JSON")
-    charged = [line for line in lines if line.get("transaction_id") == str(txn_id)]
-    assert [(line["step"], line["status"]) for line in charged] == [
-        ("charge", "attempted"),
-        ("charge", "charged"),
-    ]
-    for line in charged:
-        assert line["trace_id"] == txn_id.hex
-        assert int(line["span_id"], 16) == _span_id(charge)
-        assert line["error_code"] is None
+    (pushed,) = [line for line in lines if line.get("message") == "line pushed"]
+    assert (pushed["step"], pushed["status"], pushed["charged"]) == ("push", "pushed", 2)
+    assert pushed["line_id"] == str(line) and pushed["trace_id"] == line.hex
+    assert int(pushed["span_id"], 16) == _span_id(push)
 
 
-def test_a_failed_stripe_call_is_traced_and_logged_with_its_error_class_and_retried_in_one_trace(
+def test_a_failed_push_is_traced_and_logged_with_its_error_class_and_retried_in_its_trace(
     spans: InMemorySpanExporter,
     json_lines: Callable[[], list[dict[str, Any]]],
     charge_settings: Settings,
     ledger: BillingLedger,
     emulator: StripeEmulator,
 ) -> None:
-    (txn_id,) = reserve(ledger, 1)
-    charger = build_charger(charge_settings, ledger)
-    charger.stripe.customer("acme")
-    reconciler = build_reconciler(charge_settings, charger)
+    first = reserve(ledger, 1)
+    pusher = build_pusher(charge_settings, ledger)
+    line = ledger.transaction(first[0]).line_id
+    assert line is not None
+    pusher.push(line)  # the customer, the draft and the item exist
+    (later,) = reserve(ledger, 1, prefix="later")
     emulator.set_faults(outage=True, outage_mode="503")
-    wait_for(lambda: reconciler.pass_once().driven, what="the stale transaction driven")
-    assert ledger.transaction(txn_id).state is TxnState.CHARGE_FAILED
+    failed_push = pusher.push(line)
+    assert failed_push.result is StepResult.RETRY
     emulator.set_faults(outage=False)
     wait_for(
         lambda: (
-            reconciler.pass_once().driven and ledger.transaction(txn_id).state is TxnState.CHARGED
+            pusher.push(line).result is StepResult.CHARGED
+            or ledger.transaction(later).state is TxnState.CHARGED
         ),
         what="the retry charged",
     )
 
-    mine = _in_trace(spans.get_finished_spans(), txn_id)
-    failed_drive = _one(mine, "reconcile", **{"billing.result": "retry"})
-    charged_drive = _one(mine, "reconcile", **{"billing.result": "charged"})
-    root = txn_id.int & 0xFFFF_FFFF_FFFF_FFFF
-    assert _parent_id(failed_drive) == _parent_id(charged_drive) == root
-    failed = _one(mine, "stripe charge", **{"billing.outcome": "error"})
+    mine = _in_trace(spans.get_finished_spans(), line)
+    failed_drive = _one(mine, "push line", **{"billing.result": "retry"})
+    charged_drives = [s for s in mine if _attrs(s).get("billing.result") == "charged"]
+    root = line.int & 0xFFFF_FFFF_FFFF_FFFF
+    assert {_parent_id(s) for s in [failed_drive, *charged_drives]} == {root}
+    failed = _one(mine, "stripe push_line", **{"billing.outcome": "error"})
     assert _attrs(failed)["error.type"] == "http_503"
-    assert _attrs(failed)["http.response.status_code"] == 503
-    assert _attrs(failed)["billing.retryable"] is True
     assert failed.status.status_code is StatusCode.ERROR
     assert _parent_id(failed) == _span_id(failed_drive)
-    ok = _one(mine, "stripe charge", **{"billing.outcome": "ok"})
-    assert _parent_id(ok) == _span_id(charged_drive)
-    assert _attrs(_one(mine, "record", **{"billing.events": "ChargeFailed"}))[
-        "billing.transaction_id"
-    ] == str(txn_id)
-    assert _parent_id(_one(mine, "record", **{"billing.events": "Charged"})) == _span_id(
-        charged_drive
-    )
 
-    lines = [line for line in json_lines() if line.get("transaction_id") == str(txn_id)]
-    retry = next(line for line in lines if line["status"] == "retry" and line["step"] == "charge")
-    assert retry["error_code"] == "http_503"
-    assert retry["trace_id"] == txn_id.hex
+    logged = [line_ for line_ in json_lines() if line_.get("line_id") == str(line)]
+    retry = next(x for x in logged if x["status"] == "retry")
+    assert (retry["step"], retry["error_code"], retry["attempt"]) == ("push", "http_503", 1)
+    assert retry["trace_id"] == line.hex
     assert int(retry["span_id"], 16) == _span_id(failed_drive)
-    assert [(line["step"], line["status"]) for line in lines if line["step"] == "reconcile"] == [
-        ("reconcile", "retry"),
-        ("reconcile", "charged"),
-    ]
+    assert [x["status"] for x in logged] == ["pushed", "retry", "pushed"]

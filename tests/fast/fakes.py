@@ -2,24 +2,25 @@
 
 ``memory_ledger()`` is the real ``BillingLedger`` on eventsourcing's in-memory (POPO)
 persistence: the same aggregates, the same optimistic-concurrency check, no database.
-``FakeGateway`` keeps charges the way Stripe's idempotency keys do (one per
-transaction, whatever the number of calls) and answers from a script.
+``FakeGateway`` keeps what Stripe would (customers, draft invoices, line items, each
+create replayed by its idempotency key) and fails the calls a test scripts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
 from adapters.settings import Settings
 from domain.metering import Metering
-from domain.ports import DeadLetter, Removal
-from domain.saga import Charged, ChargeFailure, ChargeOutcome
-from domain.transaction import BillingTransaction, Source
+from domain.ports import DeadLetter, DraftInvoice, LineItems
+from domain.pushing import item_key
+from domain.saga import ChargeFailure
+from domain.transaction import Source
 from domain.usage import UsageRecord
 from store.ledger import BillingLedger
 
@@ -32,46 +33,119 @@ def memory_ledger() -> BillingLedger:
     return BillingLedger(Settings().load_prices(), env={"PERSISTENCE_MODULE": "eventsourcing.popo"})
 
 
-def usage(usage_id: str, customer: str = "acme", quantity: int = 1000) -> UsageRecord:
+def usage(
+    usage_id: str, customer: str = "acme", quantity: int | str = 1000, meter: str = "api.requests"
+) -> UsageRecord:
     return UsageRecord(
         usage_id=usage_id,
         customer_id=customer,
-        meter="api.requests",
+        meter=meter,
         quantity=Decimal(quantity),
         occurred_at=T0,
     )
 
 
-def reserve(ledger: BillingLedger, n: int, customer: str = "acme") -> list[UUID]:
-    batch = [Metering(usage(f"f-{i}", customer), Source("usage", 0, i)) for i in range(n)]
+def reserve(
+    ledger: BillingLedger,
+    n: int,
+    customer: str = "acme",
+    *,
+    quantity: int | str = 1000,
+    meter: str = "api.requests",
+    prefix: str = "f",
+) -> list[UUID]:
+    """Record ``n`` records (Metered, Reserved, and their line's Settled) in one batch."""
+    batch = [
+        Metering(usage(f"{prefix}-{i}", customer, quantity, meter), Source("usage", 0, i))
+        for i in range(n)
+    ]
     return [t.id for t in ledger.record_usage(batch).transactions]
 
 
 @dataclass
 class FakeGateway:
-    """The payment gateway port: ``script`` answers the next charge calls in order
-    (then success); ``removals`` the next removal calls (then success)."""
+    """The payment gateway port, keeping what Stripe would: customers, draft invoices and
+    items, each create replayed by its idempotency key as Stripe does (same key, other
+    parameters: an error). ``failures`` answer the next calls in order."""
 
-    script: list[ChargeFailure] = field(default_factory=list)
-    removals: list[ChargeFailure] = field(default_factory=list)
-    charges: dict[UUID, str] = field(default_factory=dict)  # live, by transaction
-    calls: list[tuple[str, UUID]] = field(default_factory=list)
+    failures: list[ChargeFailure] = field(default_factory=list)
+    customers: dict[str, str] = field(default_factory=dict)  # key -> id
+    invoices: dict[str, str] = field(default_factory=dict)  # key -> id
+    items: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> item
+    keys: dict[str, tuple[Any, str]] = field(default_factory=dict)  # key -> (params, id)
+    calls: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
 
-    def charge(self, txn: BillingTransaction, age: timedelta) -> ChargeOutcome:
-        self.calls.append(("charge", txn.id))
-        if self.script:
-            return self.script.pop(0)
-        item = self.charges.setdefault(txn.id, f"ii_{txn.id.hex[:12]}")
-        return Charged(item)
+    def _fail(self) -> ChargeFailure | None:
+        return self.failures.pop(0) if self.failures else None
 
-    def remove_charge(self, txn: BillingTransaction, stripe_object_id: str | None) -> Removal:
-        self.calls.append(("remove", txn.id))
-        if self.removals:
-            return self.removals.pop(0)
-        return self.charges.pop(txn.id, None)
+    def _keyed(self, key: str, params: Any, make: Any) -> str | ChargeFailure:
+        if key in self.keys:
+            if self.keys[key][0] != params:
+                return ChargeFailure("http_400", f"idempotency_error on {key}", retryable=False)
+            return self.keys[key][1]
+        made = make()
+        self.keys[key] = (params, made)
+        return str(made)
+
+    def customer(self, customer_id: str, *, look_first: bool) -> str | ChargeFailure:
+        self.calls.append("customer")
+        failed = self._fail()
+        if failed:
+            return failed
+        return self._keyed(f"customer:{customer_id}", customer_id, lambda: f"cus_{customer_id}")
+
+    def draft_invoice(self, draft: DraftInvoice, *, look_first: bool) -> str | ChargeFailure:
+        self.calls.append("invoice")
+        failed = self._fail()
+        if failed:
+            return failed
+        return self._keyed(
+            f"invoice:{draft.invoice_id}",
+            (draft.stripe_customer_id, draft.currency),
+            lambda: f"in_{len(self.keys)}",
+        )
+
+    def set_line_items(self, items: LineItems) -> list[str] | ChargeFailure:
+        ids: list[str] = []
+        for step in items.plan.items:
+            item_id = step.item_id
+            if item_id is None:
+                self.calls.append("item")
+                failed = self._fail()
+                if failed:
+                    return failed
+                params = (items.line_id, step.chunk, step.create_amount, step.create_sequence)
+                made = self._keyed(
+                    item_key(items.line_id, step.chunk), params, lambda: f"ii_{len(self.items)}"
+                )
+                if isinstance(made, ChargeFailure):
+                    return made
+                item_id = made
+                self.items.setdefault(
+                    item_id, {"amount": step.create_amount, "line": items.line_id}
+                )
+            if step.update:
+                self.calls.append("update")
+                failed = self._fail()
+                if failed:
+                    return failed
+                self.items[item_id]["amount"] = step.amount
+                self.items[item_id]["sequence"] = items.plan.sequence
+            ids.append(item_id)
+        return ids
+
+    def delete_item(self, item_id: str, key: str) -> ChargeFailure | None:
+        self.calls.append("delete")
+        self.deleted.append(item_id)
+        return self._fail()
 
     def breaker_state(self) -> str:
         return "closed"
+
+    def held(self, line_id: UUID) -> list[int]:
+        """What the fake Stripe holds for a line, item by item."""
+        return [i["amount"] for i in self.items.values() if i["line"] == line_id]
 
 
 @dataclass

@@ -11,11 +11,13 @@ from uuid import UUID
 
 import psycopg
 
-from adapters.bootstrap import build_charger
+from adapters.bootstrap import build_pusher
 from adapters.broker import consumer_lag, make_producer
 from adapters.ingest.worker import IngestWorker
 from adapters.settings import Settings
+from domain.customer import CustomerLink
 from domain.metering import Metering
+from domain.saga import StepResult
 from domain.transaction import Source
 from domain.usage import UsageRecord
 from infra.stripe_emulator import StripeEmulator
@@ -108,13 +110,19 @@ def record(ledger: BillingLedger, customer: str, ids: Sequence[str], qty: int = 
     return [t.id for t in ledger.record_usage(batch).transactions]
 
 
+def line_of(ledger: BillingLedger, txn_id: UUID) -> UUID:
+    line = ledger.transaction(txn_id).line_id
+    assert line is not None
+    return line
+
+
 def mixed_workload(
     settings: Settings, ledger: BillingLedger, emulator: StripeEmulator, projector: Projector
 ) -> dict[str, UUID]:
-    """Duplicates, a spend-limit refusal, charges, a permanent failure compensated, a
-    retry due, a reversal; the projector pumped between the steps."""
+    """Duplicates, a spend-limit refusal, pushes, a permanent refusal compensated, a push
+    whose answer was lost, a reversal, usage not pushed yet; projected between steps."""
     ledger.set_spend_limit("capped", "USD", 800)  # 8.00 USD: the second record is refused
-    acme = record(ledger, "acme", ["a-1", "a-2", "a-3", "a-4"])
+    acme = record(ledger, "acme", ["a-1", "a-2"])
     projector.pump()
     capped = record(ledger, "capped", ["c-1", "c-2"])  # 5.00 USD each
     dup = ledger.record_usage(
@@ -125,23 +133,26 @@ def mixed_workload(
     slow = record(ledger, "slow", ["s-1"])
     projector.pump()
 
-    charger = build_charger(settings, ledger)
-    assert charger.drive(acme[0]) == "charged"
-    assert charger.drive(acme[1]) == "charged"
-    assert charger.drive(capped[0]) == "charged"
+    pusher = build_pusher(settings, ledger)
+    assert pusher.push(line_of(ledger, acme[0])).result is StepResult.CHARGED
+    assert pusher.push(line_of(ledger, capped[0])).result is StepResult.CHARGED
+    assert pusher.push(line_of(ledger, slow[0])).result is StepResult.CHARGED
     projector.pump()
-    charger.stripe._customers["perm"] = "cus_does_not_exist"  # Stripe answers 400
-    assert charger.drive(perm[0]) == "compensated"
-    charger.stripe.customer("slow")
-    emulator.set_faults(drop_response_after_execute=1)
-    assert charger.drive(slow[0]) == "retry"  # due again in ~30 s
-    assert charger.reverse(acme[1], "goodwill") == "reversed"
+    # A customer Stripe does not know: the draft invoice is refused (400).
+    ledger.save(CustomerLink(customer_id="perm", stripe_customer_id="cus_does_not_exist"))
+    assert pusher.push(line_of(ledger, perm[0])).result is StepResult.COMPENSATED
+    slow += record(ledger, "slow", ["s-2"])
+    emulator.set_faults(drop_response_after_execute=1)  # Stripe executes, the answer is lost
+    assert pusher.push(line_of(ledger, slow[0])).result is StepResult.RETRY  # due in ~30 s
+    assert pusher.reverse(acme[1], "goodwill") is StepResult.REVERSED
+    assert pusher.push(line_of(ledger, acme[0])).result is StepResult.CHARGED  # the lower total
+    later = record(ledger, "acme", ["a-3", "a-4"])  # not pushed yet
     projector.pump_all()
     return {
         "charged": acme[0],
         "reversed": acme[1],
-        "reserved": acme[2],
+        "reserved": later[0],
         "refused": capped[1],
         "failed": perm[0],
-        "retry": slow[0],
+        "retry": slow[1],
     }

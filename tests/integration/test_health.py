@@ -17,12 +17,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from adapters.bootstrap import build_charger, build_projector, open_ledger, prepare
+from adapters.bootstrap import build_projector, build_pusher, open_ledger, prepare
 from adapters.observability.health_server import HealthProbe, HealthServer
 from adapters.observability.heartbeat import Heartbeat
 from adapters.settings import Settings
 from adapters.stripe.breaker import CircuitBreaker
 from domain.metering import Metering
+from domain.saga import StepResult
 from domain.transaction import Source
 from infra.embedded import free_port
 from infra.stripe_emulator import StripeEmulator
@@ -31,7 +32,7 @@ from store.connections import Database
 from store.dead_letters import DeadLetter, DeadLetterStore
 from store.ledger import BillingLedger
 from tests.conftest import settings_env
-from tests.integration.support import produce, usage, wait_for
+from tests.integration.support import line_of, produce, usage, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -69,22 +70,25 @@ def _queue_health(url: str) -> dict[str, Any]:
 def _set_up_trouble(
     settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
 ) -> dict[str, Any]:
-    """One charge; one failed attempt due again at once and one due in an hour; two
-    reservations left alone; one dead letter; a worker whose circuit breaker is open,
-    one silent for a minute, one dead for hours; a lag row nobody refreshed."""
-    batch = [Metering(usage(f"a-{i}"), Source("usage", 0, i)) for i in range(5)]
+    """One line pushed; one line whose push got no answer, due again at once; one due
+    in an hour; two reservations of a line left alone; one dead letter; a worker whose
+    circuit breaker is open, one silent for a minute, one dead for hours; a lag row
+    nobody refreshed."""
+    customers = ["acme", "slow", "patient", "idle", "idle"]
+    batch = [
+        Metering(usage(f"{c}-{i}", customer=c), Source("usage", 0, i))
+        for i, c in enumerate(customers)
+    ]
     txns = [t.id for t in ledger.record_usage(batch).transactions]
-    charger = build_charger(settings, ledger)
-    assert charger.drive(txns[0]) == "charged"
-    charger.stripe.customer("acme")
+    pusher = build_pusher(settings, ledger)
+    assert pusher.push(line_of(ledger, txns[0])).result is StepResult.CHARGED
     emulator.set_faults(drop_response_after_execute=1)
-    assert charger.drive(txns[1]) == "retry"
-    patient = build_charger(
+    assert pusher.push(line_of(ledger, txns[1])).result is StepResult.RETRY
+    patient = build_pusher(
         settings.model_copy(update={"retry_base_s": 3600.0, "retry_max_delay_s": 3600.0}), ledger
     )
-    patient.stripe.customer("acme")
     emulator.set_faults(drop_response_after_execute=1)
-    assert patient.drive(txns[4]) == "retry"  # not due for a long while: not stuck
+    assert patient.push(line_of(ledger, txns[2])).result is StepResult.RETRY  # not due soon
     DeadLetterStore(Database(settings.database_url)).record(
         [DeadLetter("usage", 0, 99, None, b"{not json", "invalid JSON: expecting a value")]
     )
@@ -118,16 +122,19 @@ def test_queue_health_and_the_health_endpoint_report_what_a_test_set_up(
     url = health_settings.database_url
     setup = _set_up_trouble(health_settings, ledger, emulator)
 
-    # Time passes: the reservations go stale and the first failed attempt falls due.
+    # Time passes: the reservations go stale (those of failing lines are named as such).
     row = wait_for(
-        lambda: (h := _queue_health(url))["stale_reserved"] == 2 and h["retries_due"] == 1 and h,
-        what="stale reservations and a due retry",
+        lambda: (h := _queue_health(url))["stale_reserved"] == 2 and h,
+        what="stale reservations",
     )
     assert (row["backlog_metered"], row["backlog_reserved"], row["backlog_charge_failed"]) == (
         0,
-        2,
-        2,
+        4,
+        0,
     )
+    assert (row["lines_unsent"], row["lines_failing"], row["lines_past_deadline"]) == (3, 2, 0)
+    # acme: customer, draft, item; slow and patient: one call each, unanswered
+    assert row["oldest_unsent_age_s"] > 0 and row["stripe_requests_last_hour"] == 5
     assert row["oldest_open_age_s"] > 0 and row["past_deadline"] == 0
     assert row["dead_letters_last_hour"] == 1
     assert (row["stripe_errors_1m"], row["stripe_errors_5m"], row["stripe_errors_15m"]) == (2, 2, 2)
@@ -144,9 +151,10 @@ def test_queue_health_and_the_health_endpoint_report_what_a_test_set_up(
         workers = [r[0] for r in conn.execute("SELECT worker_id FROM billing.workers ORDER BY 1")]
     txns = setup["txns"]
     assert stuck == {
-        txns[1]: "retry due",
-        txns[2]: "not charged after stale_after_s",
+        txns[1]: "its line is failing to reach Stripe",
+        txns[2]: "its line is failing to reach Stripe",
         txns[3]: "not charged after stale_after_s",
+        txns[4]: "not charged after stale_after_s",
     }
     assert workers == sorted([setup["worker"], "quiet:2:relay"])  # "gone" was forgotten
 
@@ -156,12 +164,12 @@ def test_queue_health_and_the_health_endpoint_report_what_a_test_set_up(
         silent = [r for r in body["reasons"] if r.startswith("worker quiet:2:relay silent since")]
         assert set(body["reasons"]) - set(silent) == {
             f"Stripe circuit breaker open in worker {setup['worker']}",
+            "2 invoice line(s) failing to reach Stripe",
             "2 reserved transaction(s) not charged",
             "1 dead letter(s) in the last hour",
             "2 Stripe error(s) in 5 min (connection: 2)",
         }
         assert len(silent) == 1
-        assert body["retries_due"] == 1
         by_id = {w["worker_id"]: w for w in body["workers"]}
         assert by_id[setup["worker"]]["breaker_state"] == "open"
         assert by_id[setup["worker"]]["alive"] and not by_id["quiet:2:relay"]["alive"]
@@ -179,7 +187,10 @@ def test_queue_health_and_the_health_endpoint_report_what_a_test_set_up(
             )
         status, body = _get(server.port, "/health")
         assert status == 503 and body["status"] == "failing"
-        assert body["reasons"][0] == "4 transaction(s) past their deadline"
+        assert body["reasons"][:2] == [
+            "4 transaction(s) past their deadline",
+            "2 invoice line(s) failing to reach Stripe for longer than the retry horizon",
+        ]
 
         assert _get(server.port, "/healthz") == (200, {"status": "alive"})
         assert _get(server.port, "/readyz") == (200, {"database": "ok", "broker": "ok"})
@@ -225,8 +236,9 @@ def test_the_health_server_refuses_bad_parameters_and_reports_an_unreachable_bro
         [Metering(usage(f"b-{i}"), Source("usage", 0, i)) for i in range(3)]
     )
     held = sum(t.amount for t in recorded.transactions)
-    # Opened + AmountsReserved of the account, Metered + Reserved of each transaction
-    assert _queue_health(url)["projector_behind"] == 8
+    # Opened + AmountsReserved of the account, Metered + Reserved of each transaction,
+    # Opened + Settled of their line
+    assert _queue_health(url)["projector_behind"] == 10
     with build_projector(health_settings, ledger) as projector:
         projector.pump_all()
     assert _queue_health(url)["projector_behind"] == 0
@@ -239,7 +251,7 @@ def test_the_health_server_refuses_bad_parameters_and_reports_an_unreachable_bro
         assert {r["usage_id"] for r in rows} <= {"b-0", "b-1", "b-2"}
         status, rows = _get(server.port, "/balances?customer=acme")
         assert status == 200 and [(r["customer_id"], r["in_flight"]) for r in rows] == [
-            ("acme", held)
+            ("acme", str(held))  # exact amounts: decimal text in JSON
         ]
         refusals = {
             "/transactions?state=stuck": "unknown state 'stuck'",
@@ -299,6 +311,7 @@ def test_metrics_expose_the_named_series_with_the_right_values_after_a_known_wor
     port = free_port()
     env = settings_env(health_settings)
     env["BILLING_LEDGER_STALE_AFTER_S"] = "60"  # only the process manager charges here
+    env["BILLING_LEDGER_SETTLE_INTERVAL_S"] = "0.2"  # a failing line is tried again soon
     worker = subprocess.Popen(
         [*CLI, "run", "--health-port", str(port), "--log-level", "WARNING"],
         env=env,
@@ -315,8 +328,7 @@ def test_metrics_expose_the_named_series_with_the_right_values_after_a_known_wor
         )  # fmt: skip
         series = wait_for(
             lambda: (
-                (_sample(s := _metrics(port), "billing_charge_steps_total", result="charged") or 0)
-                >= 12
+                (_sample(s := _metrics(port), "billing_transactions_charged_total") or 0) >= 12
                 and s
             ),
             what="12 charges in /metrics",
@@ -325,15 +337,17 @@ def test_metrics_expose_the_named_series_with_the_right_values_after_a_known_wor
         assert _value(series, "billing_ingest_records_total", outcome="dead_letter") == 2
         assert _sample(series, "billing_ingest_records_total", outcome="duplicate") is None
         assert _value(series, "billing_dead_letters_total") == 2
-        assert _value(series, "billing_charge_steps_total", result="charged") == 12
+        assert _value(series, "billing_transactions_charged_total") == 12
+        assert _value(series, "billing_charge_steps_total", result="pushed") >= 3  # a line each
         assert _sample(series, "billing_charge_retries_total") is None  # none yet
         create = {"operation": "invoice_items.create", "outcome": "ok"}
-        assert _value(series, "billing_stripe_requests_total", **create) == 12
-        assert _value(series, "billing_stripe_request_duration_seconds_count", **create) == 12
+        assert _value(series, "billing_stripe_requests_total", **create) == 3  # one per line
+        assert _value(series, "billing_stripe_request_duration_seconds_count", **create) == 3
         assert _value(series, "billing_stripe_requests_total", operation="customers.create") == 3
+        assert _value(series, "billing_stripe_requests_total", operation="invoices.create") == 3
         assert _value(series, "billing_charge_latency_seconds_count") == 12
         assert _value(series, "billing_breaker_state", client="stripe-1") == 0
-        assert len(emulator.live_invoice_items()) == 12
+        assert len(emulator.live_invoice_items()) == 3
 
         # The gauges come from queue_health once the projector and the heartbeat caught up.
         def settled() -> dict[str, float] | None:
@@ -356,10 +370,11 @@ def test_metrics_expose_the_named_series_with_the_right_values_after_a_known_wor
         series = wait_for(
             lambda: (
                 _sample(s := _metrics(port), "billing_breaker_transitions_total", **opened)
-                and (_sample(s, "billing_charge_retries_total") or 0) >= 8  # each one failed
+                and (_sample(s, "billing_charge_retries_total") or 0)
+                >= 7  # 5 open it, then refused
                 and s
             ),
-            what="the breaker to open and every charge to fail",
+            what="the breaker to open and the pushes to fail",
         )
         assert _value(series, "billing_stripe_requests_total", outcome="http_503") >= 5
         assert _value(series, "billing_stripe_requests_total", outcome="circuit_open") >= 1
@@ -371,7 +386,7 @@ def test_metrics_expose_the_named_series_with_the_right_values_after_a_known_wor
         assert any(r.startswith("Stripe circuit breaker") for r in report["reasons"])
         (live,) = [w for w in report["workers"] if w["alive"]]  # every role's loop turns
         ages = live["stats"]["loop_age_s"]
-        assert set(ages) == {"ingest", "relay", "project", "charge", "reconcile"}
+        assert set(ages) == {"ingest", "relay", "project", "charge", "reconcile", "push"}
         assert all(age < 60 for age in ages.values()), ages
 
         # Every series the Grafana dashboard queries is one this process exposes.

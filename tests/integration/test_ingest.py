@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -62,7 +63,7 @@ def test_the_same_record_produced_twice_yields_one_transaction(
     assert worker.stats.duplicates == 1
     txn = ledger.transaction(transaction_id("acme", "req-1"))
     assert txn.state is TxnState.RESERVED
-    assert txn.amount == 0  # 3 requests x 0.001 USD = 0.3 cents -> rounds to 0
+    assert txn.amount == Decimal("0.3")  # 3 requests x 0.001 USD = 0.3 cents, exact
     assert total_lag(settings) == 0
 
 

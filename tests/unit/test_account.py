@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+from decimal import Decimal
 
 import pytest
 
 from domain.account import CustomerAccount
 from domain.ids import account_id, transaction_id
+from domain.money import MAX_SPEND_LIMIT_MINOR
 
 A, B, C, D = (transaction_id("acme", f"req-{n}") for n in range(4))
 
@@ -85,11 +87,25 @@ def test_set_limit_to_the_current_value_records_no_event(limit: int | None) -> N
     assert account.version == 1
 
 
-def test_a_negative_limit_is_refused() -> None:
+@pytest.mark.parametrize("limit", [-1, MAX_SPEND_LIMIT_MINOR + 1])
+def test_a_limit_outside_its_bounds_is_refused(limit: int) -> None:
     account = _account(spend_limit=100)
-    with pytest.raises(ValueError, match="cannot be negative"):
-        account.set_limit(-1)
+    with pytest.raises(ValueError, match="a spend limit must be from 0 to"):
+        account.set_limit(limit)
     assert (account.spend_limit, account.pending_events) == (100, [])
+
+
+def test_the_largest_limit_is_accepted() -> None:
+    account = _account(spend_limit=100)
+    account.set_limit(MAX_SPEND_LIMIT_MINOR)
+    assert account.spend_limit == MAX_SPEND_LIMIT_MINOR
+
+
+def test_exact_amounts_are_reserved_exactly_against_a_limit() -> None:
+    account = _account(spend_limit=1)
+    a, b = Decimal("0.38"), Decimal("0.62")
+    assert account.reserve_all([(A, a), (B, b), (C, Decimal("0.0000001"))]) == [True, True, False]
+    assert account.reserved == Decimal(1) and account.available == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,7 +118,10 @@ def test_an_unlimited_account_grants_every_reservation_in_one_event() -> None:
     assert account.reserved == 10**12 + 1
     event = account.pending_events[-1]
     assert isinstance(event, CustomerAccount.AmountsReserved)
-    assert (event.transaction_ids, event.amounts) == ([str(A), str(B), str(C)], [10**12, 1, 0])
+    assert (event.transaction_ids, event.amounts) == (
+        [str(A), str(B), str(C)],
+        [str(10**12), "1", "0"],
+    )
     assert len(account.pending_events) == 1
 
 
@@ -121,7 +140,7 @@ def test_reserve_all_still_grants_a_later_smaller_request_that_fits() -> None:
     assert (account.reserved, account.available) == (100, 0)
     event = account.pending_events[-1]
     assert isinstance(event, CustomerAccount.AmountsReserved)
-    assert (event.transaction_ids, event.amounts) == ([str(A), str(C), str(D)], [60, 30, 10])
+    assert (event.transaction_ids, event.amounts) == ([str(A), str(C), str(D)], ["60", "30", "10"])
     assert len(account.pending_events) == 1
 
 

@@ -8,7 +8,9 @@ from decimal import Decimal
 
 from domain.account import CustomerAccount
 from domain.ids import account_id, transaction_id
+from domain.invoice_line import InvoiceLine
 from domain.metering import Metering, MeteringDecision, meter_batch
+from domain.periods import Period, PeriodPolicy
 from domain.pricing import Price, PriceList
 from domain.transaction import BillingTransaction, Source, TxnState
 from domain.usage import UsageRecord
@@ -21,6 +23,12 @@ PRICES = PriceList(
     }
 )
 AT = datetime(2026, 12, 2, 10, 15, tzinfo=UTC)
+MONTHLY = PeriodPolicy()
+
+
+def NO_LINES(customer: str, currency: str, meter: str, period: Period) -> InvoiceLine | None:
+    """No line exists yet: each batch opens the lines it needs."""
+    return None
 
 
 class Accounts:
@@ -70,6 +78,8 @@ def _meter(
         batch,
         PRICES,
         load_account=(accounts or Accounts()).load,
+        load_line=NO_LINES,
+        periods=MONTHLY,
         already_recorded={m.transaction_id for m in already_recorded},
     )
 
@@ -100,10 +110,44 @@ def test_new_records_become_metered_and_reserved_transactions_on_a_new_account()
     assert (decision.duplicates, decision.rejected, decision.refused) == ([], [], [])
 
 
-def test_the_decision_lists_accounts_then_transactions_as_its_aggregates() -> None:
+def test_the_decision_lists_accounts_lines_then_transactions_as_its_aggregates() -> None:
     decision = _meter([_usage("req-1")])
-    assert decision.aggregates == [*decision.accounts, *decision.transactions]
-    assert len(decision.aggregates) == 2
+    assert decision.aggregates == [*decision.accounts, *decision.lines, *decision.transactions]
+    assert len(decision.aggregates) == 3
+
+
+def test_reserved_transactions_join_the_line_of_their_meter_and_period_in_one_event() -> None:
+    later = Metering(
+        UsageRecord(
+            usage_id="next-month",
+            customer_id="acme",
+            meter="api.requests",
+            quantity=Decimal(2),
+            occurred_at=datetime(2027, 1, 1, tzinfo=UTC),
+        ),
+        Source("usage", 0, 9),
+    )
+    batch = [_usage("a", 3), _usage("b", 4), _usage("e", 5, meter="eu.gpu.seconds"), later]
+    decision = _meter(batch)
+    by_key = {(ln.meter, ln.period.key): ln for ln in decision.lines}
+    assert sorted(by_key) == [
+        ("api.requests", "2026-12-01T00:00:00Z"),
+        ("api.requests", "2027-01-01T00:00:00Z"),
+        ("eu.gpu.seconds", "2026-12-01T00:00:00Z"),
+    ]
+    december = by_key["api.requests", "2026-12-01T00:00:00Z"]
+    [_opened, settled] = december.pending_events
+    assert isinstance(settled, InvoiceLine.Settled)
+    assert settled.amounts == ["3", "4"] and settled.exact_total == 7 and settled.billed == 7
+    for txn in decision.transactions:
+        line = by_key[txn.meter, txn.occurred_at.strftime("%Y-%m-01T00:00:00Z")]
+        assert (txn.line_id, txn.line_version) == (line.id, line.sequence)
+
+
+def test_a_refused_transaction_joins_no_line() -> None:
+    accounts = Accounts(_account(spend_limit=2))
+    decision = _meter([_usage("big", 5)], accounts)
+    assert decision.lines == [] and decision.transactions[0].line_id is None
 
 
 def test_the_transaction_keeps_where_the_record_came_from() -> None:
@@ -144,6 +188,8 @@ def test_a_batch_of_only_recorded_records_changes_nothing_and_loads_no_account()
         batch,
         PRICES,
         load_account=accounts.load,
+        load_line=NO_LINES,
+        periods=MONTHLY,
         already_recorded={m.transaction_id for m in batch},
     )
     assert (decision.transactions, decision.accounts, decision.aggregates) == ([], [], [])

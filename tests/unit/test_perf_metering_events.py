@@ -18,6 +18,7 @@ from eventsourcing.domain import DomainEventProtocol
 from domain.account import CustomerAccount
 from domain.ids import transaction_id
 from domain.metering import Metering, meter_batch, meter_batch_events
+from domain.periods import PeriodPolicy
 from domain.pricing import Price, PriceList
 from domain.transaction import BillingTransaction, Source, TxnState
 from domain.usage import UsageRecord
@@ -30,6 +31,8 @@ PRICES = PriceList(
     }
 )
 AT = datetime(2026, 12, 2, 10, 15, tzinfo=UTC)
+# No line exists yet: each batch opens the lines it needs (monthly periods).
+LINES: dict[str, Any] = {"load_line": lambda *key: None, "periods": PeriodPolicy()}
 
 
 def _usage(
@@ -73,8 +76,12 @@ def _both(batch: list[Metering], accounts: list[CustomerAccount], recorded: set[
         by_key = {(a.customer_id, a.currency): a for a in copy.deepcopy(accounts)}
         return lambda customer_id, currency: by_key.get((customer_id, currency))
 
-    reference = meter_batch(batch, PRICES, load_account=loader(), already_recorded=recorded)
-    fast = meter_batch_events(batch, PRICES, load_account=loader(), already_recorded=recorded)
+    reference = meter_batch(
+        batch, PRICES, load_account=loader(), **LINES, already_recorded=recorded
+    )
+    fast = meter_batch_events(
+        batch, PRICES, load_account=loader(), **LINES, already_recorded=recorded
+    )
     return reference, fast
 
 
@@ -83,8 +90,8 @@ MIXED = [
     _usage("a-2", 50, offset=2),  # refused: past acme's limit
     _usage("a-1", 60, offset=3),  # duplicate within the batch
     _usage("a-3", 30, offset=4, currency="usd"),
-    _usage("t-1", "1999", meter="gpt.tokens", offset=5),  # 0.49975 cents -> 0
-    _usage("t-2", "2000", meter="gpt.tokens", offset=6),  # 0.5 cents -> 1 (half up)
+    _usage("t-1", "1999", meter="gpt.tokens", offset=5),  # 0.49975 cents: past the limit
+    _usage("t-2", "2000", meter="gpt.tokens", offset=6),  # 0.5 cents: past the limit
     _usage("e-1", 4, meter="eu.gpu.seconds", offset=7),  # acme's EUR account: new
     _usage("g-1", 7, customer_id="globex", offset=8),  # globex: no limit
     _usage("x-1", 3, meter="nope", offset=9),  # rejected: unknown meter
@@ -109,6 +116,18 @@ def test_both_forms_create_the_same_transactions_with_the_same_events() -> None:
     ]
 
 
+def test_both_forms_settle_the_same_transactions_into_the_same_lines() -> None:
+    reference, fast = _both(MIXED, ACCOUNTS, RECORDED)
+    assert [ln.id for ln in fast.lines] == [ln.id for ln in reference.lines]
+    for ours, theirs in zip(fast.lines, reference.lines, strict=True):
+        assert [_fields(e) for e in ours.pending_events] == [
+            _fields(e) for e in theirs.pending_events
+        ]
+    settled = {t for ln in fast.lines for t in ln.pending_events[-1].transaction_ids}
+    reserved = {str(t.id) for t in fast.transactions if t.compensation_reason is None}
+    assert settled == reserved  # every reserved transaction is in exactly one line
+
+
 def test_both_forms_change_the_same_accounts_in_the_same_way() -> None:
     reference, fast = _both(MIXED, ACCOUNTS, RECORDED)
     assert [a.id for a in fast.accounts] == [a.id for a in reference.accounts]
@@ -128,7 +147,8 @@ def test_both_forms_find_the_same_duplicates_rejections_and_refusals() -> None:
     assert fast.duplicates == reference.duplicates
     assert fast.rejected == reference.rejected
     assert [t.id for t in fast.refused] == [t.id for t in reference.refused]
-    assert [t.usage_id for t in reference.refused] == ["a-2", "t-2"]  # 100 reached at a-3
+    # 100 reached at a-3: every later amount above 0 is refused, however small.
+    assert [t.usage_id for t in reference.refused] == ["a-2", "t-1", "t-2"]
 
 
 def test_the_fast_events_rebuild_the_aggregate_the_reference_builds() -> None:
@@ -153,7 +173,11 @@ def test_a_batch_of_only_recorded_records_yields_no_events_and_loads_no_account(
         return None
 
     fast = meter_batch_events(
-        batch, PRICES, load_account=load, already_recorded={m.transaction_id for m in batch}
+        batch,
+        PRICES,
+        load_account=load,
+        **LINES,
+        already_recorded={m.transaction_id for m in batch},
     )
     assert (fast.transactions, fast.accounts, fast.transaction_events) == ([], [], [])
     assert fast.duplicates == batch

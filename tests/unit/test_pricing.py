@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from domain.errors import InvalidUsage, PriceListError, UnknownMeter
+from domain.money import add_exact, round_minor
 from domain.pricing import Price, PriceList
 from domain.transaction import BillingTransaction, Source
 from domain.usage import UsageRecord
@@ -98,56 +99,57 @@ def test_from_toml_rejects_a_per_that_is_not_a_positive_integer(per: str) -> Non
 
 
 # ---------------------------------------------------------------------------------------------
-# Price.amount_minor
+# Price.exact_amount: never rounded (a line rounds its sum once)
 
 
 @pytest.mark.parametrize(
     ("tokens", "cents"),
     [
-        (1, 0),  # 1 x 0.00025 = 0.00025 cents -> 0
-        (200, 0),  # 200 x 0.00025 = 0.05 cents -> 0
-        (1_999, 0),  # 1,999 x 0.00025 = 0.49975 cents -> 0
-        (2_000, 1),  # 2,000 x 0.00025 = 0.5 cents -> 1 (half up)
-        (6_000, 2),  # 6,000 x 0.00025 = 1.5 cents -> 2
-        (1_000_000, 250),  # exactly the published 2.50 USD
+        (1, "0.00025"),
+        (200, "0.05"),
+        (1_520, "0.38"),  # the example: 1,520 tokens at 2.50 USD per million
+        (1_999, "0.49975"),
+        (2_000, "0.5"),
+        (1_000_000, "250"),  # exactly the published 2.50 USD
     ],
 )
-def test_amount_minor_prices_fractions_of_a_cent_and_rounds_half_up(
-    tokens: int, cents: int
-) -> None:
-    assert TOKENS.amount_minor(Decimal(tokens)) == cents
+def test_exact_amount_keeps_fractions_of_a_cent(tokens: int, cents: str) -> None:
+    assert TOKENS.exact_amount(Decimal(tokens)) == Decimal(cents)
 
 
-def test_amount_minor_prices_a_fractional_quantity_exactly() -> None:
+def test_exact_amount_prices_a_fractional_quantity_exactly() -> None:
     gpu = Price(unit_price=Decimal("0.0011"), currency="USD")
-    # 1000.5 s x 0.0011 USD = 1.10055 USD = 110.055 cents -> 110
-    assert gpu.amount_minor(Decimal("1000.5")) == 110
+    # 1000.5 s x 0.0011 USD = 1.10055 USD = 110.055 cents, kept whole
+    assert gpu.exact_amount(Decimal("1000.5")) == Decimal("110.055")
 
 
 @pytest.mark.parametrize(
     ("price", "quantity", "minor"),
     [
-        (Price(Decimal("0.5"), "JPY"), "3", 2),  # 1.5 yen -> 2
-        (Price(Decimal("0.5"), "JPY"), "1", 1),  # 0.5 yen -> 1
-        (Price(Decimal("0.0015"), "KWD"), "1", 2),  # 1.5 fils -> 2
-        (Price(Decimal("0.0014"), "KWD"), "1", 1),  # 1.4 fils -> 1
+        (Price(Decimal("0.5"), "JPY"), "3", "1.5"),  # exponent 0: yen
+        (Price(Decimal("0.0015"), "KWD"), "1", "1.5"),  # exponent 3: 1.5 fils
+        (Price(Decimal("0.0014"), "GBP"), "1", "0.14"),  # exponent 2: 0.14 pence
     ],
 )
-def test_amount_minor_rounds_to_the_minor_unit_of_the_price_currency(
-    price: Price, quantity: str, minor: int
+def test_exact_amount_is_in_the_minor_unit_of_the_price_currency(
+    price: Price, quantity: str, minor: str
 ) -> None:
-    assert price.amount_minor(Decimal(quantity)) == minor
+    assert price.exact_amount(Decimal(quantity)) == Decimal(minor)
 
 
-def test_rounding_once_per_transaction_differs_from_rounding_per_part() -> None:
-    # Three transactions of 1,000 tokens: each 0.25 cents -> 0, so 0 + 0 + 0 = 0.
-    # One transaction of 3,000 tokens: 0.75 cents -> 1.
-    per_part = sum(TOKENS.amount_minor(Decimal(1_000)) for _ in range(3))
-    once = TOKENS.amount_minor(Decimal(3_000))
-    assert (per_part, once) == (0, 1)
+def test_summing_exact_amounts_then_rounding_once_bills_what_the_usage_is_worth() -> None:
+    # 100 records of 1,999 tokens: each 0.49975 cents. Rounded per record: 0 cents in all;
+    # summed exactly then rounded once: 49.975 -> 50 cents.
+    amounts = [TOKENS.exact_amount(Decimal(1_999)) for _ in range(100)]
+    total = Decimal(0)
+    for amount in amounts:
+        total = add_exact(total, amount)
+    assert total == Decimal("49.975")
+    assert round_minor(total) == 50
+    assert sum(round_minor(a) for a in amounts) == 0  # what rounding per record billed
 
 
-def test_the_ledger_prices_a_transaction_with_one_rounding_of_its_whole_quantity() -> None:
+def test_the_ledger_keeps_a_transaction_s_exact_amount() -> None:
     record = UsageRecord(
         usage_id="req-1",
         customer_id="acme",
@@ -157,20 +159,38 @@ def test_the_ledger_prices_a_transaction_with_one_rounding_of_its_whole_quantity
     )
     prices = PriceList({"gpt-4o.input_tokens": TOKENS})
     txn = BillingTransaction.from_usage(record, prices, Source("usage", 0, 0))
-    # 3,000 x 0.00025 = 0.75 cents -> 1 (not 3 x round(0.25) = 0)
-    assert txn.amount == 1
+    assert txn.amount == Decimal("0.75")
 
 
-def test_amount_minor_rounds_only_once_even_for_a_long_quantity() -> None:
+def test_exact_amount_of_a_28_digit_quantity_is_not_rounded() -> None:
     gpu = Price(unit_price=Decimal("0.0011"), currency="USD")
     quantity = Decimal("4.545454545454545454545454545")  # 28 significant digits
     with localcontext() as ctx:
         ctx.prec = 100
         exact_cents = quantity * gpu.unit_price * 100
-    # exact: 0.49999999999999999999999999995 cents, which rounds half up to 0. Rounded
-    # first to 28 digits it becomes 0.5000000000000000000000000000, which rounds to 1.
-    assert exact_cents < Decimal("0.5")
-    assert gpu.amount_minor(quantity) == 0
+    assert gpu.exact_amount(quantity) == exact_cents
+    assert round_minor(gpu.exact_amount(quantity)) == 0  # 0.4999...95 rounds down, once
+
+
+def test_an_amount_beyond_the_precision_is_refused_not_rounded() -> None:
+    price = Price(unit_price=Decimal("0.0011"), currency="USD")
+    quantity = Decimal("1." + "3" * 37)  # x 11: a product of 39 significant digits
+    with pytest.raises(InvalidUsage, match="amount_not_exact"):
+        price.exact_amount(quantity)
+
+
+def test_an_amount_at_the_ceiling_is_refused_as_too_large() -> None:
+    per_request = Price(unit_price=Decimal("0.001"), currency="USD")  # 0.1 cents a request
+    assert per_request.exact_amount(Decimal(10**13 - 1)) == Decimal("999999999999.9")
+    with pytest.raises(InvalidUsage, match="amount_too_large"):
+        per_request.exact_amount(Decimal(10**13))
+    with pytest.raises(InvalidUsage, match="amount_too_large"):
+        per_request.exact_amount(Decimal("1" + "0" * 29))  # a 30-digit quantity
+
+
+def test_a_price_list_whose_rate_does_not_terminate_is_refused_at_load() -> None:
+    with pytest.raises(PriceListError, match="one unit cannot be priced"):
+        PriceList.from_toml(_toml(OK_PRICE + "per = 3\n"))
 
 
 # ---------------------------------------------------------------------------------------------

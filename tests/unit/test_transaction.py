@@ -111,7 +111,7 @@ def test_from_usage_prices_the_record_and_records_its_source() -> None:
 def test_from_usage_applies_the_per_unit_of_the_price() -> None:
     txn = _metered(meter="gpt-4o.input_tokens", quantity="2000")
     assert txn.per == 1_000_000
-    assert txn.amount == 1  # 2,000 x 2.50 / 1,000,000 = 0.005 USD = 0.5 cents -> 1
+    assert txn.amount == Decimal("0.5")  # 2,000 x 2.50 / 1,000,000 = 0.5 cents, exact
 
 
 def test_from_usage_accepts_a_record_currency_that_matches_in_any_case() -> None:

@@ -1,0 +1,437 @@
+"""The line pusher: puts an invoice line's newest total in Stripe, then records it.
+
+``push(line_id)`` is the one path the process manager's scheduler and the reconciler
+share. It loads the line (written by ingest) and its ``LinePush`` (written by pushers
+only), asks ``domain.pushing`` what to send, makes sure the Stripe customer and the
+period's draft invoice exist (recorded once, as ``CustomerLink`` and ``Invoice``),
+records the items it is about to create (so a retry after a crash sends the same
+parameters under the same key), calls Stripe, and records ``Pushed`` together with a
+``Charged`` for every transaction the push included, in one save. A save that loses
+the race against another pusher reloads and looks again; what Stripe already did is
+replayed by its keys, and amounts are absolute, so a second push never adds twice.
+
+A retryable failure is recorded with its due time (``PushFailed``) and retried for
+ever; a permanent one compensates the transactions no push has included yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+from eventsourcing.persistence import IntegrityError
+
+from adapters.errors import PaymentFailed
+from adapters.observability import telemetry
+from adapters.observability.logs import step_fields
+from adapters.observability.metrics import metrics
+from domain.customer import CustomerLink
+from domain.errors import IllegalTransition
+from domain.invoice import Invoice
+from domain.invoice_line import InvoiceLine, LinePush
+from domain.ports import DraftInvoice, LineItems, PaymentGateway
+from domain.pushing import (
+    PushPlan,
+    PushVerdict,
+    after_failure,
+    charged_events,
+    plan_push,
+    settled_in,
+)
+from domain.saga import ChargeFailure, RetryPolicy, StepResult
+from domain.transaction import BillingTransaction, TxnState
+from store.ledger import BillingLedger
+
+__all__ = ["LinePusher", "PushReport", "utcnow"]
+
+log = logging.getLogger(__name__)
+
+MAX_CHARGES_PER_SAVE = 5000
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class PushReport:
+    """What one ``push`` did: its result, the sequence it pushed, the Stripe requests
+    it sent and the transactions it recorded as charged."""
+
+    result: StepResult
+    sequence: int = 0
+    requests: int = 0
+    charged: int = 0
+    retry_at: datetime | None = None  # RETRY or WAIT: when the line is due again
+    more: bool = False  # the line changed again meanwhile
+
+
+class LinePusher:
+    """Pushes invoice lines to Stripe and records what Stripe acknowledged."""
+
+    max_races = 20
+
+    def __init__(
+        self,
+        ledger: BillingLedger,
+        gateway: PaymentGateway,
+        policy: RetryPolicy,
+        *,
+        key_window: timedelta = timedelta(hours=23),
+        clock: Callable[[], datetime] = utcnow,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        self.ledger = ledger
+        self.gateway = gateway
+        self.policy = policy
+        self.key_window = key_window
+        self.clock = clock
+        self.jitter = jitter
+
+    def push(self, line_id: UUID) -> PushReport:
+        """Bring Stripe and the charges up to the line's newest total, as far as now allows."""
+        with telemetry.span(
+            "push line", telemetry.transaction_context(line_id), billing__line_id=str(line_id)
+        ) as current:
+            report = self._push(line_id)
+            current.set_attributes(
+                {
+                    "billing.result": str(report.result),
+                    "billing.sequence": report.sequence,
+                    "billing.requests": report.requests,
+                    "billing.charged": report.charged,
+                }
+            )
+            return report
+
+    def _push(self, line_id: UUID) -> PushReport:
+        requests = 0
+        for race in range(self.max_races):
+            if race:
+                time.sleep(random.uniform(0, 0.002 * min(race, 10)))
+            line = self.ledger.line_by_id(line_id)
+            push = self.ledger.line_push(line_id) or LinePush(line_id=line_id)
+            try:
+                if push.charged_through < push.pushed_sequence:
+                    charged = self._record_charges(line, push)
+                    return PushReport(StepResult.CHARGED, push.pushed_sequence, requests, charged)
+                plan = plan_push(line, push)
+                if plan is None:
+                    return PushReport(StepResult.NOTHING, push.pushed_sequence, requests)
+                if push.next_attempt_at is not None and push.next_attempt_at > self.clock():
+                    return PushReport(
+                        StepResult.WAIT,
+                        push.pushed_sequence,
+                        requests,
+                        retry_at=push.next_attempt_at,
+                    )
+                outcome, sent = self._send(line, push, plan)
+                requests += sent
+                if isinstance(outcome, ChargeFailure):
+                    return self._failed(line, push, plan, outcome, requests)
+                charged = self._record_push(line, push, plan, outcome, requests)
+                _log_push(line, plan, requests, charged)
+                metrics().charge_steps.add(1, {"result": "pushed"})
+                more = self.ledger.line_by_id(line_id).sequence > plan.sequence
+                return PushReport(StepResult.CHARGED, plan.sequence, requests, charged, more=more)
+            except (IntegrityError, IllegalTransition):
+                continue  # another writer recorded first: reload and look again
+        return PushReport(StepResult.RACED, 0, requests)
+
+    # -- Stripe ----------------------------------------------------------------------
+
+    def _send(
+        self, line: InvoiceLine, push: LinePush, plan: PushPlan
+    ) -> tuple[list[str] | ChargeFailure, int]:
+        """The customer, the draft invoice and the items, as far as they go; the outcome
+        and how many Stripe requests were sent. Nothing is sent when Stripe holds the
+        amounts already (a change below the rounding, a removal of nothing billed)."""
+        if not plan.calls and not plan.to_plan:
+            return list(push.item_ids[: len(plan.items)]), 0
+        customer, requests = self._customer(line.customer_id)
+        if isinstance(customer, ChargeFailure):
+            return customer, requests
+        invoice, sent = self._invoice(line, customer)
+        requests += sent
+        if isinstance(invoice, ChargeFailure):
+            return invoice, requests
+        self._plan_items(push, plan)
+        if not plan.calls:
+            return list(push.item_ids[: len(plan.items)]), requests
+        items = LineItems(
+            line_id=line.id,
+            meter=line.meter,
+            period=line.period,
+            stripe_customer_id=customer,
+            stripe_invoice_id=invoice,
+            currency=line.currency,
+            plan=plan,
+            look_first=self.clock() - push.created_on >= self.key_window,
+        )
+        return self.gateway.set_line_items(items), requests + plan.calls
+
+    def _plan_items(self, push: LinePush, plan: PushPlan) -> None:
+        """Record the items about to be created (and the LinePush itself on a first push)
+        before Stripe sees them; a lost race raises IntegrityError (the caller reloads)."""
+        for chunk, sequence, amount in plan.to_plan:
+            push.plan_item(chunk, sequence, amount)
+        if push.pending_events:
+            self.ledger.save(push)
+
+    def _customer(self, customer_id: str) -> tuple[str | ChargeFailure, int]:
+        link = self.ledger.customer_link(customer_id)
+        if link is not None:
+            return link.stripe_customer_id, 0
+        found = self.gateway.customer(customer_id, look_first=False)
+        if isinstance(found, str):
+            # Linked by another pusher meanwhile: the same key made the same customer.
+            with contextlib.suppress(IntegrityError):
+                self.ledger.save(CustomerLink(customer_id=customer_id, stripe_customer_id=found))
+        return found, 1
+
+    def _invoice(self, line: InvoiceLine, customer: str) -> tuple[str | ChargeFailure, int]:
+        invoice = self.ledger.invoice(line.customer_id, line.currency, line.period)
+        if invoice is not None:
+            return invoice.stripe_invoice_id, 0
+        draft = DraftInvoice(
+            invoice_id=Invoice.create_id(line.customer_id, line.currency, line.period_start),
+            customer_id=line.customer_id,
+            stripe_customer_id=customer,
+            currency=line.currency,
+            period=line.period,
+        )
+        created = self.gateway.draft_invoice(draft, look_first=False)
+        if isinstance(created, str):
+            opened = Invoice.open(
+                line.customer_id,
+                line.currency,
+                line.period,
+                stripe_invoice_id=created,
+                stripe_customer_id=customer,
+            )
+            with contextlib.suppress(IntegrityError):  # the same key made the same draft
+                self.ledger.save(opened)
+        return created, 1
+
+    # -- recording -------------------------------------------------------------------
+
+    def _record_push(
+        self,
+        line: InvoiceLine,
+        push: LinePush,
+        plan: PushPlan,
+        item_ids: list[str],
+        requests: int,
+    ) -> int:
+        """``Pushed`` and the first charges it makes due, in one save; the rest after."""
+        invoice = self.ledger.invoice(line.customer_id, line.currency, line.period)
+        stripe_invoice = invoice.stripe_invoice_id if invoice is not None else ""
+        push.record_pushed(
+            plan.sequence, plan.billed, plan.amounts, item_ids, stripe_invoice, requests
+        )
+        charged = self._record_charges(line, push)
+        if push.pending_events:  # nothing to charge (a push of removals only)
+            self.ledger.save(push)
+        return charged
+
+    def _record_charges(self, line: InvoiceLine, push: LinePush) -> int:
+        """Record Charged for the transactions the acknowledged pushes include, in saves
+        of at most MAX_CHARGES_PER_SAVE, each with the LinePush's progress."""
+        charged = 0
+        changes = self.ledger.line_changes(line.id, push.charged_through, push.pushed_sequence)
+        while changes:
+            batch: list[InvoiceLine.Settled | InvoiceLine.Removed] = []
+            count = 0
+            while changes and (
+                not batch or count + len(changes[0].transaction_ids) <= MAX_CHARGES_PER_SAVE
+            ):
+                batch.append(changes.pop(0))
+                count += len(batch[-1].transaction_ids)
+            ids = settled_in(batch)
+            events = charged_events(
+                ids,
+                self.ledger.latest_versions(ids),
+                stripe_object_id=push.item_ids[0] if push.item_ids else "",
+                line_id=line.id,
+                sequence=push.pushed_sequence,
+            )
+            push.record_charges(batch[-1].originator_version, len(events))
+            self.ledger.save(push, *events)
+            charged += len(events)
+            _count_charges(batch, {e.originator_id for e in events}, self.clock())
+            _trace_charges(events, line)
+        if push.charged_through < push.pushed_sequence:  # no change left: removals only
+            push.record_charges(push.pushed_sequence, 0)
+            self.ledger.save(push)
+        return charged
+
+    def _failed(
+        self,
+        line: InvoiceLine,
+        push: LinePush,
+        plan: PushPlan,
+        failure: ChargeFailure,
+        requests: int,
+    ) -> PushReport:
+        decision = after_failure(push, failure, self.clock(), self.policy, self.jitter())
+        push.record_failure(
+            plan.sequence,
+            failure.error_class,
+            failure.message,
+            retryable=decision.verdict is PushVerdict.RETRY,
+            next_attempt_at=decision.next_attempt_at,
+            requests=requests,
+        )
+        self.ledger.save(push)
+        m = metrics()
+        m.charge_steps.add(1, {"result": "retry" if failure.retryable else "abandoned"})
+        if failure.retryable:
+            m.retries.add(1)
+        log.warning(
+            "line push failed: %s", failure.message,
+            extra=step_fields("push", str(decision.verdict), error_code=failure.error_class,
+                              line_id=str(line.id), customer_id=line.customer_id,
+                              sequence=plan.sequence, attempt=push.attempts),
+        )  # fmt: skip
+        if decision.verdict is PushVerdict.ABANDON:
+            removed = self._abandon(line.id, push.pushed_sequence, decision.reason or "refused")
+            return PushReport(StepResult.COMPENSATED, plan.sequence, requests, more=removed)
+        return PushReport(
+            StepResult.RETRY, plan.sequence, requests, retry_at=decision.next_attempt_at
+        )
+
+    def _abandon(self, line_id: UUID, pushed: int, reason: str) -> bool:
+        """Compensate the line's transactions that no acknowledged push includes;
+        whether there were any."""
+        for _ in range(self.max_races):
+            line = self.ledger.line_by_id(line_id)
+            ids = settled_in(self.ledger.line_changes(line_id, pushed, line.sequence))
+            txns = [self.ledger.transaction(i) for i in ids]
+            txns = [t for t in txns if t.state is TxnState.RESERVED]
+            if not txns:
+                return False
+            account = self.ledger.account(line.customer_id, line.currency)
+            assert account is not None
+            for txn in txns:
+                txn.compensate(reason)
+                account.release(txn.id, txn.amount)
+            line.remove([(t.id, t.amount) for t in txns], reason)
+            try:
+                self.ledger.save(line, account, *txns)
+            except IntegrityError:
+                continue
+            return True
+        return False
+
+    # -- a transaction from before lines, and reversals ------------------------------
+
+    def adopt(self, txn_id: UUID) -> StepResult:
+        """Settle a transaction reserved before lines existed into its line."""
+        for _ in range(self.max_races):
+            txn = self.ledger.transaction(txn_id)
+            if txn.line_id is not None or txn.state not in (
+                TxnState.RESERVED,
+                TxnState.CHARGE_FAILED,
+            ):
+                return StepResult.NOTHING
+            period = self.ledger.periods.period_of(txn.occurred_at)
+            line = self.ledger.line(txn.customer_id, txn.currency, txn.meter, period)
+            line = line or InvoiceLine.open(txn.customer_id, txn.currency, txn.meter, period)
+            line.settle([(txn.id, txn.amount)])
+            txn.settle(line.id, line.sequence)
+            try:
+                self.ledger.save(line, txn)
+            except IntegrityError:
+                continue
+            return StepResult.SETTLED
+        return StepResult.RACED
+
+    def reverse(self, txn_id: UUID, reason: str) -> StepResult:
+        """Operator reversal: the transaction is Compensated and its line's total drops
+        (the next push sets the lower amount in Stripe); a charge from before lines has
+        its own invoice item deleted."""
+        for _ in range(self.max_races):
+            txn = self.ledger.transaction(txn_id)
+            if txn.state is not TxnState.CHARGED and not (
+                txn.state is TxnState.RESERVED and txn.line_id is not None
+            ):
+                raise IllegalTransition(f"transaction {txn_id} is {txn.state}, not charged")
+            account = self.ledger.account(txn.customer_id, txn.currency)
+            assert account is not None
+            touched: list[object] = [txn, account]
+            if txn.line_id is None:  # a charge from before lines: its own item
+                assert txn.stripe_object_id is not None
+                self._delete_legacy_item(txn)
+                reversal = f"deleted:{txn.stripe_object_id}"
+            else:
+                line = self.ledger.line_by_id(txn.line_id)
+                line.remove([(txn.id, txn.amount)], reason)
+                reversal = f"line:{line.id}@{line.sequence}"
+                touched.append(line)
+            charged = txn.state is TxnState.CHARGED
+            txn.compensate(reason, stripe_reversal_id=reversal if charged else None)
+            account.release(txn.id, txn.amount)
+            try:
+                self.ledger.save(*touched)  # type: ignore[arg-type]
+            except IntegrityError:
+                continue
+            log.info(
+                "charge reversed",
+                extra=step_fields("reverse", "reversed", transaction_id=txn.id, reason=reason),
+            )
+            return StepResult.REVERSED
+        return StepResult.RACED
+
+    def _delete_legacy_item(self, txn: BillingTransaction) -> None:
+        assert txn.stripe_object_id is not None
+        failed = self.gateway.delete_item(txn.stripe_object_id, f"reverse:{txn.id}")
+        if isinstance(failed, ChargeFailure):
+            raise PaymentFailed(f"reversal not done in Stripe: {failed.message}")
+
+
+def _count_charges(
+    changes: list[InvoiceLine.Settled | InvoiceLine.Removed], charged: set[UUID], now: datetime
+) -> None:
+    """Transactions charged, and each one's wait from its settlement (its metering)."""
+    m = metrics()
+    m.charged.add(len(charged))
+    for change in changes:
+        if isinstance(change, InvoiceLine.Settled):
+            waited = (now - change.timestamp).total_seconds()
+            for txn in change.transaction_ids:
+                if UUID(txn) in charged:
+                    m.charge_latency.record(waited)
+
+
+def _trace_charges(events: list[BillingTransaction.Charged], line: InvoiceLine) -> None:
+    """A ``charged`` span in each transaction's own trace, linked to the push that charged
+    it. Made only when the push is recorded (no exporter: no thousands of no-op spans)."""
+    push = telemetry.current_span()
+    if not push.is_recording():
+        return
+    link = telemetry.link_to(push)
+    for event in events:
+        telemetry.start_span(
+            "charged",
+            telemetry.transaction_context(event.originator_id),
+            [link],
+            billing__transaction_id=str(event.originator_id),
+            billing__customer_id=line.customer_id,
+            billing__line_id=str(line.id),
+            billing__sequence=event.sequence,
+        ).end()
+
+
+def _log_push(line: InvoiceLine, plan: PushPlan, requests: int, charged: int) -> None:
+    log.info(
+        "line pushed",
+        extra=step_fields("push", "pushed", line_id=str(line.id), customer_id=line.customer_id,
+                          sequence=plan.sequence, billed=plan.billed, requests=requests,
+                          charged=charged),
+    )  # fmt: skip

@@ -1,0 +1,167 @@
+"""Which line to push next: the oldest unsent change first, each line at most every
+``settle_interval_s``, a failed one not before its retry is due.
+
+The scheduler is told about lines that changed (by the process manager, from the
+events on ``billing.events``, and by the reconciler, from the database) and hands
+them to ``workers`` threads that push them with the ``LinePusher``. The Stripe
+client's own budget (rate limit, in-flight limit, breaker) bounds how fast they go;
+the order decides who waits: a busy customer's many changes are one line each, and
+a line that was just pushed waits its interval while others go first. The schedule
+lives in memory only: after a restart the reconciler finds every line with an unsent
+change in the database again, so nothing depends on it surviving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from uuid import UUID
+
+from adapters.charging.pusher import LinePusher, PushReport
+from domain.saga import StepResult
+
+__all__ = ["LineScheduler"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Entry:
+    oldest_change: float  # monotonic time of the oldest change not pushed yet
+    not_before: float  # monotonic time before which it is not pushed
+
+
+class LineScheduler:
+    """Lines waiting to be pushed, and the threads that push them."""
+
+    def __init__(
+        self,
+        pusher: LinePusher,
+        *,
+        settle_interval_s: float,
+        workers: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pusher = pusher
+        self.settle_interval_s = settle_interval_s
+        self.workers = workers
+        self.clock = clock
+        self._waiting: dict[UUID, _Entry] = {}
+        self._busy: set[UUID] = set()
+        self._last_push: dict[UUID, float] = {}
+        self._cond = threading.Condition()
+        self.pushed = 0
+        self.requests = 0
+        self.charged = 0
+
+    def changed(
+        self, line_id: UUID, *, changed_at: datetime | None = None, due: datetime | None = None
+    ) -> None:
+        """``line_id`` has a change to push (``changed_at``: when; ``due``: not before)."""
+        now = self.clock()
+        oldest = now - _ago(changed_at) if changed_at is not None else now
+        not_before = now + _until(due) if due is not None else now
+        with self._cond:
+            entry = self._waiting.get(line_id)
+            if entry is None:
+                self._waiting[line_id] = _Entry(oldest, not_before)
+            else:
+                entry.oldest_change = min(entry.oldest_change, oldest)
+                entry.not_before = max(entry.not_before, not_before) if due else entry.not_before
+            self._cond.notify()
+
+    def waiting(self) -> int:
+        with self._cond:
+            return len(self._waiting) + len(self._busy)
+
+    def run(self, stop: threading.Event, pulse: Callable[[], None] = lambda: None) -> None:
+        """Push lines with ``workers`` threads until ``stop``; waits for pushes in flight."""
+        threads = [
+            threading.Thread(target=self._work, args=(stop, pulse), name=f"push-{i}", daemon=True)
+            for i in range(self.workers)
+        ]
+        for t in threads:
+            t.start()
+        stop.wait()
+        with self._cond:
+            self._cond.notify_all()
+        for t in threads:
+            t.join()
+
+    def _work(self, stop: threading.Event, pulse: Callable[[], None]) -> None:
+        while not stop.is_set():
+            pulse()
+            line = self._take(stop)
+            if line is None:
+                continue
+            try:
+                report = self.pusher.push(line)
+            except Exception:
+                log.exception("push of line %s failed", line)
+                report = PushReport(StepResult.RACED)
+            self._done(line, report)
+
+    def _take(self, stop: threading.Event) -> UUID | None:
+        """The ready line with the oldest change, or None after a short wait."""
+        with self._cond:
+            now = self.clock()
+            ready = [
+                (entry.oldest_change, line)
+                for line, entry in self._waiting.items()
+                if line not in self._busy and self._ready_at(line, entry) <= now
+            ]
+            if not ready:
+                upcoming = [
+                    self._ready_at(line, e) for line, e in self._waiting.items()
+                    if line not in self._busy
+                ]  # fmt: skip
+                wait = min(upcoming, default=now + 0.5) - now
+                self._cond.wait(timeout=min(max(wait, 0.005), 0.5))
+                return None
+            _, line = min(ready)
+            del self._waiting[line]
+            self._busy.add(line)
+            return line
+
+    def _ready_at(self, line: UUID, entry: _Entry) -> float:
+        last = self._last_push.get(line)
+        settled = last + self.settle_interval_s if last is not None else entry.not_before
+        return max(entry.not_before, settled)
+
+    def _done(self, line: UUID, report: PushReport) -> None:
+        now = self.clock()
+        with self._cond:
+            self._busy.discard(line)
+            self.requests += report.requests
+            self.charged += report.charged
+            if report.requests:
+                self.pushed += 1
+                self._last_push[line] = now
+            if report.result in (StepResult.RETRY, StepResult.WAIT):
+                retry_at = now + _until(report.retry_at) if report.retry_at else now + 1.0
+                entry = self._waiting.setdefault(line, _Entry(now, retry_at))
+                entry.not_before = max(entry.not_before, retry_at)
+            elif report.result is StepResult.RACED:
+                self._waiting.setdefault(line, _Entry(now, now + 0.05))
+            elif report.result is StepResult.CHARGED and report.more:
+                self._waiting.setdefault(line, _Entry(now, now))
+            self._forget_old_pushes(now)
+            self._cond.notify()
+
+    def _forget_old_pushes(self, now: float) -> None:
+        if len(self._last_push) > 10_000:
+            cutoff = now - self.settle_interval_s
+            for line in [k for k, at in self._last_push.items() if at < cutoff]:
+                del self._last_push[line]
+
+
+def _ago(moment: datetime) -> float:
+    return max((datetime.now(UTC) - moment).total_seconds(), 0.0)
+
+
+def _until(moment: datetime) -> float:
+    return max((moment - datetime.now(UTC)).total_seconds(), 0.0)

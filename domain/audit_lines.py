@@ -1,0 +1,275 @@
+"""The audit of invoice lines (pure): folds of the lines' and the pushes' events, and the
+checks that tie them to the transactions and to Stripe.
+
+Like ``domain.audit``, the folds read plain stored data (registered types as their
+encoded strings), not aggregates. What they prove, per line:
+
+* every ``Settled``/``Removed`` records the exact total the listed amounts add up to,
+  and the billed amount is that total rounded once, half up (I8);
+* a transaction is in exactly one line, once, with its own exact amount, and says so
+  itself (its ``Reserved``/``Settled`` names the line and the version that took it);
+* every ``Pushed`` acknowledged the billed total the line had at that sequence, and
+  every Charged transaction's line was acknowledged at or after the version it joined
+  (I3); a compensated transaction is no longer in any line;
+* Stripe holds, for each line, exactly the items of its newest acknowledged push, of
+  exactly its amounts, on the invoice the push names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, localcontext
+from typing import Any
+
+from domain.audit import Finding, InvoiceItem, TxnAudit
+from domain.money import round_minor
+from domain.transaction import TxnState
+
+__all__ = ["LineAudit", "PushAudit", "check_line_items", "check_lines"]
+
+
+@dataclass(slots=True)
+class LineAudit:
+    """One invoice line as its events say it is."""
+
+    line_id: str
+    customer_id: str
+    currency: str
+    meter: str
+    period_start: str
+    exact_total: Decimal = Decimal(0)
+    billed: int = 0
+    transactions: int = 0
+    sequence: int = 1
+    members: dict[str, tuple[Decimal, int]] = field(default_factory=dict)  # id: amount, version
+    billed_at: dict[int, int] = field(default_factory=lambda: {1: 0})  # version: billed
+    problems: list[str] = field(default_factory=list)
+
+    @classmethod
+    def opened(cls, line_id: str, data: Mapping[str, Any]) -> LineAudit:
+        return cls(
+            line_id,
+            data["customer_id"],
+            data["currency"],
+            data["meter"],
+            str(data["period_start"]),
+        )
+
+    def apply(self, name: str, data: Mapping[str, Any], version: int) -> None:
+        ids, amounts = data["transaction_ids"], [Decimal(a) for a in data["amounts"]]
+        if len(ids) != len(amounts):
+            self.problems.append(f"v{version}: {len(ids)} transactions, {len(amounts)} amounts")
+        with localcontext(prec=80):
+            for txn_id, amount in zip(ids, amounts, strict=False):
+                if name == "Settled":
+                    if txn_id in self.members:
+                        self.problems.append(f"v{version}: {txn_id} settled twice")
+                    self.members[txn_id] = (amount, version)
+                    self.exact_total += amount
+                else:
+                    held = self.members.pop(txn_id, None)
+                    if held is None or held[0] != amount:
+                        self.problems.append(
+                            f"v{version}: removes {txn_id} ({amount}), which the line holds as"
+                            f" {held[0] if held else 'nothing'}"
+                        )
+                    self.exact_total -= amount
+        self.sequence = version
+        self.billed = round_minor(self.exact_total)
+        self.transactions = len(self.members)
+        self.billed_at[version] = self.billed
+        recorded = (Decimal(data["exact_total"]), data["billed"], data["transactions"])
+        if recorded != (self.exact_total, self.billed, self.transactions):
+            self.problems.append(
+                f"v{version}: records total {recorded[0]}, billed {recorded[1]},"
+                f" {recorded[2]} transactions; its amounts make {self.exact_total},"
+                f" {self.billed}, {self.transactions}"
+            )
+
+
+@dataclass(slots=True)
+class PushAudit:
+    """What the pushes of one line say Stripe holds."""
+
+    push_id: str
+    line_id: str
+    pushed_sequence: int = 0
+    pushed_billed: int = 0
+    amounts: list[int] = field(default_factory=list)
+    item_ids: list[str] = field(default_factory=list)
+    stripe_invoice_id: str | None = None
+    charged_through: int = 0
+    acknowledged: dict[int, int] = field(default_factory=dict)  # sequence: billed
+    failing: bool = False  # the newest push failed (its transactions' delay is recorded)
+    unknown: list[int] = field(default_factory=list)  # sequences a failed push may have set
+    problems: list[str] = field(default_factory=list)
+
+    def apply(self, name: str, data: Mapping[str, Any], version: int) -> None:
+        if name == "Pushed":
+            if data["sequence"] < self.pushed_sequence:
+                self.problems.append(
+                    f"v{version}: acknowledges sequence {data['sequence']} after"
+                    f" {self.pushed_sequence}"
+                )
+            if sum(data["amounts"]) != data["billed"]:
+                self.problems.append(
+                    f"v{version}: items {data['amounts']} are not {data['billed']}"
+                )
+            self.pushed_sequence, self.pushed_billed = data["sequence"], data["billed"]
+            self.amounts, self.item_ids = list(data["amounts"]), list(data["item_ids"])
+            self.stripe_invoice_id = data["stripe_invoice_id"]
+            self.acknowledged[data["sequence"]] = data["billed"]
+            self.failing, self.unknown = False, []
+        elif name == "PushFailed":
+            self.failing = True
+            if data["retryable"]:  # no answer: Stripe may hold that sequence's total
+                self.unknown.append(data["sequence"])
+        elif name == "ChargesRecorded":
+            if not self.charged_through < data["through"] <= self.pushed_sequence:
+                self.problems.append(
+                    f"v{version}: charges through {data['through']}, pushed"
+                    f" {self.pushed_sequence}, charged through {self.charged_through}"
+                )
+            self.charged_through = data["through"]
+
+
+def check_lines(
+    lines: Mapping[str, LineAudit],
+    pushes: Mapping[str, PushAudit],
+    txns: Mapping[str, TxnAudit],
+) -> list[Finding]:
+    """Every line's own problems, and how lines, pushes and transactions agree."""
+    findings = [Finding("line", line.line_id, p) for line in lines.values() for p in line.problems]
+    findings += [
+        Finding("line", push.line_id, p) for push in pushes.values() for p in push.problems
+    ]
+    push_of = {push.line_id: push for push in pushes.values()}
+    for push in pushes.values():
+        line = lines.get(push.line_id)
+        if line is None:
+            findings.append(Finding("line", push.line_id, "pushed, but no such line"))
+            continue
+        for sequence, billed in push.acknowledged.items():
+            if line.billed_at.get(sequence) != billed:
+                findings.append(
+                    Finding(
+                        "line",
+                        line.line_id,
+                        f"Stripe acknowledged {billed} at sequence {sequence}; the line billed"
+                        f" {line.billed_at.get(sequence)} then",
+                    )
+                )
+    where: dict[str, str] = {}
+    for line in lines.values():
+        for txn_id, (amount, version) in line.members.items():
+            findings += _member(line, txn_id, (amount, version), txns.get(txn_id), where)
+    for txn in txns.values():
+        findings += _transaction(txn, lines, push_of)
+    return findings
+
+
+def _member(
+    line: LineAudit,
+    txn_id: str,
+    held: tuple[Decimal, int],
+    txn: TxnAudit | None,
+    where: dict[str, str],
+) -> list[Finding]:
+    amount, version = held
+    found = []
+    if txn_id in where:
+        found.append(Finding("line", txn_id, f"in lines {where[txn_id]} and {line.line_id}"))
+    where[txn_id] = line.line_id
+    if txn is None:
+        return [*found, Finding("line", line.line_id, f"holds {txn_id}, no such transaction")]
+    if (txn.line_id, txn.line_version) != (line.line_id, version):
+        found.append(
+            Finding(
+                "line",
+                txn_id,
+                f"line {line.line_id} took it at v{version}; the transaction says"
+                f" {txn.line_id} at v{txn.line_version}",
+            )
+        )
+    if txn.amount != amount:
+        found.append(Finding("line", txn_id, f"in its line as {amount}, metered {txn.amount}"))
+    if txn.state is TxnState.COMPENSATED:
+        found.append(Finding("line", txn_id, f"compensated, but still in line {line.line_id}"))
+    return found
+
+
+def _transaction(
+    txn: TxnAudit, lines: Mapping[str, LineAudit], push_of: Mapping[str, PushAudit]
+) -> list[Finding]:
+    if txn.line_id is None:
+        return []
+    line = lines.get(txn.line_id)
+    if line is None:
+        return [Finding("line", txn.transaction_id, f"names line {txn.line_id}, no such line")]
+    if txn.state is not TxnState.COMPENSATED and txn.transaction_id not in line.members:
+        return [Finding("line", txn.transaction_id, f"not in its line {line.line_id}")]
+    if txn.state is TxnState.CHARGED:
+        push = push_of.get(txn.line_id)
+        pushed = push.pushed_sequence if push else 0
+        if txn.line_sequence is None or txn.line_sequence > pushed:
+            return [
+                Finding(
+                    "line",
+                    txn.transaction_id,
+                    f"charged at line sequence {txn.line_sequence}; Stripe acknowledged {pushed}",
+                )
+            ]
+    return []
+
+
+def check_line_items(
+    items: Iterable[InvoiceItem],
+    pushes: Mapping[str, PushAudit],
+    lines: Mapping[str, LineAudit],
+    *,
+    foreign_items: bool = True,
+) -> list[Finding]:
+    """Stripe holds, for each line, exactly its newest acknowledged push (I3), or, while a
+    push that got no answer is being retried, the total that push sent."""
+    by_line: dict[str, list[InvoiceItem]] = {}
+    for item in items:
+        if item.line_id is not None:
+            by_line.setdefault(item.line_id, []).append(item)
+    push_of = {push.line_id: push for push in pushes.values()}
+    findings: list[Finding] = []
+    for line_id, live in sorted(by_line.items()):
+        push = push_of.get(line_id)
+        if push is None:
+            if foreign_items:
+                findings.append(
+                    Finding("stripe", line_id, f"Stripe holds {_ids(live)} for no known line")
+                )
+            continue
+        held = {i.id: i.amount for i in live}
+        expected = dict(zip(push.item_ids, push.amounts, strict=True))
+        line = lines.get(line_id)
+        pending = {line.billed_at.get(s) for s in push.unknown} if line is not None else set()
+        if held != expected and sum(held.values()) not in pending:
+            findings.append(
+                Finding(
+                    "stripe",
+                    line_id,
+                    f"Stripe holds {held}; the newest acknowledged push (sequence"
+                    f" {push.pushed_sequence}) is {expected}",
+                )
+            )
+    for line_id, push in sorted(push_of.items()):
+        if line_id not in by_line and any(push.amounts):
+            findings.append(
+                Finding(
+                    "stripe",
+                    line_id,
+                    f"acknowledged {push.pushed_billed} in {push.item_ids}; Stripe holds nothing",
+                )
+            )
+    return findings
+
+
+def _ids(items: list[InvoiceItem]) -> str:
+    return ", ".join(i.id for i in items)

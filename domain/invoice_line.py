@@ -1,0 +1,318 @@
+"""Invoice lines: a customer's usage of one meter in one period, summed exactly and
+rounded once, and what Stripe holds for it.
+
+Two aggregates, because two writers keep them and must not contend:
+
+* ``InvoiceLine`` is written by ingest (and rarely by reversals and compensations):
+  each ``Settled`` event lists the transactions a batch settled into the line with
+  their exact amounts, and records the running exact total and the billed amount,
+  the exact total rounded **once**, half up. ``Removed`` takes transactions out
+  (a reversal, a compensation). The line's ``sequence`` is its version: every change
+  of the total is a new sequence.
+* ``LinePush`` is written by the pushers only: which Stripe invoice items hold the
+  line (one, or more when the billed total is above Stripe's largest item amount),
+  the newest sequence Stripe acknowledged (``Pushed``), failed pushes with their due
+  time, and up to which sequence the line's transactions are recorded Charged.
+
+A transaction joins exactly one line: ingest records its ``Reserved`` (naming the
+line and the line's version) and the line's ``Settled`` in one atomic save, so the
+event store's version check settles any race.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate, event
+
+from domain.ids import line_id, line_push_id
+from domain.money import add_exact, canonical, round_minor
+from domain.periods import Period
+
+__all__ = ["InvoiceLine", "LinePush"]
+
+
+class InvoiceLine(Aggregate):
+    """The exact total of one customer's usage of one meter in one period."""
+
+    class Opened(Aggregate.Created):
+        customer_id: str
+        currency: str
+        meter: str
+        period_start: datetime
+        period_end: datetime
+
+    class Settled(Aggregate.Event):
+        transaction_ids: list[str]
+        amounts: list[str]  # exact minor units, canonical decimal text
+        exact_total: Decimal
+        billed: int
+        transactions: int
+
+    class Removed(Aggregate.Event):
+        transaction_ids: list[str]
+        amounts: list[str]
+        reason: str
+        exact_total: Decimal
+        billed: int
+        transactions: int
+
+    @staticmethod
+    def create_id(
+        customer_id: str, currency: str, meter: str, period_start: datetime, **_: Any
+    ) -> UUID:
+        return line_id(customer_id, currency, meter, Period(period_start, period_start).key)
+
+    @classmethod
+    def open(cls, customer_id: str, currency: str, meter: str, period: Period) -> InvoiceLine:
+        return cls(
+            customer_id=customer_id,
+            currency=currency,
+            meter=meter,
+            period_start=period.start,
+            period_end=period.end,
+        )
+
+    @event(Opened)
+    def __init__(
+        self,
+        customer_id: str,
+        currency: str,
+        meter: str,
+        period_start: datetime,
+        period_end: datetime,
+    ) -> None:
+        self.customer_id = customer_id
+        self.currency = currency
+        self.meter = meter
+        self.period_start = period_start
+        self.period_end = period_end
+        self.exact_total = Decimal(0)
+        self.billed = 0
+        self.transactions = 0
+
+    @property
+    def sequence(self) -> int:
+        """The line's version: it grows with every change of its total."""
+        return int(self.version)
+
+    @property
+    def period(self) -> Period:
+        return Period(self.period_start, self.period_end)
+
+    def settle(self, entries: Sequence[tuple[UUID, Decimal]]) -> None:
+        """Add transactions (id, exact amount) to the line, in one event."""
+        if not entries:
+            return
+        total = self.exact_total
+        for _, amount in entries:
+            if amount < 0:
+                raise ValueError(f"a settled amount cannot be negative: {amount}")
+            total = add_exact(total, amount)
+        self._settled(
+            [str(i) for i, _ in entries],
+            [f"{canonical(a):f}" for _, a in entries],
+            total,
+            round_minor(total),
+            self.transactions + len(entries),
+        )
+
+    @event(Settled)
+    def _settled(
+        self,
+        transaction_ids: list[str],
+        amounts: list[str],
+        exact_total: Decimal,
+        billed: int,
+        transactions: int,
+    ) -> None:
+        self.exact_total = exact_total
+        self.billed = billed
+        self.transactions = transactions
+
+    def remove(self, entries: Sequence[tuple[UUID, Decimal]], reason: str) -> None:
+        """Take transactions out of the line (a reversal or a compensation)."""
+        if not entries:
+            return
+        if not reason.strip():
+            raise ValueError("removing from a line needs a reason")
+        total = self.exact_total
+        for _, amount in entries:
+            total = add_exact(total, -amount)
+        if total < 0 or len(entries) > self.transactions:
+            raise ValueError(f"cannot remove more than line {self.id} holds")
+        self._removed(
+            [str(i) for i, _ in entries],
+            [f"{canonical(a):f}" for _, a in entries],
+            reason,
+            total,
+            round_minor(total),
+            self.transactions - len(entries),
+        )
+
+    @event(Removed)
+    def _removed(  # noqa: PLR0917 (the event's fields, applied on every load)
+        self,
+        transaction_ids: list[str],
+        amounts: list[str],
+        reason: str,
+        exact_total: Decimal,
+        billed: int,
+        transactions: int,
+    ) -> None:
+        self.exact_total = exact_total
+        self.billed = billed
+        self.transactions = transactions
+
+
+class LinePush(Aggregate):
+    """What Stripe holds for one invoice line, and what of it is recorded as charged."""
+
+    class Opened(Aggregate.Created):
+        line_id: UUID
+
+    class ItemPlanned(Aggregate.Event):
+        chunk: int
+        sequence: int
+        amount: int
+
+    class Pushed(Aggregate.Event):
+        sequence: int
+        billed: int
+        amounts: list[int]
+        item_ids: list[str]
+        stripe_invoice_id: str
+        requests: int  # Stripe requests this push sent (0: Stripe already held it)
+
+    class PushFailed(Aggregate.Event):
+        sequence: int
+        attempt: int
+        error_class: str
+        message: str
+        retryable: bool
+        next_attempt_at: datetime | None
+        requests: int
+
+    class ChargesRecorded(Aggregate.Event):
+        through: int
+        transactions: int
+
+    @staticmethod
+    def create_id(line_id: UUID, **_: Any) -> UUID:
+        return line_push_id(line_id)
+
+    @event(Opened)
+    def __init__(self, line_id: UUID) -> None:
+        self.line_id = line_id
+        self.pushed_sequence = 0
+        self.pushed_billed = 0
+        self.amounts: list[int] = []
+        self.item_ids: list[str] = []
+        # per chunk, in order: the [sequence, amount] it is (to be) created with (a list of
+        # lists, not a dict of tuples: snapshots keep it as JSON does)
+        self.planned: list[list[int]] = []
+        self.stripe_invoice_id: str | None = None
+        self.attempts = 0  # failed pushes since the last acknowledged one
+        self.last_error: str | None = None
+        self.next_attempt_at: datetime | None = None
+        self.unknown_outcome = False  # a failed push may have reached Stripe
+        self.charged_through = 0
+
+    def plan_item(self, chunk: int, sequence: int, amount: int) -> None:
+        """Record, before creating item ``chunk`` in Stripe, the parameters it is created
+        with: a retry after a crash sends the same parameters under the same key."""
+        if chunk < len(self.planned):
+            return
+        if chunk != len(self.planned):
+            raise ValueError(f"items are planned in order: {chunk} after {len(self.planned)}")
+        self._item_planned(chunk, sequence, amount)
+
+    @event(ItemPlanned)
+    def _item_planned(self, chunk: int, sequence: int, amount: int) -> None:
+        self.planned.append([sequence, amount])
+
+    def record_pushed(  # noqa: PLR0917
+        self,
+        sequence: int,
+        billed: int,
+        amounts: list[int],
+        item_ids: list[str],
+        invoice: str,
+        requests: int = 0,
+    ) -> None:
+        """Stripe acknowledged the line's total at ``sequence`` (ignored when older)."""
+        if sequence < self.pushed_sequence:
+            raise ValueError(f"push of sequence {sequence} after {self.pushed_sequence}")
+        if len(amounts) != len(item_ids) or sum(amounts) != billed:
+            raise ValueError(f"items {amounts} do not add up to {billed}")
+        self._pushed(sequence, billed, amounts, item_ids, invoice, requests)
+
+    @event(Pushed)
+    def _pushed(  # noqa: PLR0917 (the event's fields, applied on every load)
+        self,
+        sequence: int,
+        billed: int,
+        amounts: list[int],
+        item_ids: list[str],
+        stripe_invoice_id: str,
+        requests: int,
+    ) -> None:
+        self.pushed_sequence = sequence
+        self.pushed_billed = billed
+        self.amounts = list(amounts)
+        self.item_ids = list(item_ids)
+        self.stripe_invoice_id = stripe_invoice_id
+        self.attempts = 0
+        self.last_error = None
+        self.next_attempt_at = None
+        self.unknown_outcome = False
+
+    def record_failure(
+        self,
+        sequence: int,
+        error_class: str,
+        message: str,
+        *,
+        retryable: bool,
+        next_attempt_at: datetime | None,
+        requests: int = 0,
+    ) -> None:
+        """One failed push, and when the next is due (None: permanent)."""
+        if retryable and next_attempt_at is None:
+            raise ValueError("a retryable failure needs next_attempt_at")
+        self._push_failed(
+            sequence, self.attempts + 1, error_class, message, retryable, next_attempt_at, requests
+        )
+
+    @event(PushFailed)
+    def _push_failed(  # noqa: PLR0917 (the event's fields, applied on every load)
+        self,
+        sequence: int,
+        attempt: int,
+        error_class: str,
+        message: str,
+        retryable: bool,
+        next_attempt_at: datetime | None,
+        requests: int,
+    ) -> None:
+        self.attempts = attempt
+        self.last_error = f"{error_class}: {message}"
+        self.next_attempt_at = next_attempt_at
+        self.unknown_outcome = self.unknown_outcome or retryable
+
+    def record_charges(self, through: int, transactions: int) -> None:
+        """The line's transactions settled up to version ``through`` are recorded Charged."""
+        if through > self.pushed_sequence or through <= self.charged_through:
+            raise ValueError(
+                f"charges through {through}: pushed {self.pushed_sequence},"
+                f" charged through {self.charged_through}"
+            )
+        self._charges_recorded(through, transactions)
+
+    @event(ChargesRecorded)
+    def _charges_recorded(self, through: int, transactions: int) -> None:
+        self.charged_through = through

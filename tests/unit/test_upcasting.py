@@ -1,0 +1,117 @@
+"""Histories written before exact amounts and invoice lines still load (``class_version``).
+
+The stored JSON below is what the previous version of the ledger wrote (no
+``class_version``: version 1): an integer amount rounded per record, a ``Reserved``
+without a line, a ``Charged`` of the transaction's own invoice item, an account's
+integer reservations.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from uuid import uuid4
+
+import orjson
+from eventsourcing.persistence import StoredEvent
+
+from domain.account import CustomerAccount
+from domain.transaction import BillingTransaction, TxnState
+from tests.fast.fakes import memory_ledger
+
+TXN = "domain.transaction:BillingTransaction."
+ACCOUNT = "domain.account:CustomerAccount."
+AT = {"_type_": "datetime_iso", "_data_": "2026-12-01T10:00:00+00:00"}
+
+
+def _stored(originator: object, version: int, topic: str, state: dict[str, object]) -> StoredEvent:
+    return StoredEvent(originator, version, topic, orjson.dumps({"timestamp": AT, **state}))
+
+
+def _v1_transaction(txn_id: object, account: object) -> list[StoredEvent]:
+    metered = {
+        "originator_topic": TXN.rstrip("."),
+        "customer_id": "acme",
+        "usage_id": "old-1",
+        "meter": "api.requests",
+        "quantity": {"_type_": "decimal_str", "_data_": "250"},
+        "unit_price": {"_type_": "decimal_str", "_data_": "0.001"},
+        "per": 1,
+        "amount": 25,
+        "currency": "USD",
+        "occurred_at": AT,
+        "source": "usage/0@1",
+    }
+    return [
+        _stored(txn_id, 1, TXN + "Metered", metered),
+        _stored(
+            txn_id,
+            2,
+            TXN + "Reserved",
+            {"account_id": {"_type_": "uuid_hex", "_data_": account.hex}},
+        ),  # type: ignore[attr-defined]
+        _stored(txn_id, 3, TXN + "Charged", {"stripe_object_id": "ii_legacy"}),
+    ]
+
+
+def test_a_version_1_transaction_loads_with_an_exact_amount_and_no_line() -> None:
+    ledger = memory_ledger()
+    txn_id, account = uuid4(), uuid4()
+    events = [ledger.mapper.to_domain_event(s) for s in _v1_transaction(txn_id, account)]
+    metered, reserved, charged = events
+    assert isinstance(metered, BillingTransaction.Metered)
+    assert metered.amount == Decimal(25) and isinstance(metered.amount, Decimal)
+    assert isinstance(reserved, BillingTransaction.Reserved)
+    assert (reserved.account_id, reserved.line_id, reserved.line_version) == (account, None, None)
+    assert isinstance(charged, BillingTransaction.Charged)
+    assert (charged.stripe_object_id, charged.line_id, charged.sequence) == (
+        "ii_legacy",
+        None,
+        None,
+    )
+
+
+def test_a_version_1_history_rebuilds_the_transaction_it_was() -> None:
+    ledger = memory_ledger()
+    txn_id, account = uuid4(), uuid4()
+    ledger.recorder.insert_events(_v1_transaction(txn_id, account))
+    txn = ledger.transaction(txn_id)
+    assert (txn.state, txn.amount, txn.line_id, txn.stripe_object_id) == (
+        TxnState.CHARGED,
+        Decimal(25),
+        None,
+        "ii_legacy",
+    )
+
+
+def test_a_version_1_account_loads_its_integer_reservations_exactly() -> None:
+    ledger = memory_ledger()
+    account_id = CustomerAccount.create_id("acme", "USD")
+    opened = {
+        "originator_topic": ACCOUNT.rstrip("."),
+        "customer_id": "acme",
+        "currency": "USD",
+        "spend_limit": 500,
+    }
+    ledger.recorder.insert_events(
+        [
+            _stored(account_id, 1, ACCOUNT + "Opened", opened),
+            _stored(
+                account_id,
+                2,
+                ACCOUNT + "AmountsReserved",
+                {"transaction_ids": ["a", "b"], "amounts": [25, 100]},
+            ),
+            _stored(
+                account_id,
+                3,
+                ACCOUNT + "ReservationReleased",
+                {"transaction_id": "b", "amount": 100},
+            ),
+        ]
+    )
+    account = ledger.account("acme", "USD")
+    assert account is not None
+    assert (account.reserved, account.available) == (Decimal(25), Decimal(475))
+    reserved = ledger.history(account_id)[1]
+    assert isinstance(reserved, CustomerAccount.AmountsReserved)
+    assert reserved.amounts == ["25", "100"]
