@@ -71,7 +71,6 @@ class Settings(BaseSettings):
     )
     breaker_fail_max: int = Field(5, ge=1)
     breaker_reset_s: float = Field(5.0, gt=0)
-    retry_max_attempts: int = Field(8, ge=1)
     retry_horizon_s: float = Field(3600.0, gt=0, description="give up and compensate after")
     retry_base_s: float = Field(1.0, gt=0)
     retry_max_delay_s: float = Field(300.0, gt=0)
@@ -122,7 +121,6 @@ class Settings(BaseSettings):
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(
-            max_attempts=self.retry_max_attempts,
             horizon=timedelta(seconds=self.retry_horizon_s),
             base_delay=timedelta(seconds=self.retry_base_s),
             max_delay=timedelta(seconds=self.retry_max_delay_s),

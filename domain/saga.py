@@ -27,7 +27,6 @@ class RetryPolicy:
     line is reported failing (queue health), and its retries go on at ``max_delay``.
     """
 
-    max_attempts: int = 8  # retries of one push before its delay is the longest
     horizon: timedelta = timedelta(hours=1)
     base_delay: timedelta = timedelta(seconds=1)
     max_delay: timedelta = timedelta(minutes=5)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from adapters.charging.pusher import LinePusher
 from adapters.charging.scheduler import LineScheduler
+from domain.saga import StepResult
 from projections.invoice_lines import open_lines
 from projections.transactions import unlined_transaction_ids
 from store.connections import Database
@@ -44,9 +45,8 @@ class Reconciler:
         with self.database.connection() as conn:
             lines = open_lines(conn)
             legacy = unlined_transaction_ids(conn)
-        for txn_id in legacy:
-            self.pusher.adopt(txn_id)
-            report.adopted += 1
+        for txn_id in legacy:  # the projection may lag: adopt() decides from the aggregate
+            report.adopted += self.pusher.adopt(txn_id) is StepResult.SETTLED
         for line, oldest, due in lines:
             self.scheduler.changed(line, changed_at=oldest, due=due)
         report.lines = len(lines)

@@ -64,9 +64,17 @@ def add_commands(sub: Any) -> None:
     txns.add_argument("--json", action="store_true")
     txns.set_defaults(handler=_transactions)
 
+    lines = sub.add_parser("lines", help="invoice lines: exact totals, billed, what Stripe holds")
+    lines.add_argument("--customer", help="one customer only")
+    lines.add_argument("--limit", type=int_arg, default=100, help="at most this many (1-10000)")
+    lines.add_argument("--json", action="store_true")
+    lines.set_defaults(handler=_lines)
+
     rebuild = sub.add_parser("rebuild", help="recompute a projection from the first event")
     rebuild.add_argument(
-        "projection", nargs="?", help="transactions, customer_balances or charge_attempts"
+        "projection",
+        nargs="?",
+        help="transactions, customer_balances, charge_attempts, invoice_lines or line_pushes",
     )
     rebuild.add_argument("--all", action="store_true", help="every projection")
     rebuild.set_defaults(handler=_rebuild)
@@ -183,6 +191,18 @@ def _transactions(args: argparse.Namespace) -> int:
     else:
         columns = ["transaction_id", "customer_id", "usage_id", "amount", "currency", "state"]
         print_table(rows, [*columns, "attempts", "updated_at", "last_error"])
+    return 0
+
+
+def _lines(args: argparse.Namespace) -> int:
+    from projections.invoice_lines import lines
+
+    rows = _query(lambda conn: lines(conn, customer=args.customer, limit=args.limit))
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        columns = ["customer_id", "currency", "meter", "period_start", "transactions"]
+        print_table(rows, [*columns, "exact_total", "billed", "stripe_amount", "last_error"])
     return 0
 
 
