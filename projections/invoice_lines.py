@@ -332,10 +332,14 @@ def lines(
 
 
 _OPEN = sql.SQL(
-    "SELECT line_id, oldest_unsent_at, next_attempt_at FROM {table}"
+    "SELECT line_id, customer_id, oldest_unsent_at, next_attempt_at FROM {table}"
     " WHERE sequence > pushed_sequence OR charged_through < pushed_sequence"
     " UNION "
-    "SELECT DISTINCT e.originator_id, NULL::timestamptz, NULL::timestamptz FROM {events} e"
+    "SELECT DISTINCT e.originator_id,"
+    " (SELECT convert_from(f.state, 'UTF8')::jsonb ->> 'customer_id' FROM {events} f"
+    "  WHERE f.originator_id = e.originator_id AND f.originator_version = 1),"
+    " NULL::timestamptz, NULL::timestamptz"
+    " FROM {events} e"
     " WHERE (e.xid, e.notification_id) > coalesce("
     "  (SELECT (p.xid, p.notification_id) FROM {positions} p WHERE p.name = %s),"
     "  ('0'::xid8, 0::bigint))"
@@ -343,11 +347,11 @@ _OPEN = sql.SQL(
 )
 
 
-def open_lines(conn: psycopg.Connection[Any]) -> list[tuple[UUID, Any, Any]]:
+def open_lines(conn: psycopg.Connection[Any]) -> list[tuple[UUID, str | None, Any, Any]]:
     """Lines with a change Stripe has not acknowledged, or charges not recorded yet:
-    (line id, oldest unsent change, next attempt due). Those the projection has not
-    reached yet are found in the events past its position (with no times), so a
-    projector that is behind never hides a line from the reconciler."""
+    (line id, customer, oldest unsent change, next attempt due). Those the projection
+    has not reached yet are found in the events past its position (with no times), so
+    a projector that is behind never hides a line from the reconciler."""
     topics = [get_topic(InvoiceLine.Opened), get_topic(InvoiceLine.Settled)]
     rows = conn.execute(
         _OPEN.format(
@@ -357,8 +361,8 @@ def open_lines(conn: psycopg.Connection[Any]) -> list[tuple[UUID, Any, Any]]:
         ),
         (InvoiceLinesProjection.name, topics),
     ).fetchall()
-    seen: dict[UUID, tuple[UUID, Any, Any]] = {}
-    for line, oldest, due in rows:
+    seen: dict[UUID, tuple[UUID, str | None, Any, Any]] = {}
+    for line, customer, oldest, due in rows:
         if line not in seen or oldest is not None:
-            seen[line] = (line, oldest, due)
+            seen[line] = (line, customer, oldest, due)
     return list(seen.values())

@@ -123,8 +123,9 @@ class Projector:
         """Apply the next batch of visible events to each projection; returns how many."""
         if self._conn is None or self._conn.closed:
             self._conn = self.database.dedicated(autocommit=True)
+        cache: dict[Position, Batch] = {}
         try:
-            total = sum(self._pump(self._conn, p) for p in self.projections)
+            total = sum(self._pump(self._conn, p, cache) for p in self.projections)
         except psycopg.OperationalError:
             self.close()  # reconnect on the next pump
             raise
@@ -138,11 +139,13 @@ class Projector:
             total += applied
         return total
 
-    def _pump(self, conn: psycopg.Connection[Any], p: Projection) -> int:
+    def _pump(
+        self, conn: psycopg.Connection[Any], p: Projection, cache: dict[Position, Batch]
+    ) -> int:
         with conn.transaction():
             position = _lock_position(conn, p.name)
             applied, last = _apply_next(
-                conn, p, p.name, position, limit=self.batch, history=self.history
+                conn, p, p.name, position, limit=self.batch, history=self.history, cache=cache
             )
             if applied:
                 _store_position(conn, p.name, last)
@@ -222,6 +225,9 @@ def _swap(conn: psycopg.Connection[Any], p: Projection, shadow: str) -> None:
         )
 
 
+Batch = tuple[list[Any], Position]  # decoded events, and the position after them
+
+
 def _apply_next(
     conn: psycopg.Connection[Any],
     p: Projection,
@@ -230,13 +236,25 @@ def _apply_next(
     *,
     limit: int,
     history: History,
+    cache: dict[Position, Batch] | None = None,
 ) -> tuple[int, Position]:
-    """Apply the batch after ``position`` to ``table``; returns (count, new position)."""
-    rows = read_after(conn, position, limit)
-    if not rows:
-        return 0, position
-    p.apply(conn, table, [history.decode(r.notification()) for r in rows], history)
-    return len(rows), rows[-1].position
+    """Apply the batch after ``position`` to ``table``; returns (count, new position).
+
+    ``cache``: the batches this pump already read and decoded, by start position: the
+    projections usually stand at one position, and the rows visible after it then are
+    a prefix of any later read (a row that commits later sorts after them), so one read
+    and one decoding serve them all."""
+    batch = cache.get(position) if cache is not None else None
+    if batch is None:
+        rows = read_after(conn, position, limit)
+        if not rows:
+            return 0, position
+        batch = ([history.decode(r.notification()) for r in rows], rows[-1].position)
+        if cache is not None:
+            cache[position] = batch
+    events, last = batch
+    p.apply(conn, table, events, history)
+    return len(events), last
 
 
 def _lock_position(conn: psycopg.Connection[Any], name: str) -> Position:

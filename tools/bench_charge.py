@@ -1,8 +1,8 @@
 """``billing-ledger bench charge`` and ``bench outage``: billing under load, every role
-running (ingest, relay, projector, process manager, reconciler) in one process on the
-embedded default, against the Stripe emulator with added latency and Stripe's rate
-limit enforced, while usage for ``customers`` x ``meters`` lines arrives at a steady
-rate:
+running as it would be deployed, in worker processes of its own (``billing-ledger run``:
+ingest; relay and projector; process manager and reconciler) on the embedded default,
+against the Stripe emulator with added latency and Stripe's rate limit enforced, while
+usage for ``customers`` x ``meters`` lines arrives at a steady rate:
 
 * ``charge``: Stripe requests per 1,000 records, the backlog (records not yet charged)
   and whether it stops growing, the time to drain it once the load stops, usage ->
@@ -17,24 +17,31 @@ totals, each the line's exact total rounded once (|billed - exact| <= 0.5 minor 
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 import psycopg
+from eventsourcing.utils import get_topic
 
-from adapters.bootstrap import open_ledger, prepare, run_roles
+from adapters.bootstrap import prepare
 from adapters.broker import make_producer
 from adapters.observability.logs import configure_logging
 from adapters.progress import step
 from adapters.settings import Settings
+from domain.invoice_line import InvoiceLine
 from domain.usage import UsageRecord
 from infra.embedded import EmbeddedPostgres, TansuBroker
 from infra.stripe_emulator import StripeEmulator
-from projections.projector import projector_behind
 from tools.measure import cores
 
 __all__ = ["render_load", "run_load"]
@@ -80,22 +87,43 @@ def run_load(
         )
         prepare(settings)
         load = _Load(customers, min(meters, len(METERS)))
-        with open_ledger(settings) as ledger:
-            stop = threading.Event()
-            roles = ["ingest", "relay", "project", "charge", "reconcile"]
-            workers = threading.Thread(target=run_roles, args=(settings, ledger, roles, stop))
-            workers.start()
-            try:
-                step("waiting for the consumer groups to join")
-                _warm_up(settings, load)
-                step(f"usage at {rate:g}/s for {seconds:g}s over {load.lines} lines")
-                run = _drive(settings, stripe, load, rate, seconds, outage_at, outage_s,
-                             drain_timeout)  # fmt: skip
-            finally:
-                stop.set()
-                workers.join()
-            run["money"] = _money(settings, stripe)
-            return _report(run, rate=rate, seconds=seconds, stripe_rate=stripe_rate, load=load)
+        with ExitStack() as stack:
+            for roles in ROLE_PROCESSES:
+                stack.enter_context(_worker(settings, roles))
+            step(f"workers: {' | '.join('+'.join(r) for r in ROLE_PROCESSES)}")
+            step("waiting for the consumer groups to join")
+            _warm_up(settings, load)
+            step(f"usage at {rate:g}/s for {seconds:g}s over {load.lines} lines")
+            run = _drive(settings, stripe, load, rate, seconds, outage_at, outage_s,
+                         drain_timeout)  # fmt: skip
+        run["money"] = _money(settings, stripe)
+        return _report(run, rate=rate, seconds=seconds, stripe_rate=stripe_rate, load=load)
+
+
+# One process per group of roles, as a deployment runs them: the two cores are used.
+ROLE_PROCESSES = (("ingest",), ("relay", "project"), ("charge", "reconcile"))
+
+
+@contextmanager
+def _worker(settings: Settings, roles: tuple[str, ...]) -> Iterator[subprocess.Popen[bytes]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BILLING_LEDGER_")}
+    env.update({f"BILLING_LEDGER_{k.upper()}": str(v) for k, v in settings.model_dump().items()})
+    args = [a for role in roles for a in ("--role", role)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adapters.cli", "run", *args, "--health-port", "0",
+         "--log-level", "ERROR"],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class _Load:
@@ -198,16 +226,21 @@ def _charged(settings: Settings) -> int:
     return int(row[0]) if row else 0
 
 
+_LINE_TOTALS = (
+    "SELECT count(*), coalesce(sum(billed), 0), coalesce(max(abs(billed - exact)), 0) FROM ("
+    " SELECT DISTINCT ON (originator_id) (s ->> 'billed')::bigint AS billed,"
+    " (s -> 'exact_total' ->> '_data_')::numeric AS exact"
+    " FROM (SELECT originator_id, originator_version, convert_from(state, 'UTF8')::jsonb AS s"
+    "  FROM billingledger_events WHERE topic = ANY(%s)) e"
+    " ORDER BY originator_id, originator_version DESC) lines"
+)
+
+
 def _money(settings: Settings, stripe: StripeEmulator) -> dict[str, Any]:
-    """What Stripe holds against the lines' billed and exact totals (projector caught up)."""
-    deadline = time.monotonic() + 120
+    """What Stripe holds against the lines' billed and exact totals, from the events."""
+    topics = [get_topic(InvoiceLine.Settled), get_topic(InvoiceLine.Removed)]
     with psycopg.connect(settings.database_url) as conn:
-        while projector_behind(conn) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        billed, worst, lines = conn.execute(
-            "SELECT coalesce(sum(billed), 0), coalesce(max(abs(billed - exact_total)), 0),"
-            " count(*) FROM billing.invoice_lines"
-        ).fetchone() or (0, 0, 0)
+        lines, billed, worst = conn.execute(_LINE_TOTALS, (topics,)).fetchone() or (0, 0, 0)
     items = stripe.live_invoice_items()
     held = sum(int(i["amount"]) for i in items)
     per_chunk = Counter((i["metadata"].get("line_id"), i["metadata"].get("chunk")) for i in items)
@@ -221,6 +254,17 @@ def _money(settings: Settings, stripe: StripeEmulator) -> dict[str, Any]:
     }
 
 
+_TXN = "domain.transaction:BillingTransaction."
+_LATENCY = (
+    "SELECT count(*), percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY extract(epoch"
+    " FROM (convert_from(c.state, 'UTF8')::jsonb -> 'timestamp' ->> '_data_')::timestamptz"
+    " - (convert_from(m.state, 'UTF8')::jsonb -> 'occurred_at' ->> '_data_')::timestamptz))"
+    " FROM billingledger_events c JOIN billingledger_events m"
+    " ON m.originator_id = c.originator_id AND m.originator_version = 1"
+    " WHERE m.topic = %s AND c.topic = %s"
+)
+
+
 def _report(
     run: dict[str, Any], *, rate: float, seconds: float, stripe_rate: int, load: _Load
 ) -> dict[str, Any]:
@@ -229,14 +273,12 @@ def _report(
     samples: list[tuple[float, int]] = run["samples"]
     outage = run["outage"]
     with psycopg.connect(settings.database_url) as conn:
-        rows = conn.execute(
-            "SELECT state, count(*), percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP"
-            " (ORDER BY extract(epoch FROM charged_at - occurred_at))"
-            " FROM billing.transactions GROUP BY state"
-        ).fetchall()
-    by_state = {state: (n, p) for state, n, p in rows}
-    charged = by_state.get("charged", (0, [0, 0]))
-    compensated = by_state.get("compensated", (0, None))[0]
+        charged = conn.execute(_LATENCY, (_TXN + "Metered", _TXN + "Charged")).fetchone()
+        compensated_row = conn.execute(
+            "SELECT count(*) FROM billingledger_events WHERE topic = %s", (_TXN + "Compensated",)
+        ).fetchone()
+    assert charged is not None
+    compensated = compensated_row[0] if compensated_row else 0
     api = [r for r in stripe.requests() if str(r["path"]).startswith("/v1/")]
     ended = run["load_ended"]
     in_load = [b for at, b in samples if at <= ended]

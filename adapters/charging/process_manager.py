@@ -30,6 +30,7 @@ __all__ = ["ChargeWorker", "line_changed"]
 log = logging.getLogger(__name__)
 
 LINE_CHANGES = frozenset({get_topic(InvoiceLine.Settled), get_topic(InvoiceLine.Removed)})
+_CHANGE_EVENTS = frozenset({b"Settled", b"Removed", None})  # None: no header, decode it
 
 
 class ChargeWorker:
@@ -51,9 +52,12 @@ class ChargeWorker:
         polled = self.consumer.poll(timeout_ms=timeout_ms)
         records = [r for batch in polled.values() for r in batch]
         for record in records:
+            if _event_header(record) not in _CHANGE_EVENTS:
+                continue  # most events: decided from the header, without decoding the body
             line = line_changed(record.value)
             if line is not None:
-                self.scheduler.changed(line)
+                customer = record.key.decode(errors="replace") if record.key else None
+                self.scheduler.changed(line, customer=customer)
                 self.scheduled += 1
         self.seen += len(records)
         if records:
@@ -62,6 +66,14 @@ class ChargeWorker:
             except CommitFailedError as exc:  # rebalanced: the new owner reads them again
                 log.warning("charge offsets not committed after a rebalance: %s", exc)
         return len(records)
+
+
+def _event_header(record: Any) -> bytes | None:
+    """The ``event`` header the relay puts on every message (None when absent)."""
+    for key, value in record.headers or ():
+        if key == "event":
+            return bytes(value) if value is not None else None
+    return None
 
 
 def line_changed(value: Any) -> UUID | None:

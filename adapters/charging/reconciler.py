@@ -47,7 +47,7 @@ class Reconciler:
             legacy = unlined_transaction_ids(conn)
         for txn_id in legacy:  # the projection may lag: adopt() decides from the aggregate
             report.adopted += self.pusher.adopt(txn_id) is StepResult.SETTLED
-        for line, oldest, due in lines:
-            self.scheduler.changed(line, changed_at=oldest, due=due)
+        for line, customer, oldest, due in lines:
+            self.scheduler.changed(line, customer=customer, changed_at=oldest, due=due)
         report.lines = len(lines)
         return report

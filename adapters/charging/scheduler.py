@@ -3,7 +3,10 @@
 
 The scheduler is told about lines that changed (by the process manager, from the
 events on ``billing.events``, and by the reconciler, from the database) and hands
-them to ``workers`` threads that push them with the ``LinePusher``. The Stripe
+them to ``workers`` threads that push them with the ``LinePusher``, one line of a
+customer at a time: a customer's first pushes create its Stripe customer and draft
+invoice, and two of its lines at once would send the same idempotency key twice
+(Stripe answers the second 409). The Stripe
 client's own budget (rate limit, in-flight limit, breaker) bounds how fast they go;
 the order decides who waits: a busy customer's many changes are one line each, and
 a line that was just pushed waits its interval while others go first. The schedule
@@ -33,6 +36,7 @@ log = logging.getLogger(__name__)
 class _Entry:
     oldest_change: float  # monotonic time of the oldest change not pushed yet
     not_before: float  # monotonic time before which it is not pushed
+    customer: str | None = None
 
 
 class LineScheduler:
@@ -52,6 +56,8 @@ class LineScheduler:
         self.clock = clock
         self._waiting: dict[UUID, _Entry] = {}
         self._busy: set[UUID] = set()
+        self._busy_customers: set[str] = set()
+        self._customer_of: dict[UUID, str | None] = {}
         self._last_push: dict[UUID, float] = {}
         self._cond = threading.Condition()
         self.pushed = 0
@@ -59,16 +65,22 @@ class LineScheduler:
         self.charged = 0
 
     def changed(
-        self, line_id: UUID, *, changed_at: datetime | None = None, due: datetime | None = None
+        self,
+        line_id: UUID,
+        *,
+        customer: str | None = None,
+        changed_at: datetime | None = None,
+        due: datetime | None = None,
     ) -> None:
-        """``line_id`` has a change to push (``changed_at``: when; ``due``: not before)."""
+        """``line_id`` (of ``customer``) has a change to push (``changed_at``: when;
+        ``due``: not before)."""
         now = self.clock()
         oldest = now - _ago(changed_at) if changed_at is not None else now
         not_before = now + _until(due) if due is not None else now
         with self._cond:
             entry = self._waiting.get(line_id)
             if entry is None:
-                self._waiting[line_id] = _Entry(oldest, not_before)
+                self._waiting[line_id] = _Entry(oldest, not_before, customer)
             else:
                 entry.oldest_change = min(entry.oldest_change, oldest)
                 entry.not_before = max(entry.not_before, not_before) if due else entry.not_before
@@ -112,7 +124,9 @@ class LineScheduler:
             ready = [
                 (entry.oldest_change, line)
                 for line, entry in self._waiting.items()
-                if line not in self._busy and self._ready_at(line, entry) <= now
+                if line not in self._busy
+                and entry.customer not in self._busy_customers
+                and self._ready_at(line, entry) <= now
             ]
             if not ready:
                 upcoming = [
@@ -123,8 +137,11 @@ class LineScheduler:
                 self._cond.wait(timeout=min(max(wait, 0.005), 0.5))
                 return None
             _, line = min(ready)
-            del self._waiting[line]
+            customer = self._waiting.pop(line).customer
             self._busy.add(line)
+            self._customer_of[line] = customer
+            if customer is not None:
+                self._busy_customers.add(customer)
             return line
 
     def _ready_at(self, line: UUID, entry: _Entry) -> float:
@@ -136,6 +153,9 @@ class LineScheduler:
         now = self.clock()
         with self._cond:
             self._busy.discard(line)
+            customer = self._customer_of.pop(line, None)
+            if customer is not None:
+                self._busy_customers.discard(customer)
             self.requests += report.requests
             self.charged += report.charged
             if report.requests:
@@ -143,12 +163,12 @@ class LineScheduler:
                 self._last_push[line] = now
             if report.result in (StepResult.RETRY, StepResult.WAIT):
                 retry_at = now + _until(report.retry_at) if report.retry_at else now + 1.0
-                entry = self._waiting.setdefault(line, _Entry(now, retry_at))
+                entry = self._waiting.setdefault(line, _Entry(now, retry_at, customer))
                 entry.not_before = max(entry.not_before, retry_at)
             elif report.result is StepResult.RACED:
-                self._waiting.setdefault(line, _Entry(now, now + 0.05))
-            elif report.result is StepResult.CHARGED and report.more:
-                self._waiting.setdefault(line, _Entry(now, now))
+                self._waiting.setdefault(line, _Entry(now, now + 0.05, customer))
+            elif report.result in (StepResult.CHARGED, StepResult.COMPENSATED) and report.more:
+                self._waiting.setdefault(line, _Entry(now, now, customer))
             self._forget_old_pushes(now)
             self._cond.notify()
 

@@ -39,8 +39,9 @@ def add_commands(sub: Any) -> None:
     run.add_argument(
         "--role",
         choices=[*ROLES, "all"],
-        default="all",
-        help="which worker to run (all: every one, each in its own thread)",
+        action="append",
+        help="a worker role to run; repeat for several (default all: every one, each in"
+        " its own thread)",
     )
     run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     run.add_argument(
@@ -120,7 +121,8 @@ def _run_workers(args: argparse.Namespace, settings: Settings) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    roles = list(ROLES) if args.role == "all" else [args.role]
+    chosen = args.role or ["all"]
+    roles = list(ROLES) if "all" in chosen else [r for r in ROLES if r in chosen]
     health_port = settings.health_port if args.health_port is None else args.health_port
     with contextlib.ExitStack() as stack:
         if health_port:
