@@ -261,6 +261,8 @@ _CODES = (
     ("empty message", "empty"),
     ("payload of", "oversized"),
     ("not valid JSON", "not_json"),
+    ("number too long", "number_too_long"),
+    ("number out of range", "number_out_of_range"),
     ("expected a JSON object", "not_object"),
     ("unknown currency", "unknown_currency"),
     ("currency ", "currency_mismatch"),
