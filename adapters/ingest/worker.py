@@ -11,6 +11,16 @@ One poll is one batch. For each batch, in this order:
 
 A crash anywhere before step 4 redelivers the batch; step 2 then finds the
 transactions already recorded and counts them as duplicates. Nothing is locked.
+
+One record can never stop a batch. Decoding is total (``decode_usage`` raises only
+``InvalidUsage``), and as a last resort anything else a record raises while it is
+decoded or priced makes that record a dead letter with reason ``internal: <type>``
+(logged with its traceback) while the rest of the batch is recorded. Pricing runs
+inside the batch's save, so a batch whose save raises something unexpected is probed
+record by record, with the same pure decision and event encoding but no write; the
+records that raise alone are set aside and the others saved. An error no single record
+causes (the database went away) still fails the batch, uncommitted, to be delivered
+again.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata
@@ -32,7 +43,7 @@ from adapters.observability import telemetry
 from adapters.observability.logs import step_fields
 from adapters.observability.metrics import metrics
 from domain.errors import InvalidUsage
-from domain.metering import MeteredBatch, Metering
+from domain.metering import MeteredBatch, Metering, meter_batch_events
 from domain.ports import DeadLetter, DeadLetterSink
 from domain.transaction import Source
 from domain.usage import decode_usage
@@ -132,12 +143,17 @@ class IngestWorker:
                 )
             except InvalidUsage as exc:
                 letters.append(_letter(rec, str(exc)))
+            except Exception as exc:  # the last resort: one record never stops a batch
+                letters.append(_letter(rec, _internal(exc, source)))
 
-        saving = time.time_ns()
-        decision = self.ledger.record_usage(valid)
-        _trace_reserve(batch, records, valid, decision, (saving, time.time_ns()))
         raw_by_source = {(r.topic, r.partition, r.offset): r for r in records}
-        for metering, reason in decision.rejected:
+        saving = time.time_ns()
+        decision, culprits = self._record(valid)
+        if culprits:
+            set_aside = {id(m) for m, _ in culprits}
+            valid = [m for m in valid if id(m) not in set_aside]
+        _trace_reserve(batch, records, valid, decision, (saving, time.time_ns()))
+        for metering, reason in [*culprits, *decision.rejected]:
             s = metering.source
             letters.append(_letter(raw_by_source[(s.topic, s.partition, s.offset)], reason))
         letters.sort(key=lambda d: (d.topic, d.partition, d.offset))  # source order
@@ -167,6 +183,43 @@ class IngestWorker:
             "ingest batch",
             extra={**step_fields("ingest", "ok"), **counts, "seconds": round(elapsed, 4)},
         )
+
+    def _record(self, valid: list[Metering]) -> tuple[MeteredBatch, list[tuple[Metering, str]]]:
+        """``record_usage``; when it raises something no rule explains, the records that
+        raise on their own are set aside (``internal: <type>``) and the rest saved."""
+        culprits: list[tuple[Metering, str]] = []
+        while True:
+            try:
+                return self.ledger.record_usage(valid), culprits
+            except (ConcurrencyExhausted, psycopg.Error):
+                raise  # contention and the database are not a record's fault
+            except Exception:
+                found = self._culprits(valid)
+                if not found:
+                    raise  # no single record causes it: fail the batch, uncommitted
+            culprits += found
+            bad = {id(m) for m, _ in found}
+            valid = [m for m in valid if id(m) not in bad]
+
+    def _culprits(self, valid: Sequence[Metering]) -> list[tuple[Metering, str]]:
+        """The records whose decision or event encoding raises on its own (no write)."""
+        found: list[tuple[Metering, str]] = []
+        ledger = self.ledger
+        for metering in valid:
+            try:
+                decision = meter_batch_events(
+                    [metering], ledger.prices, load_account=ledger.account
+                )
+                events = [e for a in decision.accounts for e in a.collect_events()]
+                for event in [*decision.transaction_events, *events]:
+                    ledger.mapper.to_stored_event(event)
+            except InvalidUsage:
+                continue  # a reason of its own: record_usage rejects it, it does not raise
+            except psycopg.Error:
+                raise  # loading the account failed: not this record's fault
+            except Exception as exc:
+                found.append((metering, _internal(exc, metering.source)))
+        return found
 
     def _quarantine(self, letters: list[DeadLetter]) -> None:
         if not letters:
@@ -267,7 +320,18 @@ _CODES = (
     ("unknown currency", "unknown_currency"),
     ("currency ", "currency_mismatch"),
     ("unknown meter", "unknown_meter"),
+    ("internal: ", "internal"),
 )
+
+
+def _internal(exc: Exception, source: Source) -> str:
+    """The reason of a record that raised what no rule explains; logged with its traceback."""
+    log.error(
+        "usage record failed unexpectedly: %s: %s", type(exc).__name__, exc,
+        exc_info=exc,
+        extra=step_fields("ingest", "dead_letter", error_code="internal", source=str(source)),
+    )  # fmt: skip
+    return f"internal: {type(exc).__name__}"
 
 
 def _error_code(reason: str) -> str:

@@ -5,15 +5,20 @@ committed only after both."""
 from __future__ import annotations
 
 import json
+from typing import Any
+
+import pytest
 
 from adapters.ingest.worker import IngestWorker
 from domain.ids import transaction_id
 from domain.transaction import TxnState
+from store.ledger import BillingLedger
 from tests.fast.fakes import (
     FakeConsumer,
     FakeDeadLetters,
     FakeProducer,
     FakeRecord,
+    FaultyPrices,
     memory_ledger,
     usage,
 )
@@ -23,10 +28,12 @@ def _record(offset: int, value: bytes | None, partition: int = 0) -> FakeRecord:
     return FakeRecord("usage", partition, offset, b"acme", value)
 
 
-def _worker(batches: list[list[FakeRecord]]) -> tuple[IngestWorker, FakeDeadLetters]:
+def _worker(
+    batches: list[list[FakeRecord]], ledger: BillingLedger | None = None
+) -> tuple[IngestWorker, FakeDeadLetters]:
     letters = FakeDeadLetters()
     worker = IngestWorker(
-        memory_ledger(),
+        ledger or memory_ledger(),
         letters,
         FakeConsumer(batches),  # type: ignore[arg-type]
         FakeProducer(),  # type: ignore[arg-type]
@@ -70,3 +77,53 @@ def test_a_record_the_price_list_cannot_price_is_a_dead_letter_not_a_transaction
     worker.process([_record(7, json.dumps(bad).encode())])
     assert worker.stats.transactions == 0
     assert letters.letters["usage", 0, 7].reason.startswith("unknown meter")
+
+
+def _faulty_ledger() -> BillingLedger:
+    ledger = memory_ledger()
+    ledger.prices = FaultyPrices(ledger.prices.prices)
+    return ledger
+
+
+def _on(meter: str, usage_id: str) -> bytes:
+    body = json.loads(usage(usage_id).to_json())
+    return json.dumps({**body, "meter": meter}).encode()
+
+
+def test_a_record_whose_pricing_raises_unexpectedly_is_set_aside_and_its_batch_recorded() -> None:
+    batch = [
+        _record(0, usage("r0").to_json()),
+        _record(1, _on("faulty.meter", "r1")),
+        _record(2, usage("r2").to_json()),
+        _record(3, b"[1"),
+        _record(4, _on("faulty.meter", "r4")),
+    ]
+    worker, letters = _worker([], _faulty_ledger())
+    worker.process(batch)
+
+    for usage_id in ("r0", "r2"):
+        txn = worker.ledger.transaction(transaction_id("acme", usage_id))
+        assert txn.state is TxnState.RESERVED
+    assert {k[2]: d.reason for k, d in letters.letters.items()} == {
+        1: "internal: RuntimeError",
+        3: "not valid JSON: Expecting ',' delimiter: line 1 column 3 (char 2)",
+        4: "internal: RuntimeError",
+    }
+    assert (worker.stats.transactions, worker.stats.dead_letters) == (2, 3)
+    sent = [(value, dict(headers)["dlq.reason"]) for _, _, value, headers in worker.producer.sent]  # type: ignore[attr-defined]
+    assert sent[0] == (batch[1].value, b"internal: RuntimeError")
+    [offsets] = worker.consumer.commits  # type: ignore[attr-defined]
+    assert [o.offset for o in offsets.values()] == [5]
+
+
+def test_a_failure_no_single_record_causes_fails_the_batch_and_commits_nothing() -> None:
+    class StoreOnFire(BillingLedger):
+        def save(self, *objs: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("the store is on fire")
+
+    ledger = StoreOnFire(memory_ledger().prices, env={"PERSISTENCE_MODULE": "eventsourcing.popo"})
+    worker, letters = _worker([], ledger)
+    with pytest.raises(RuntimeError, match="on fire"):
+        worker.process([_record(0, usage("r0").to_json()), _record(1, usage("r1").to_json())])
+    assert letters.letters == {}  # no record was blamed for what none of them did
+    assert worker.consumer.commits == []  # type: ignore[attr-defined]

@@ -22,6 +22,7 @@ from store.connections import Database
 from store.dead_letters import DeadLetterStore
 from store.ledger import BillingLedger
 from tests.conftest import settings_env
+from tests.fast.fakes import FaultyPrices
 from tests.integration.support import (
     count_events,
     drive,
@@ -198,6 +199,29 @@ def test_poison_records_go_to_the_dead_letter_topic_with_reasons_and_good_ones_a
     assert [h["dlq.reason"].decode() for h in headers] == [d.reason for d in by_offset]
     assert all(h["dlq.source.topic"].decode() == settings.usage_topic for h in headers)
     assert [int(h["dlq.source.offset"]) for h in headers] == [d.offset for d in by_offset]
+
+
+def test_a_record_whose_pricing_raises_unexpectedly_is_a_dead_letter_and_its_batch_is_recorded(
+    settings: Settings, ledger: BillingLedger
+) -> None:
+    ledger.prices = FaultyPrices(ledger.prices.prices)  # raises for meter "faulty.meter"
+    faulty = json.loads(usage("bad").to_json()) | {"meter": "faulty.meter"}
+    good = [usage(f"ok-{i}") for i in range(6)]
+    messages = [(r.customer_id.encode(), r.to_json()) for r in good]
+    messages.insert(3, (b"acme", json.dumps(faulty).encode()))
+    produce(settings, messages)
+
+    worker = build_ingest_worker(settings, ledger)
+    try:
+        drive(worker, until=lambda: worker.stats.records == len(messages))
+    finally:
+        close_worker(worker)
+
+    assert sorted(metered_usage_ids(settings.database_url)) == sorted(r.usage_id for r in good)
+    [letter] = DeadLetterStore(Database(settings.database_url)).all()
+    assert (letter.offset, letter.reason) == (3, "internal: RuntimeError")
+    assert letter.payload == messages[3][1]
+    assert wait_for(lambda: total_lag(settings) == 0, what="the batch to be committed")
 
 
 def test_a_spend_limit_refuses_usage_past_it_and_releases_nothing_it_did_not_reserve(
