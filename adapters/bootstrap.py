@@ -153,9 +153,8 @@ def build_relay(settings: Settings, db: Database | None = None) -> Relay:
 def build_charge_worker(
     settings: Settings, charger: Charger, db: Database | None = None
 ) -> ChargeWorker:
-    listener = SeekToStored(
-        db or database(settings, pool_size=0), settings.charge_group, settings.events_topic
-    )
+    db = db or database(settings, pool_size=0)
+    listener = SeekToStored(db, settings.charge_group, settings.events_topic)
     consumer = make_consumer(
         settings.kafka_bootstrap,
         settings.events_topic,
@@ -168,6 +167,7 @@ def build_charge_worker(
     return ChargeWorker(
         charger,
         consumer,
+        DeadLetterStore(db),
         group=settings.charge_group,
         topic=settings.events_topic,
         parallel=settings.stripe_max_concurrency,
@@ -283,7 +283,7 @@ def _run_roles(
         charge.pulse = pulses.of("charge")
         targets["charge"] = lambda: _closing(lambda: charge.run(stop), charge.consumer.close)
         chargers.append(charge.charger)
-        stats["charge"] = lambda: {"driven": charge.driven}
+        stats["charge"] = lambda: {"driven": charge.driven, "set_aside": charge.set_aside}
     if "reconcile" in roles:
         reconciler = build_reconciler(settings, build_charger(settings, ledger), db)
         chargers.append(reconciler.charger)

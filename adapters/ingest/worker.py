@@ -34,7 +34,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata
@@ -47,12 +46,15 @@ from domain.metering import MeteredBatch, Metering, meter_batch_events
 from domain.ports import DeadLetter, DeadLetterSink
 from domain.transaction import Source
 from domain.usage import decode_usage
-from store.errors import ConcurrencyExhausted
+from store.errors import DATABASE_ERRORS, ConcurrencyExhausted
 from store.ledger import BillingLedger
 
 __all__ = ["IngestStats", "IngestWorker"]
 
 log = logging.getLogger(__name__)
+
+# Contention and the database: never blamed on a record by the last-resort guard.
+_NOT_A_RECORDS_FAULT: tuple[type[Exception], ...] = (ConcurrencyExhausted, *DATABASE_ERRORS)
 
 
 @dataclass
@@ -191,8 +193,8 @@ class IngestWorker:
         while True:
             try:
                 return self.ledger.record_usage(valid), culprits
-            except (ConcurrencyExhausted, psycopg.Error):
-                raise  # contention and the database are not a record's fault
+            except _NOT_A_RECORDS_FAULT:
+                raise
             except Exception:
                 found = self._culprits(valid)
                 if not found:
@@ -215,7 +217,7 @@ class IngestWorker:
                     ledger.mapper.to_stored_event(event)
             except InvalidUsage:
                 continue  # a reason of its own: record_usage rejects it, it does not raise
-            except psycopg.Error:
+            except DATABASE_ERRORS:
                 raise  # loading the account failed: not this record's fault
             except Exception as exc:
                 found.append((metering, _internal(exc, metering.source)))

@@ -14,6 +14,8 @@ import json
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import store.ledger  # noqa: F401 (imports every aggregate, so their events are known)
+from adapters.charging.messages import EventMessage, MalformedEvent, decode_event
 from domain.errors import InvalidUsage
 from domain.usage import UsageRecord, decode_usage
 
@@ -39,6 +41,24 @@ VALID: dict[str, str] = {
     "quantity": "1520",
     "occurred_at": '"2026-12-02T10:15:00Z"',
     "currency": '"USD"',
+}
+
+
+EVENT_FIELDS = ("notification_id", "originator_id", "originator_version", "topic", "event")
+EVENT_PREFIXES = (
+    "empty message (no value)",
+    "message of ",
+    "not valid JSON: ",
+    "expected a JSON object, got ",
+    "unknown event ",
+    *(f"{name}: " for name in EVENT_FIELDS),
+)
+VALID_EVENT: dict[str, str] = {
+    "notification_id": "42",
+    "originator_id": '"285ad872-9dad-5d87-9f2b-3fbdc040090b"',
+    "originator_version": "2",
+    "topic": '"domain.transaction:BillingTransaction.Reserved"',
+    "event": '"Reserved"',
 }
 
 
@@ -96,11 +116,11 @@ def _json_texts() -> st.SearchStrategy[str]:
     return st.one_of(values, deep, unbalanced)
 
 
-def _records_with_one_field_replaced() -> st.SearchStrategy[str]:
-    """A valid record whose one field (or an extra one) holds any JSON value."""
-    fields = st.sampled_from([*VALID, "extra"])
+def _with_one_field_replaced(valid: dict[str, str]) -> st.SearchStrategy[str]:
+    """A valid object whose one field (or an extra one) holds any JSON value."""
+    fields = st.sampled_from([*valid, "extra"])
     return st.tuples(fields, _json_texts()).map(
-        lambda fv: "{" + ",".join(f'"{k}":{v}' for k, v in {**VALID, fv[0]: fv[1]}.items()) + "}"
+        lambda fv: "{" + ",".join(f'"{k}":{v}' for k, v in {**valid, fv[0]: fv[1]}.items()) + "}"
     )
 
 
@@ -137,7 +157,7 @@ def test_decode_usage_of_any_json_is_a_record_or_a_documented_reason(text: str) 
 
 
 @QUICK
-@given(_records_with_one_field_replaced())
+@given(_with_one_field_replaced(VALID))
 def test_decode_usage_of_a_record_with_any_field_value_is_a_record_or_a_reason(text: str) -> None:
     _check_usage(text.encode("utf-8", "surrogatepass"))
 
@@ -148,3 +168,40 @@ def test_decode_usage_of_json_in_other_encodings_is_a_record_or_a_reason(
     encoding: str, text: str
 ) -> None:
     _check_usage(text.encode(encoding, "replace"))
+
+
+def _check_event(raw: bytes | None) -> None:
+    try:
+        message = decode_event(raw)
+    except MalformedEvent as exc:
+        _check_reason(str(exc), EVENT_PREFIXES)
+    else:
+        assert isinstance(message, EventMessage)
+        assert decode_event(message.to_json()) == message
+
+
+@QUICK
+@given(st.one_of(st.none(), st.binary(max_size=512)))
+def test_decode_event_of_any_bytes_is_a_message_or_a_documented_reason(raw: bytes | None) -> None:
+    _check_event(raw)
+
+
+@QUICK
+@given(_json_texts())
+@example("[]")
+@example('{"originator_id": "not-a-uuid"}')
+def test_decode_event_of_any_json_is_a_message_or_a_documented_reason(text: str) -> None:
+    _check_event(text.encode("utf-8", "surrogatepass"))
+
+
+@QUICK
+@given(_with_one_field_replaced(VALID_EVENT))
+def test_decode_event_of_a_message_with_any_field_value_is_a_message_or_a_reason(
+    text: str,
+) -> None:
+    _check_event(text.encode("utf-8", "surrogatepass"))
+
+
+def test_the_valid_event_the_properties_start_from_is_read() -> None:
+    text = "{" + ",".join(f'"{k}":{v}' for k, v in VALID_EVENT.items()) + "}"
+    assert decode_event(text.encode()).event == "Reserved"
