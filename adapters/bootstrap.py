@@ -25,6 +25,7 @@ from adapters.charging.process_manager import ChargeWorker, SeekToStored
 from adapters.charging.reconciler import Reconciler
 from adapters.charging.relay import Relay
 from adapters.errors import WorkerFailed
+from adapters.ingest.retention import DeadLetterRetention
 from adapters.ingest.worker import IngestWorker
 from adapters.observability.heartbeat import Heartbeat, Pulses
 from adapters.settings import Settings
@@ -47,6 +48,7 @@ __all__ = [
     "build_projector",
     "build_reconciler",
     "build_relay",
+    "build_retention",
     "close_worker",
     "database",
     "install_drill",
@@ -128,6 +130,14 @@ def build_ingest_worker(
         dlq_topic=settings.dlq_topic,
         max_record_bytes=settings.max_record_bytes,
         poll_timeout_ms=settings.poll_timeout_ms,
+        dlq_max_message_bytes=settings.dlq_max_message_bytes,
+    )
+
+
+def build_retention(settings: Settings) -> DeadLetterRetention:
+    """The dead-letter retention loop, on connections of its own (run by ingest processes)."""
+    return DeadLetterRetention(
+        DeadLetterStore(database(settings, pool_size=0)), days=settings.dead_letter_retention_days
     )
 
 
@@ -270,6 +280,9 @@ def _run_roles(
         stats["ingest"] = lambda: {
             k: v for k, v in vars(worker.stats).items() if isinstance(v, int)
         }
+        retention = build_retention(settings)
+        targets["retention"] = lambda: retention.run(stop)
+        stats["retention"] = lambda: {"dead_letters_purged": retention.purged}
     if "relay" in roles:
         relay = build_relay(settings, db)
         relay.pulse = pulses.of("relay")

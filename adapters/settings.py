@@ -49,6 +49,14 @@ class Settings(BaseSettings):
     ingest_group: str = "billing-ledger-ingest"
     price_list: Path = DEFAULT_PRICE_LIST
     max_record_bytes: int = Field(DEFAULT_MAX_RECORD_BYTES, ge=256)
+    dlq_max_message_bytes: int = Field(
+        1_000_000,
+        ge=4096,
+        description="larger dead letters go to the DLQ topic as a 4 KiB prefix (its limit)",
+    )
+    dead_letter_retention_days: int = Field(
+        30, ge=0, description="dead letters older than this are removed (0: kept forever)"
+    )
     batch_max_records: int = Field(2000, ge=1, description="records per database save")
     poll_timeout_ms: int = Field(200, ge=1)
     fetch_max_wait_ms: int = Field(

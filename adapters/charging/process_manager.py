@@ -157,7 +157,7 @@ class ChargeWorker:
         code = event_error_code(reason)
         self.dead_letters.record(
             [DeadLetter(record.topic, record.partition, record.offset, record.key,
-                        record.value, reason)]
+                        record.value, reason, code=code)]
         )  # fmt: skip
         self.set_aside += 1
         m = metrics()

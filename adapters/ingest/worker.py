@@ -5,8 +5,11 @@ One poll is one batch. For each batch, in this order:
 1. decode every record (``domain.usage.decode_usage``); invalid ones become dead letters;
 2. ``BillingLedger.record_usage``: Metered + Reserved (or Compensated) for every new
    transaction and the touched accounts, in ONE database transaction;
-3. dead letters: stored in ``billing.dead_letters`` (idempotent by source offset) and
-   produced to the dead-letter topic with the reason in headers, then flushed;
+3. dead letters: stored in ``billing.dead_letters`` (idempotent by source offset; a
+   bounded prefix of the payload with its size and hash) and produced to the
+   dead-letter topic with the reason in headers, then flushed. The topic gets the
+   whole payload up to ``dlq_max_message_bytes`` (its message limit), else the stored
+   prefix, with headers saying it was truncated and the whole one's size and SHA-256;
 4. only then the consumed offsets are committed.
 
 A crash anywhere before step 4 redelivers the batch; step 2 then finds the
@@ -46,6 +49,7 @@ from domain.metering import MeteredBatch, Metering, meter_batch_events
 from domain.ports import DeadLetter, DeadLetterSink
 from domain.transaction import Source
 from domain.usage import decode_usage
+from store.dead_letters import bounded
 from store.errors import DATABASE_ERRORS, ConcurrencyExhausted
 from store.ledger import BillingLedger
 
@@ -86,6 +90,7 @@ class IngestWorker:
         dlq_topic: str,
         max_record_bytes: int,
         poll_timeout_ms: int = 200,
+        dlq_max_message_bytes: int = 1_000_000,
     ) -> None:
         self.ledger = ledger
         self.pulse: Callable[[], None] = lambda: None  # called each turn of the loop
@@ -95,6 +100,7 @@ class IngestWorker:
         self.dlq_topic = dlq_topic
         self.max_record_bytes = max_record_bytes
         self.poll_timeout_ms = poll_timeout_ms
+        self.dlq_max_message_bytes = dlq_max_message_bytes
         self.stats = IngestStats()
 
     def run(
@@ -230,22 +236,40 @@ class IngestWorker:
         for d in letters:
             log.warning(
                 "usage record quarantined",
-                extra=step_fields("ingest", "dead_letter", error_code=_error_code(d.reason),
+                extra=step_fields("ingest", "dead_letter", error_code=d.code,
                                   reason=d.reason, source=f"{d.topic}/{d.partition}@{d.offset}"),
             )  # fmt: skip
-            self.producer.send(
-                self.dlq_topic,
-                key=d.key,
-                # Kafka needs a key or a value; a keyless null becomes an empty value.
-                value=d.payload if d.payload is not None or d.key is not None else b"",
-                headers=[
-                    ("dlq.reason", d.reason.encode()),
-                    ("dlq.source.topic", d.topic.encode()),
-                    ("dlq.source.partition", str(d.partition).encode()),
-                    ("dlq.source.offset", str(d.offset).encode()),
-                ],
-            )
+            self._send_to_dlq(d)
         self.producer.flush()
+
+    def _send_to_dlq(self, d: DeadLetter) -> None:
+        """The letter on the dead-letter topic: its bytes whole if the topic takes them,
+        else the prefix the table keeps; headers say why, from where, and what the whole
+        payload was (size, SHA-256, whether this is all of it)."""
+        value = d.payload
+        whole = bounded(value)
+        truncated = value is not None and len(value) > self.dlq_max_message_bytes
+        if truncated:
+            value = whole.prefix
+        headers = [
+            ("dlq.reason", d.reason.encode()),
+            ("dlq.source.topic", d.topic.encode()),
+            ("dlq.source.partition", str(d.partition).encode()),
+            ("dlq.source.offset", str(d.offset).encode()),
+            ("dlq.truncated", b"true" if truncated else b"false"),
+        ]
+        if whole.size is not None and whole.sha256 is not None:
+            headers += [
+                ("dlq.payload.size", str(whole.size).encode()),
+                ("dlq.payload.sha256", whole.sha256.encode()),
+            ]
+        self.producer.send(
+            self.dlq_topic,
+            key=d.key,
+            # Kafka needs a key or a value; a keyless null becomes an empty value.
+            value=value if value is not None or d.key is not None else b"",
+            headers=headers,
+        )
 
     def _commit(self, records: Sequence[Any]) -> None:
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
@@ -342,4 +366,6 @@ def _error_code(reason: str) -> str:
 
 
 def _letter(rec: Any, reason: str) -> DeadLetter:
-    return DeadLetter(rec.topic, rec.partition, rec.offset, rec.key, rec.value, reason)
+    return DeadLetter(
+        rec.topic, rec.partition, rec.offset, rec.key, rec.value, reason, code=_error_code(reason)
+    )

@@ -4,6 +4,7 @@ committed only after both."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -29,7 +30,10 @@ def _record(offset: int, value: bytes | None, partition: int = 0) -> FakeRecord:
 
 
 def _worker(
-    batches: list[list[FakeRecord]], ledger: BillingLedger | None = None
+    batches: list[list[FakeRecord]],
+    ledger: BillingLedger | None = None,
+    *,
+    dlq_max_message_bytes: int = 1_000_000,
 ) -> tuple[IngestWorker, FakeDeadLetters]:
     letters = FakeDeadLetters()
     worker = IngestWorker(
@@ -39,6 +43,7 @@ def _worker(
         FakeProducer(),  # type: ignore[arg-type]
         dlq_topic="usage.dlq",
         max_record_bytes=4096,
+        dlq_max_message_bytes=dlq_max_message_bytes,
     )
     return worker, letters
 
@@ -127,3 +132,19 @@ def test_a_failure_no_single_record_causes_fails_the_batch_and_commits_nothing()
         worker.process([_record(0, usage("r0").to_json()), _record(1, usage("r1").to_json())])
     assert letters.letters == {}  # no record was blamed for what none of them did
     assert worker.consumer.commits == []  # type: ignore[attr-defined]
+
+
+def test_the_dlq_topic_gets_a_dead_letter_whole_up_to_its_limit_then_a_marked_prefix() -> None:
+    fits, too_big = b"{" + b" " * 5_000 + b"}", b"{" + b" " * 50_000 + b"}"
+    worker, letters = _worker([], dlq_max_message_bytes=10_000)
+    worker.process([_record(0, fits), _record(1, too_big)])
+
+    [(_, _, whole, whole_headers), (_, _, cut, cut_headers)] = worker.producer.sent  # type: ignore[attr-defined]
+    assert whole == fits and dict(whole_headers)["dlq.truncated"] == b"false"
+    assert cut == too_big[:4096]
+    headers = dict(cut_headers)
+    assert headers["dlq.truncated"] == b"true"
+    assert headers["dlq.payload.size"] == b"50002"
+    assert headers["dlq.payload.sha256"] == hashlib.sha256(too_big).hexdigest().encode()
+    assert headers["dlq.reason"] == b"payload of 50002 bytes exceeds the 4096-byte limit"
+    assert letters.letters["usage", 0, 1].code == "oversized"  # the store bounds its copy
