@@ -46,6 +46,11 @@ def assess(figures: Mapping[str, Any], limits: Thresholds = Thresholds()) -> tup
         degraded.append(f"{figures['stale_reserved']} reserved transaction(s) not charged")
     if figures["dead_letters_last_hour"]:
         degraded.append(f"{figures['dead_letters_last_hour']} dead letter(s) in the last hour")
+    if figures["conflicting_duplicates_last_hour"]:
+        degraded.append(
+            f"{figures['conflicting_duplicates_last_hour']} conflicting duplicate(s) in the last"
+            " hour: a producer sent a usage_id again with another body"
+        )
     if figures["stripe_errors_5m"] > limits.max_stripe_errors_5m:
         by_class = ", ".join(
             f"{name}: {counts['5m']}"

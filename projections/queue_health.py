@@ -4,7 +4,9 @@ Objects in the ``billing`` schema:
 
 * ``billing.queue_health`` (a view, one row): backlog by state, the age of the oldest
   unfinished transaction, retries due now, stale reservations, transactions past
-  their deadline, dead letters in the last hour, Stripe errors in the last 1/5/15
+  their deadline, dead letters in the last hour (and ever, from
+  ``billing.dead_letter_counts``, which retention does not touch), conflicting
+  duplicates in the last hour, Stripe errors in the last 1/5/15
   minutes (and by error class), charges in the last minute, the largest consumer
   lag, live and silent workers, and workers whose circuit breaker is not closed.
 * ``billing.stuck_transactions`` (a view): every unfinished transaction that should
@@ -65,6 +67,16 @@ $body$;
 CREATE OR REPLACE VIEW billing.stuck_transactions AS
 SELECT * FROM billing.stuck_transactions_now();
 
+-- A function's columns cannot change in place: drop one from before issue 11's columns.
+DO $drop$ BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc
+               WHERE proname = 'queue_health_now' AND pronamespace = 'billing'::regnamespace
+                 AND NOT 'conflicting_duplicates_last_hour' = ANY(proargnames)) THEN
+        DROP VIEW IF EXISTS billing.queue_health;
+        DROP FUNCTION billing.queue_health_now();
+    END IF;
+END $drop$;
+
 CREATE OR REPLACE FUNCTION billing.queue_health_now() RETURNS TABLE (
     observed_at timestamptz, backlog_metered bigint, backlog_reserved bigint,
     backlog_charge_failed bigint, oldest_open_at timestamptz, oldest_open_age_s double precision,
@@ -72,7 +84,8 @@ CREATE OR REPLACE FUNCTION billing.queue_health_now() RETURNS TABLE (
     dead_letters_last_hour bigint, stripe_errors_1m bigint, stripe_errors_5m bigint,
     stripe_errors_15m bigint, stripe_errors_by_class jsonb, charges_last_minute bigint,
     max_consumer_lag bigint, workers_alive bigint, workers_silent bigint,
-    breakers_not_closed bigint, projector_behind bigint
+    breakers_not_closed bigint, projector_behind bigint, dead_letters_total bigint,
+    conflicting_duplicates_last_hour bigint
 ) LANGUAGE sql STABLE AS $body$
 WITH s AS (SELECT * FROM billing.health_settings WHERE id = 1),
 open AS (
@@ -126,7 +139,10 @@ SELECT
                  SELECT 1 FROM billingledger_events e
                  WHERE (e.xid, e.notification_id) > (p.xid, p.notification_id)
                  LIMIT 100000) behind))
-              FROM billing.projection_positions p), 0)
+              FROM billing.projection_positions p), 0),
+    (SELECT coalesce(sum(letters), 0)::bigint FROM billing.dead_letter_counts),
+    (SELECT count(*) FROM billing.dead_letters
+      WHERE received_at > now() - interval '1 hour' AND reason_code = 'conflicting_duplicate')
 $body$;
 CREATE OR REPLACE VIEW billing.queue_health AS SELECT * FROM billing.queue_health_now();
 """

@@ -145,6 +145,14 @@ class BillingLedger(Application[UUID]):
                 return
             start = notifications[-1].id + 1
 
+    def first_events(self, ids: Sequence[UUID]) -> dict[UUID, DomainEventProtocol[UUID]]:
+        """The first event of each of these aggregates that exists (one query)."""
+        if isinstance(self.recorder, LedgerRecorder):
+            stored = self.recorder.select_first_events(ids)
+            return {s.originator_id: self.mapper.to_domain_event(s) for s in stored}
+        first = {i: next(iter(self.events.get(i, lte=1)), None) for i in set(ids)}
+        return {i: e for i, e in first.items() if e is not None}
+
     def _load_account(self, customer_id: str, currency: str) -> CustomerAccount | None:
         try:
             account: CustomerAccount = self.repository.get(account_id(customer_id, currency))

@@ -15,6 +15,12 @@ One poll is one batch. For each batch, in this order:
 A crash anywhere before step 4 redelivers the batch; step 2 then finds the
 transactions already recorded and counts them as duplicates. Nothing is locked.
 
+A duplicate that is not the same record (``domain.duplicates``: a producer that
+changed its mind) is not silent: the first stays billed and the duplicate becomes a
+dead letter ``conflicting duplicate: ...`` naming what differs and both bodies'
+hashes. The recorded side is read from the transactions' ``Metered`` events, one
+query per batch that has duplicates, none otherwise.
+
 One record can never stop a batch. Decoding is total (``decode_usage`` raises only
 ``InvalidUsage``), and as a last resort anything else a record raises while it is
 decoded or priced makes that record a dead letter with reason ``internal: <type>``
@@ -44,10 +50,11 @@ from kafka.structs import OffsetAndMetadata
 from adapters.observability import telemetry
 from adapters.observability.logs import step_fields
 from adapters.observability.metrics import metrics
+from domain.duplicates import Recorded, conflict
 from domain.errors import InvalidUsage
 from domain.metering import MeteredBatch, Metering, meter_batch_events
 from domain.ports import DeadLetter, DeadLetterSink
-from domain.transaction import Source
+from domain.transaction import BillingTransaction, Source
 from domain.usage import decode_usage
 from store.dead_letters import bounded
 from store.errors import DATABASE_ERRORS, ConcurrencyExhausted
@@ -71,7 +78,8 @@ class IngestStats:
     refused: int = 0
     dead_letters: int = 0
     batches: int = 0
-    conflicts: int = 0
+    conflicts: int = 0  # optimistic-concurrency retries of saves
+    conflicting_duplicates: int = 0
     commit_failures: int = 0
     contended_batches: int = 0  # batches that lost every concurrency retry and waited
     batch_seconds: list[float] = field(default_factory=list)
@@ -161,7 +169,8 @@ class IngestWorker:
             set_aside = {id(m) for m, _ in culprits}
             valid = [m for m in valid if id(m) not in set_aside]
         _trace_reserve(batch, records, valid, decision, (saving, time.time_ns()))
-        for metering, reason in [*culprits, *decision.rejected]:
+        conflicts = self._conflicts(decision)
+        for metering, reason in [*culprits, *decision.rejected, *conflicts]:
             s = metering.source
             letters.append(_letter(raw_by_source[(s.topic, s.partition, s.offset)], reason))
         letters.sort(key=lambda d: (d.topic, d.partition, d.offset))  # source order
@@ -169,11 +178,13 @@ class IngestWorker:
         self._commit(records)
 
         elapsed = time.perf_counter() - started
-        _count(decision, len(letters))
+        duplicates = len(decision.duplicates) - len(conflicts)
+        _count(decision, len(letters), duplicates)
         st = self.stats
         st.records += len(records)
         st.transactions += len(decision.transactions)
-        st.duplicates += len(decision.duplicates)
+        st.duplicates += duplicates
+        st.conflicting_duplicates += len(conflicts)
         st.refused += len(decision.refused)
         st.dead_letters += len(letters)
         st.batches += 1
@@ -182,7 +193,7 @@ class IngestWorker:
         counts = {
             "records": len(records),
             "transactions": len(decision.transactions),
-            "duplicates": len(decision.duplicates),
+            "duplicates": duplicates,
             "refused": len(decision.refused),
             "dead_letters": len(letters),
         }
@@ -227,6 +238,25 @@ class IngestWorker:
                 raise  # loading the account failed: not this record's fault
             except Exception as exc:
                 found.append((metering, _internal(exc, metering.source)))
+        return found
+
+    def _conflicts(self, decision: MeteredBatch) -> list[tuple[Metering, str]]:
+        """The duplicates that are not the same record as the one recorded, with their
+        reasons (``domain.duplicates``); the rest are silent duplicates."""
+        if not decision.duplicates:
+            return []
+        first: dict[Any, Any] = {t.id: t.metered for t in decision.transactions}
+        earlier = [m.transaction_id for m in decision.duplicates if m.transaction_id not in first]
+        if earlier:
+            first.update(self.ledger.first_events(earlier))
+        found: list[tuple[Metering, str]] = []
+        for metering in decision.duplicates:
+            metered = first.get(metering.transaction_id)
+            if not isinstance(metered, BillingTransaction.Metered):
+                continue  # not a transaction's history: nothing to compare with
+            reason = conflict(metering.record, Recorded.of(metered))
+            if reason is not None:
+                found.append((metering, reason))
         return found
 
     def _quarantine(self, letters: list[DeadLetter]) -> None:
@@ -286,14 +316,14 @@ class IngestWorker:
             log.warning("offset commit refused after a rebalance: %s", exc)
 
 
-def _count(decision: MeteredBatch, dead_letters: int) -> None:
+def _count(decision: MeteredBatch, dead_letters: int, duplicates: int) -> None:
     """Count the batch's records by outcome (every record has exactly one)."""
     m = metrics()
     refused = len(decision.refused)
     for outcome, n in (
         ("reserved", len(decision.transactions) - refused),
         ("refused", refused),
-        ("duplicate", len(decision.duplicates)),
+        ("duplicate", duplicates),
         ("dead_letter", dead_letters),
     ):
         if n:
@@ -347,6 +377,7 @@ _CODES = (
     ("currency ", "currency_mismatch"),
     ("unknown meter", "unknown_meter"),
     ("internal: ", "internal"),
+    ("conflicting duplicate", "conflicting_duplicate"),
 )
 
 

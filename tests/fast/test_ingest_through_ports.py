@@ -148,3 +148,35 @@ def test_the_dlq_topic_gets_a_dead_letter_whole_up_to_its_limit_then_a_marked_pr
     assert headers["dlq.payload.sha256"] == hashlib.sha256(too_big).hexdigest().encode()
     assert headers["dlq.reason"] == b"payload of 50002 bytes exceeds the 4096-byte limit"
     assert letters.letters["usage", 0, 1].code == "oversized"  # the store bounds its copy
+
+
+def test_a_duplicate_with_another_body_is_a_conflict_and_an_exact_resend_stays_silent() -> None:
+    first = usage("r1", quantity=1000).to_json()
+    worker, letters = _worker([])
+    worker.process([_record(0, first)])
+
+    body = json.loads(first)
+    resent = json.dumps(body, indent=2).encode()  # the same record, other whitespace
+    changed = json.dumps({**body, "quantity": "1001"}).encode()  # the producer changed its mind
+    worker.process([_record(1, first), _record(2, resent), _record(3, changed)])
+
+    txn = worker.ledger.transaction(transaction_id("acme", "r1"))
+    assert txn.quantity == 1000  # the first stays billed
+    assert list(letters.letters) == [("usage", 0, 3)]
+    letter = letters.letters["usage", 0, 3]
+    assert letter.code == "conflicting_duplicate"
+    assert letter.reason.startswith(
+        "conflicting duplicate: usage_id 'r1' of customer 'acme' was recorded with another"
+        " quantity (recorded sha256 "
+    )
+    assert (worker.stats.duplicates, worker.stats.conflicting_duplicates) == (2, 1)
+
+
+def test_a_conflict_inside_one_batch_keeps_the_first_and_sets_the_second_aside() -> None:
+    first = usage("r1", quantity=5).to_json()
+    second = usage("r1", quantity=6).to_json()
+    worker, letters = _worker([])
+    worker.process([_record(0, first), _record(1, second)])
+    assert worker.ledger.transaction(transaction_id("acme", "r1")).quantity == 5
+    assert letters.letters["usage", 0, 1].reason.startswith("conflicting duplicate: ")
+    assert (worker.stats.transactions, worker.stats.dead_letters) == (1, 1)

@@ -20,6 +20,8 @@ def figures(**changes: Any) -> dict[str, Any]:
         "stale_reserved": 0,
         "past_deadline": 0,
         "dead_letters_last_hour": 0,
+        "conflicting_duplicates_last_hour": 0,
+        "dead_letters_total": 0,
         "stripe_errors_1m": 0,
         "stripe_errors_5m": 0,
         "stripe_errors_15m": 0,
@@ -50,6 +52,24 @@ def worker(
 
 def test_quiet_figures_are_ok_with_no_reasons() -> None:
     assert assess(figures(backlog_reserved=3, retries_due=2)) == (OK, [])
+
+
+def test_conflicting_duplicates_are_degraded_beside_the_dead_letters_they_are() -> None:
+    status, reasons = assess(
+        figures(dead_letters_last_hour=3, conflicting_duplicates_last_hour=2, dead_letters_total=9)
+    )
+    assert (status, reasons) == (
+        DEGRADED,
+        [
+            "3 dead letter(s) in the last hour",
+            "2 conflicting duplicate(s) in the last hour: a producer sent a usage_id again"
+            " with another body",
+        ],
+    )
+
+
+def test_dead_letters_of_long_ago_alone_are_ok() -> None:
+    assert assess(figures(dead_letters_total=1_000)) == (OK, [])
 
 
 def test_an_open_breaker_is_degraded_and_names_the_worker() -> None:
