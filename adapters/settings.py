@@ -85,6 +85,16 @@ class Settings(BaseSettings):
     stale_after_s: float = Field(30.0, gt=0, description="reconciler drives Reserved after")
     reconcile_interval_s: float = Field(5.0, gt=0)
 
+    # -- supervision ------------------------------------------------------------------
+    role_restart_base_s: float = Field(
+        1.0, gt=0, description="first pause before a failed role restarts (then doubling)"
+    )
+    role_restart_max_delay_s: float = Field(30.0, gt=0, description="longest such pause")
+    role_max_failures: int = Field(
+        5, ge=1, description="failures of one role within the window that end the process"
+    )
+    role_failure_window_s: float = Field(60.0, gt=0, description="the window of those failures")
+
     # -- health ---------------------------------------------------------------------
     health_host: str = Field("127.0.0.1", description="address the health server listens on")
     health_port: int = Field(

@@ -70,14 +70,21 @@ def assess(figures: Mapping[str, Any], limits: Thresholds = Thresholds()) -> tup
 
 
 def _worker_reasons(worker: Mapping[str, Any], limits: Thresholds) -> list[str]:
-    """Silent; or alive with a breaker not closed, or a role whose loop stopped turning."""
+    """Silent; or alive with a breaker not closed, a role that failed and waits to
+    restart, or a role whose loop stopped turning."""
     name = worker["worker_id"]
     if not worker["alive"]:
         return [f"worker {name} silent since {worker['heartbeat_at']}"]
     reasons = []
+    stats = worker.get("stats") or {}
     if worker["breaker_state"] not in (None, "closed"):
         reasons.append(f"Stripe circuit breaker {worker['breaker_state']} in worker {name}")
-    for role, age in (worker.get("stats") or {}).get("loop_age_s", {}).items():
+    for role, restart in sorted(stats.get("restarting", {}).items()):
+        reasons.append(
+            f"worker {name}: {role} failed ({restart['error']}) and is restarting"
+            f" (failure {restart['failures']} in the window)"
+        )
+    for role, age in stats.get("loop_age_s", {}).items():
         if age > limits.max_loop_age_s:
             reasons.append(f"worker {name}: {role} has not gone round for {age:.0f} s")
     return reasons

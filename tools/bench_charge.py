@@ -10,6 +10,11 @@ at a steady rate:
   the middle of the load, then recovery. Peak backlog, time from recovery to an empty
   backlog, latency outside the outage, Stripe calls during the outage, duplicates
   (live invoice items beyond one per transaction) and lost records (must both be 0).
+
+Both report what they measured even when the backlog did not drain within the drain
+timeout (``drained: false``, with what was still unfinished and not yet ingested;
+``lost`` is then unknown) or a worker role failed for good (``workers_error``): the
+roles are stopped and every one has ended before the report reads the ledger.
 """
 
 from __future__ import annotations
@@ -74,7 +79,10 @@ def run_load(
         with open_ledger(settings) as ledger:
             stop = threading.Event()
             roles = ["ingest", "relay", "charge", "reconcile"]
-            workers = threading.Thread(target=run_roles, args=(settings, ledger, roles, stop))
+            failed: list[str] = []
+            workers = threading.Thread(
+                target=_run_workers, args=(settings, ledger, roles, stop, failed)
+            )
             workers.start()
             step("waiting for the consumer groups to join")
             _warm_up(settings)
@@ -85,7 +93,11 @@ def run_load(
             producer = threading.Thread(target=_produce, args=(settings, rate, seconds, produced))
             producer.start()
             outage: tuple[float, float] | None = None
-            while producer.is_alive() or _charged(settings) < produced[0]:
+            drained = False
+            while not stop.is_set():  # set early only when a role failed for good
+                if not producer.is_alive() and _charged(settings) >= produced[0]:
+                    drained = True
+                    break
                 now = time.monotonic() - t0
                 if outage_at is not None and outage is None and now >= outage_at:
                     stripe.set_faults(outage=True, outage_mode="503")
@@ -99,12 +111,31 @@ def run_load(
                     break
                 time.sleep(0.25)
             stop.set()
-            workers.join()
-            return _report(
+            producer.join()
+            workers.join()  # every role has ended: nothing drives the ledger any more
+            result = _report(
                 settings=settings, ledger=ledger, stripe=stripe, samples=samples,
                 outage=outage, produced=produced[0], rate=rate, seconds=seconds,
-                stripe_rate=stripe_rate,
+                stripe_rate=stripe_rate, drained=drained,
             )  # fmt: skip
+            if failed:
+                result["workers_error"] = failed[0]
+            return result
+
+
+def _run_workers(
+    settings: Settings,
+    ledger: Any,
+    roles: list[str],
+    stop: threading.Event,
+    failed: list[str],
+) -> None:
+    """``run_roles``, its failure kept for the report instead of ending the benchmark."""
+    try:
+        run_roles(settings, ledger, roles, stop)
+    except Exception as exc:
+        failed.append(f"{type(exc).__name__}: {exc}")
+        stop.set()
 
 
 def _warm_up(settings: Settings) -> None:
@@ -165,6 +196,7 @@ def _report(
     rate: float,
     seconds: float,
     stripe_rate: int,
+    drained: bool,
 ) -> dict[str, Any]:
     occurred: dict[Any, datetime] = {}
     metered_at: dict[Any, datetime] = {}
@@ -199,9 +231,13 @@ def _report(
         "usage_rate_per_s": rate,
         "seconds": seconds,
         "produced": produced,
+        "drained": drained,
         "charged": len(charged_at),
         "compensated": compensated,
-        "lost": produced - len(charged_at) - compensated,
+        # Not drained: what is missing may still be on its way, so nothing is known lost.
+        "lost": produced - len(charged_at) - compensated if drained else None,
+        "unfinished": len(occurred) - len(charged_at) - compensated,
+        "not_ingested": produced - len(occurred),
         "duplicates": sum(n - 1 for n in per_txn.values() if n > 1),
         "charges_per_s": round(len(charged_at) / max(span, 1e-9), 1),
         "latency_ms_p50": round(percentile(latencies, 50) * 1000, 1),
@@ -213,12 +249,12 @@ def _report(
         "peak_backlog": max((b for _, b in samples), default=0),
     }
     if outage is not None:
-        drained = _drained_at(samples, outage)
+        drained_at = _drained_at(samples, outage)
         result["outage_s"] = round(outage[1] - outage[0], 1)
         result["stripe_calls_during_outage"] = sum(
             1 for r in api if outage[0] <= r["at"] <= outage[1]
         )
-        result["drained_s_after_recovery"] = round(drained - outage[1], 1)
+        result["drained_s_after_recovery"] = round(drained_at - outage[1], 1) if drained else None
     return result
 
 

@@ -11,6 +11,7 @@ depends on a message being delivered again.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,13 +45,17 @@ class Reconciler:
         self.database = database
         self.parallel = parallel
 
-    def pass_once(self) -> ReconcileReport:
+    def pass_once(self, stop: threading.Event | None = None) -> ReconcileReport:
         """Drive every transaction whose step is due, ``parallel`` at a time (the Stripe
-        client's own limits still bound the pressure on Stripe)."""
+        client's own limits still bound the pressure on Stripe). When ``stop`` is set,
+        the transactions in flight finish and no other is started."""
+        stop = stop or threading.Event()
         report = ReconcileReport()
         now = self.charger.clock()
         due: list[UUID] = []
         for txn_id in self.open_transactions():
+            if stop.is_set():
+                break
             report.examined += 1
             txn = self.charger.ledger.transaction(txn_id)
             step = next_step(txn, now, self.charger.policy)
@@ -62,8 +67,12 @@ class Reconciler:
         report.driven = len(due)
         if due:
             with ThreadPoolExecutor(self.parallel, thread_name_prefix="reconcile") as pool:
-                results = Counter(str(r) for r in pool.map(self._drive, due))
+                driven = pool.map(
+                    lambda txn_id: None if stop.is_set() else self._drive(txn_id), due
+                )
+                results = Counter(str(r) for r in driven if r is not None)
             report.results = dict(results)
+            report.driven = sum(results.values())
         return report
 
     def open_transactions(self) -> list[UUID]:

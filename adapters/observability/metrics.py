@@ -28,6 +28,7 @@ test checks it names only these):
 ``billing_oldest_open_age_seconds``                     age of the oldest unfinished one
 ``billing_retries_due``                                 failed attempts due now
 ``billing_consumer_lag{group,topic,partition}``         messages not yet consumed
+``billing_role_restarts_total{role}``                   roles restarted after a failure
 ======================================================  ===================================
 """
 
@@ -95,6 +96,10 @@ class Metrics:
             description="from Metered to Charged",
             explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
         )
+        self.role_restarts = meter.create_counter(
+            "billing.role.restarts", unit="{restart}",
+            description="worker roles restarted after a failure",
+        )  # fmt: skip
         self.breaker_transitions = meter.create_counter(
             "billing.breaker.transitions", unit="{transition}", description="breaker moves"
         )

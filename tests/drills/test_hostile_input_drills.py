@@ -10,11 +10,8 @@ its positions past them, and is still running, never having restarted a role.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -25,8 +22,7 @@ from adapters.settings import Settings
 from domain.transaction import TxnState
 from infra.stripe_emulator import StripeEmulator
 from store.ledger import BillingLedger
-from tests.conftest import settings_env
-from tests.drills.support import assert_invariants, reserve
+from tests.drills.support import Worker, assert_invariants, reserve
 from tests.integration.support import (
     metered_usage_ids,
     produce,
@@ -47,46 +43,6 @@ HUGE_INTEGER = json.dumps(
     {"usage_id": "v", "customer_id": "acme", "meter": "api.requests",
      "occurred_at": "2026-12-01T00:00:00Z", "quantity": 0}
 ).encode().replace(b'"quantity": 0', b'"quantity": ' + b"9" * 4301)  # fmt: skip
-
-
-class Worker:
-    """A ``billing-ledger run`` process whose stderr goes to a file read at any time."""
-
-    def __init__(self, settings: Settings, role: str, log: Path) -> None:
-        self.log = log
-        with log.open("wb") as out:  # the child has its own descriptor
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "adapters.cli", "run", "--role", role],
-                env=settings_env(settings),
-                stderr=out,
-            )
-
-    def stderr(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def alive(self) -> bool:
-        """True while the process runs; fails the drill at once when it has ended."""
-        if self.proc.poll() is not None:
-            raise AssertionError(
-                f"the worker ended with {self.proc.returncode}: {self.stderr()[-3000:]}"
-            )
-        return True
-
-    def stop(self) -> int:
-        self.proc.terminate()
-        return self.proc.wait(30)
-
-    def lines(self, message: str) -> list[dict[str, Any]]:
-        """The JSON log lines with this message."""
-        found = []
-        for line in self.stderr().splitlines():
-            try:
-                body = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(body, dict) and body.get("message") == message:
-                found.append(body)
-        return found
 
 
 @pytest.fixture

@@ -72,6 +72,24 @@ def test_dead_letters_of_long_ago_alone_are_ok() -> None:
     assert assess(figures(dead_letters_total=1_000)) == (OK, [])
 
 
+def test_a_role_waiting_to_restart_is_degraded_and_named_with_its_error() -> None:
+    restarting = worker("w1")
+    restarting["stats"] = {
+        "restarting": {"charge": {"error": "KafkaError: gone", "failures": 2, "restart_in_s": 1.5}},
+        "restarts": {"charge": 2},
+    }
+    assert assess(figures(workers=[restarting])) == (
+        DEGRADED,
+        ["worker w1: charge failed (KafkaError: gone) and is restarting (failure 2 in the window)"],
+    )
+
+
+def test_roles_restarted_earlier_and_running_again_are_ok() -> None:
+    recovered = worker("w1")
+    recovered["stats"] = {"restarting": {}, "restarts": {"charge": 2}}
+    assert assess(figures(workers=[recovered])) == (OK, [])
+
+
 def test_an_open_breaker_is_degraded_and_names_the_worker() -> None:
     status, reasons = assess(figures(workers=[worker("w1"), worker("w2", breaker="open")]))
     assert (status, reasons) == (DEGRADED, ["Stripe circuit breaker open in worker w2"])
