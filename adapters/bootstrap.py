@@ -2,7 +2,9 @@
 
 ``prepare`` creates the tables and topics; ``open_ledger`` opens the event store;
 ``build_*`` make one worker role each; ``run_roles`` runs a set of roles, each in its
-own thread, until stopped. The CLI, the demo, the benchmarks and the tests build
+own thread under ``adapters.supervisor`` (a role that fails is rebuilt and restarted;
+only repeated failure ends the process), until stopped, and returns only once every
+role has ended. The CLI, the demo, the benchmarks and the tests build
 processes through these functions only. Fault drills (``DRILLS``) are installed here
 as wrappers around the built parts, never as switches of production constructors.
 """
@@ -26,12 +28,13 @@ from adapters.charging.pusher import LinePusher
 from adapters.charging.reconciler import Reconciler
 from adapters.charging.relay import Relay
 from adapters.charging.scheduler import LineScheduler
-from adapters.errors import WorkerFailed
-from adapters.ingest.worker import IngestWorker
+from adapters.ingest.retention import DeadLetterRetention
+from adapters.ingest.worker import IngestStats, IngestWorker
 from adapters.observability.heartbeat import Heartbeat, Pulses
 from adapters.settings import Settings
 from adapters.stripe.breaker import CircuitBreaker
 from adapters.stripe.client import StripeGateway
+from adapters.supervisor import RestartPolicy, RoleFactory, RoleRun, Supervisor
 from projections import projector, queue_health
 from projections.projector import Projector
 from store.connections import Database
@@ -49,19 +52,21 @@ __all__ = [
     "build_pusher",
     "build_reconciler",
     "build_relay",
+    "build_retention",
     "build_scheduler",
     "close_worker",
     "database",
     "install_drill",
     "open_ledger",
     "prepare",
+    "restart_policy",
     "run_roles",
 ]
 
 log = logging.getLogger(__name__)
 
 ROLES = ("ingest", "relay", "project", "charge", "reconcile")
-DRILLS = ("kill_after_save", "kill_after_stripe", "kill_before_stripe")
+DRILLS = ("kill_after_save", "kill_after_stripe", "kill_before_stripe", "fail_charge_once")
 
 
 def database(settings: Settings, *, pool_size: int | None = None) -> Database:
@@ -131,6 +136,14 @@ def build_ingest_worker(
         dlq_topic=settings.dlq_topic,
         max_record_bytes=settings.max_record_bytes,
         poll_timeout_ms=settings.poll_timeout_ms,
+        dlq_max_message_bytes=settings.dlq_max_message_bytes,
+    )
+
+
+def build_retention(settings: Settings) -> DeadLetterRetention:
+    """The dead-letter retention loop, on connections of its own (run by ingest processes)."""
+    return DeadLetterRetention(
+        DeadLetterStore(database(settings, pool_size=0)), days=settings.dead_letter_retention_days
     )
 
 
@@ -167,8 +180,11 @@ def build_relay(settings: Settings, db: Database | None = None) -> Relay:
     )
 
 
-def build_charge_worker(settings: Settings, scheduler: LineScheduler) -> ChargeWorker:
-    """The process manager: line changes on ``billing.events`` to the scheduler."""
+def build_charge_worker(
+    settings: Settings, scheduler: LineScheduler, db: Database | None = None
+) -> ChargeWorker:
+    """The process manager: line changes on ``billing.events`` to the scheduler; what it
+    cannot read is set aside in the dead letters."""
     consumer = make_consumer(
         settings.kafka_bootstrap,
         settings.events_topic,
@@ -176,7 +192,7 @@ def build_charge_worker(settings: Settings, scheduler: LineScheduler) -> ChargeW
         max_poll_records=2000,
         fetch_max_wait_ms=settings.fetch_max_wait_ms,
     )
-    return ChargeWorker(scheduler, consumer)
+    return ChargeWorker(scheduler, consumer, DeadLetterStore(db or database(settings, pool_size=0)))
 
 
 def build_reconciler(
@@ -195,21 +211,40 @@ def build_projector(
 # -- drills ----------------------------------------------------------------------------
 
 
-def install_drill(drill: str, *, ingest: IngestWorker | None, pusher: LinePusher | None) -> None:
+def install_drill(drill: str, *, ledger: BillingLedger | None, pusher: LinePusher | None) -> None:
     """Wrap the built parts so that the process dies (SIGKILL) at the drill's moment:
 
-    * ``kill_after_save``: after an ingest batch is saved, before its offsets commit;
+    * ``kill_after_save``: after an ingest batch is saved (``ledger``), before its
+      offsets commit;
     * ``kill_before_stripe``: as a line push is about to set its items in Stripe;
     * ``kill_after_stripe``: after Stripe answered a line push, before it is recorded.
+
+    (``fail_charge_once`` is installed on the charge role as it is built: its first
+    poll raises, once per process, so the role fails and is restarted.)
     """
     if drill not in DRILLS:
         raise ValueError(f"unknown drill {drill!r} (one of: {', '.join(DRILLS)})")
-    if drill == "kill_after_save" and ingest is not None:
-        _wrap(ingest.ledger, "record_usage", after=_die)
+    if drill == "kill_after_save" and ledger is not None:
+        _wrap(ledger, "record_usage", after=_die)
     if pusher is not None and drill == "kill_before_stripe":
         _wrap(pusher.gateway, "set_line_items", before=_die)
     elif pusher is not None and drill == "kill_after_stripe":
         _wrap(pusher.gateway, "set_line_items", after=_die)
+
+
+class DrillFailure(RuntimeError):
+    """Raised on purpose by the ``fail_charge_once`` drill."""
+
+
+def _fail_first_call(obj: object, name: str, armed: list[bool]) -> None:
+    """Make the next call of ``obj.name`` raise, while ``armed`` (once per process)."""
+
+    def fail() -> None:
+        if armed[0]:
+            armed[0] = False
+            raise DrillFailure(f"drill: {name} fails once")
+
+    _wrap(obj, name, before=fail)
 
 
 def _wrap(
@@ -245,9 +280,13 @@ def run_roles(
     *,
     drill: str = "",
 ) -> None:
-    """Start the roles; return when ``stop`` is set (or a role fails, which stops all)."""
+    """Run the roles, each supervised (``adapters.supervisor``: a failed role restarts),
+    until ``stop`` is set; return once every role has ended, so the caller may close
+    the ledger. Raises ``WorkerFailed`` when a role failed too often (then ``stop`` is
+    set and every other role has ended too)."""
     with database(settings) as db:
         _run_roles(settings, ledger, db, roles, stop, drill=drill)
+    # the pool closes here, after every role's thread has ended
 
 
 def _run_roles(
@@ -259,31 +298,25 @@ def _run_roles(
     *,
     drill: str,
 ) -> None:
-    targets: dict[str, Callable[[], None]] = {}
+    factories: dict[str, RoleFactory] = {}
     pulses = Pulses()
-    breakers: list[CircuitBreaker] = []
     stats: dict[str, Callable[[], object]] = {}
     pusher: LinePusher | None = None
-    ingest: IngestWorker | None = None
+    breakers: list[CircuitBreaker] = []
     if "ingest" in roles:
-        ingest = worker = build_ingest_worker(settings, ledger, db)
-        worker.pulse = pulses.of("ingest")
-        targets["ingest"] = lambda: _closing(lambda: worker.run(stop), lambda: close_worker(worker))
-        stats["ingest"] = lambda: {
-            k: v for k, v in vars(worker.stats).items() if isinstance(v, int)
-        }
+        factories["ingest"], stats["ingest"] = _ingest_role(settings, ledger, db, pulses)
+        retention = build_retention(settings)
+        factories["retention"] = lambda: retention.run
+        stats["retention"] = lambda: {"dead_letters_purged": retention.purged}
     if "relay" in roles:
-        relay = build_relay(settings, db)
-        relay.pulse = pulses.of("relay")
-        targets["relay"] = lambda: _closing(lambda: relay.run(stop), relay.producer.close)
+        factories["relay"] = _relay_role(settings, db, pulses)
     if "project" in roles:
-        projector_ = build_projector(settings, ledger, db)
-        projector_.pulse = pulses.of("project")
-        targets["project"] = lambda: projector_.run(stop)
+        factories["project"] = _project_role(settings, ledger, db, pulses)
     if "charge" in roles or "reconcile" in roles:
+        # One pusher (one Stripe client: breaker, limits) and one schedule across restarts.
         pusher = build_pusher(settings, ledger)
         scheduler = build_scheduler(settings, pusher)
-        targets["push"] = lambda: scheduler.run(stop, pulses.of("push"))
+        factories["push"] = lambda: lambda stop: scheduler.run(stop, pulses.of("push"))
         stats["push"] = lambda: {
             "pushed": scheduler.pushed,
             "requests": scheduler.requests,
@@ -293,35 +326,120 @@ def _run_roles(
         if isinstance(pusher.gateway, StripeGateway):
             breakers.append(pusher.gateway.breaker)
         if "charge" in roles:
-            charge = build_charge_worker(settings, scheduler)
-            charge.pulse = pulses.of("charge")
-            targets["charge"] = lambda: _closing(lambda: charge.run(stop), charge.consumer.close)
-        if "reconcile" in roles:
-            reconciler = build_reconciler(settings, pusher, scheduler, db)
-            targets["reconcile"] = _reconcile_loop(
-                reconciler, stop, settings.reconcile_interval_s, pulses.of("reconcile")
+            factories["charge"], stats["charge"] = _charge_role(
+                settings, scheduler, db, pulses, drill
             )
+        if "reconcile" in roles:
+            factories["reconcile"] = _reconcile_role(settings, pusher, scheduler, db, pulses)
     if drill:
-        install_drill(drill, ingest=ingest, pusher=pusher)
+        install_drill(drill, ledger=ledger if "ingest" in roles else None, pusher=pusher)
+    supervised: list[Supervisor] = []  # the heartbeat reports the supervisor's status
     heartbeat = Heartbeat(
         settings,
         Database(settings.database_url, pool_size=0, connect_timeout_s=5),
         roles,
         breakers=breakers,
-        stats=lambda: {k: f() for k, f in stats.items()},
+        stats=lambda: {
+            **{k: f() for k, f in stats.items()},
+            **(supervised[0].status() if supervised else {}),
+        },
         pulses=pulses,
     )
-    targets["heartbeat"] = lambda: heartbeat.run(stop)
-    _run_threads(targets, stop)
+    factories["heartbeat"] = lambda: heartbeat.run
+    supervised.append(Supervisor(factories, stop, policy=restart_policy(settings)))
+    supervised[0].run()
+
+
+def restart_policy(settings: Settings) -> RestartPolicy:
+    """When a failed role restarts, and when failing ends the process (the settings)."""
+    return RestartPolicy(
+        base_s=settings.role_restart_base_s,
+        max_delay_s=settings.role_restart_max_delay_s,
+        max_failures=settings.role_max_failures,
+        window_s=settings.role_failure_window_s,
+    )
+
+
+def _ingest_role(
+    settings: Settings, ledger: BillingLedger, db: Database, pulses: Pulses
+) -> tuple[RoleFactory, Callable[[], object]]:
+    """The ingest role's factory (a fresh consumer and producer each time, the counters
+    kept) and its heartbeat counters."""
+    totals = IngestStats()
+
+    def build() -> RoleRun:
+        worker = build_ingest_worker(settings, ledger, db)
+        worker.stats = totals
+        worker.pulse = pulses.of("ingest")
+        return lambda stop: _closing(lambda: worker.run(stop), lambda: close_worker(worker))
+
+    return build, lambda: {k: v for k, v in vars(totals).items() if isinstance(v, int)}
+
+
+def _relay_role(settings: Settings, db: Database, pulses: Pulses) -> RoleFactory:
+    def build() -> RoleRun:
+        relay = build_relay(settings, db)
+        relay.pulse = pulses.of("relay")
+        return lambda stop: _closing(lambda: relay.run(stop), relay.producer.close)
+
+    return build
+
+
+def _project_role(
+    settings: Settings, ledger: BillingLedger, db: Database, pulses: Pulses
+) -> RoleFactory:
+    def build() -> RoleRun:
+        projector_ = build_projector(settings, ledger, db)
+        projector_.pulse = pulses.of("project")
+        return projector_.run
+
+    return build
+
+
+def _charge_role(
+    settings: Settings, scheduler: LineScheduler, db: Database, pulses: Pulses, drill: str
+) -> tuple[RoleFactory, Callable[[], object]]:
+    """The process manager's factory (a fresh consumer each time, the counters kept)."""
+    names = ("seen", "scheduled", "set_aside")
+    counts = dict.fromkeys(names, 0)  # of the workers that ended, plus the current one
+    current: list[ChargeWorker] = []
+    armed = [drill == "fail_charge_once"]
+
+    def build() -> RoleRun:
+        for ended in current:
+            for name in names:
+                counts[name] += getattr(ended, name)
+        worker = build_charge_worker(settings, scheduler, db)
+        worker.pulse = pulses.of("charge")
+        if armed[0]:
+            _fail_first_call(worker, "poll_once", armed)
+        current[:] = [worker]
+        return lambda stop: _closing(lambda: worker.run(stop), worker.consumer.close)
+
+    def stats() -> dict[str, int]:
+        live = current[0] if current else None
+        return {name: counts[name] + (getattr(live, name) if live else 0) for name in names}
+
+    return build, stats
+
+
+def _reconcile_role(
+    settings: Settings, pusher: LinePusher, scheduler: LineScheduler, db: Database, pulses: Pulses
+) -> RoleFactory:
+    def build() -> RoleRun:
+        reconciler = build_reconciler(settings, pusher, scheduler, db)
+        return _reconcile_loop(reconciler, settings.reconcile_interval_s, pulses.of("reconcile"))
+
+    return build
 
 
 def _reconcile_loop(
-    reconciler: Reconciler, stop: threading.Event, interval_s: float, pulse: Callable[[], None]
-) -> Callable[[], None]:
-    def loop() -> None:
+    reconciler: Reconciler, interval_s: float, pulse: Callable[[], None]
+) -> RoleRun:
+    def loop(stop: threading.Event) -> None:
         while not stop.is_set():
             pulse()
-            report = reconciler.pass_once()
+            report = reconciler.pass_once(stop)
             if report.adopted:
                 log.info("reconciled", extra={"step": "reconcile", **vars(report)})
             stop.wait(interval_s)
@@ -329,42 +447,8 @@ def _reconcile_loop(
     return loop
 
 
-def _run_threads(targets: dict[str, Callable[[], None]], stop: threading.Event) -> None:
-    failures: list[str] = []
-    threads = [
-        threading.Thread(target=_guard(name, fn, stop, failures), name=name, daemon=True)
-        for name, fn in targets.items()
-    ]
-    for t in threads:
-        t.start()
-    stop.wait()
-    for t in threads:
-        t.join(timeout=30)
-    if failures:
-        raise WorkerFailed("; ".join(failures))
-
-
 def _closing(body: Callable[[], None], close: Callable[[], object]) -> None:
     try:
         body()
     finally:
         close()
-
-
-def _guard(
-    name: str, fn: Callable[[], None], stop: threading.Event, failures: list[str]
-) -> Callable[[], None]:
-    def run() -> None:
-        try:
-            fn()
-        except Exception as exc:
-            log.exception("worker %s failed; stopping the process", name)
-            failures.append(f"{name} worker failed: {type(exc).__name__}: {exc}")
-            stop.set()
-            return
-        if not stop.is_set():  # a role only returns when asked to
-            log.error("worker %s stopped on its own; stopping the process", name)
-            failures.append(f"{name} worker stopped unexpectedly")
-            stop.set()
-
-    return run

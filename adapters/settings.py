@@ -50,6 +50,14 @@ class Settings(BaseSettings):
     ingest_group: str = "billing-ledger-ingest"
     price_list: Path = DEFAULT_PRICE_LIST
     max_record_bytes: int = Field(DEFAULT_MAX_RECORD_BYTES, ge=256)
+    dlq_max_message_bytes: int = Field(
+        1_000_000,
+        ge=4096,
+        description="larger dead letters go to the DLQ topic as a 4 KiB prefix (its limit)",
+    )
+    dead_letter_retention_days: int = Field(
+        30, ge=0, description="dead letters older than this are removed (0: kept forever)"
+    )
     batch_max_records: int = Field(2000, ge=1, description="records per database save")
     poll_timeout_ms: int = Field(200, ge=1)
     fetch_max_wait_ms: int = Field(
@@ -82,6 +90,16 @@ class Settings(BaseSettings):
     settle_interval_s: float = Field(
         10.0, gt=0, description="a line is pushed to Stripe at most this often"
     )
+
+    # -- supervision ------------------------------------------------------------------
+    role_restart_base_s: float = Field(
+        1.0, gt=0, description="first pause before a failed role restarts (then doubling)"
+    )
+    role_restart_max_delay_s: float = Field(30.0, gt=0, description="longest such pause")
+    role_max_failures: int = Field(
+        5, ge=1, description="failures of one role within the window that end the process"
+    )
+    role_failure_window_s: float = Field(60.0, gt=0, description="the window of those failures")
 
     # -- health ---------------------------------------------------------------------
     health_host: str = Field("127.0.0.1", description="address the health server listens on")

@@ -49,6 +49,11 @@ def assess(figures: Mapping[str, Any], limits: Thresholds = Thresholds()) -> tup
         degraded.append(f"{figures['stale_reserved']} reserved transaction(s) not charged")
     if figures["dead_letters_last_hour"]:
         degraded.append(f"{figures['dead_letters_last_hour']} dead letter(s) in the last hour")
+    if figures["conflicting_duplicates_last_hour"]:
+        degraded.append(
+            f"{figures['conflicting_duplicates_last_hour']} conflicting duplicate(s) in the last"
+            " hour: a producer sent a usage_id again with another body"
+        )
     if figures["stripe_errors_5m"] > limits.max_stripe_errors_5m:
         by_class = ", ".join(
             f"{name}: {counts['5m']}"
@@ -89,14 +94,21 @@ def _lines_late(figures: Mapping[str, Any], limits: Thresholds) -> list[str]:
 
 
 def _worker_reasons(worker: Mapping[str, Any], limits: Thresholds) -> list[str]:
-    """Silent; or alive with a breaker not closed, or a role whose loop stopped turning."""
+    """Silent; or alive with a breaker not closed, a role that failed and waits to
+    restart, or a role whose loop stopped turning."""
     name = worker["worker_id"]
     if not worker["alive"]:
         return [f"worker {name} silent since {worker['heartbeat_at']}"]
     reasons = []
+    stats = worker.get("stats") or {}
     if worker["breaker_state"] not in (None, "closed"):
         reasons.append(f"Stripe circuit breaker {worker['breaker_state']} in worker {name}")
-    for role, age in (worker.get("stats") or {}).get("loop_age_s", {}).items():
+    for role, restart in sorted(stats.get("restarting", {}).items()):
+        reasons.append(
+            f"worker {name}: {role} failed ({restart['error']}) and is restarting"
+            f" (failure {restart['failures']} in the window)"
+        )
+    for role, age in stats.get("loop_age_s", {}).items():
         if age > limits.max_loop_age_s:
             reasons.append(f"worker {name}: {role} has not gone round for {age:.0f} s")
     return reasons

@@ -27,7 +27,13 @@ __all__ = ["DeadLetter", "DeadLetterSink", "DraftInvoice", "LineItems", "Payment
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """A usage record that could not be billed: where it came from, its bytes, and why."""
+    """A usage record (or a ``billing.events`` message) that could not be handled: where
+    it came from, its bytes, and why.
+
+    ``code`` is the reason's short code (the log line's ``error_code``; dead letters are
+    counted by it). Read back from the store, ``payload`` may be only a prefix of what
+    arrived: ``payload_size`` and ``payload_sha256`` (hex) describe the whole.
+    """
 
     topic: str
     partition: int
@@ -36,6 +42,9 @@ class DeadLetter:
     payload: bytes | None
     reason: str
     received_at: datetime | None = None
+    code: str = "invalid"
+    payload_size: int | None = None
+    payload_sha256: str | None = None
 
 
 class DeadLetterSink(Protocol):

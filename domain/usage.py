@@ -7,6 +7,33 @@ Wire format (one JSON object per Kafka message, key = customer id)::
 
 ``currency`` is optional; when given it must equal the meter's price currency.
 Numbers are parsed as ``Decimal`` straight from the JSON text, never as floats.
+
+``decode_usage`` is total: for any bytes it returns a record or raises ``InvalidUsage``
+with a one-line reason, and nothing else, because one record a worker cannot survive
+would stop billing for everyone behind it. What each bad input gets:
+
+=========================================  ============================================
+input                                      reason (its prefix is the log's error code)
+=========================================  ============================================
+no value (a tombstone)                     ``empty message (no value)``
+more than ``max_bytes`` bytes              ``payload of N bytes exceeds the M-byte limit``
+not UTF-8, not JSON, nested too deeply     ``not valid JSON: ...``
+a JSON number of more than                 ``number too long: ...``
+``MAX_NUMBER_CHARS`` characters, in any
+field (also one nobody reads)
+a JSON number whose exponent is beyond     ``number out of range: ...``
+``MAX_EXPONENT`` either way, in any field
+JSON that is not an object                 ``expected a JSON object, got list``
+a field missing or failing its rule        ``quantity: input should be ...`` (each field,
+                                           ``; ``-separated)
+an unknown currency code                   ``unknown currency 'XYZ'``
+=========================================  ============================================
+
+Numbers are bounded *before* they are converted: Python's ``int`` refuses literals of
+more than 4,300 digits with a ``ValueError`` and ``Decimal`` refuses huge exponents
+with ``InvalidOperation``, neither of which is a JSON error. Pricing adds
+``unknown meter ...`` and ``currency ... does not match ...`` (``domain.pricing``,
+``domain.transaction``).
 """
 
 from __future__ import annotations
@@ -25,11 +52,17 @@ __all__ = [
     "CUSTOMER_ID_MAX_LENGTH",
     "CUSTOMER_ID_PATTERN",
     "DEFAULT_MAX_RECORD_BYTES",
+    "MAX_EXPONENT",
+    "MAX_NUMBER_CHARS",
     "UsageRecord",
     "decode_usage",
 ]
 
 DEFAULT_MAX_RECORD_BYTES = 16 * 1024
+# Bounds on every JSON number of a record, checked on its text before conversion. A
+# valid quantity has at most 30 digits, so these refuse nothing a record may hold.
+MAX_NUMBER_CHARS = 100
+MAX_EXPONENT = 1000
 
 UsageId = Annotated[
     str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/+=-]+$")
@@ -71,17 +104,13 @@ class UsageRecord(BaseModel):
 
 
 def decode_usage(raw: bytes | None, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> UsageRecord:
-    """Parse and validate one record; raise InvalidUsage with a one-line reason."""
+    """Parse and validate one record; raise InvalidUsage with a one-line reason, and
+    nothing else, whatever the bytes (see the module docstring)."""
     if raw is None:
         raise InvalidUsage("empty message (no value)")
     if len(raw) > max_bytes:
         raise InvalidUsage(f"payload of {len(raw)} bytes exceeds the {max_bytes}-byte limit")
-    try:
-        data = json.loads(raw, parse_float=Decimal)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidUsage(f"not valid JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidUsage("not valid JSON: nested too deeply") from None
+    data = _parse(raw)
     if not isinstance(data, dict):
         raise InvalidUsage(f"expected a JSON object, got {type(data).__name__}")
     try:
@@ -93,13 +122,58 @@ def decode_usage(raw: bytes | None, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES
     return record
 
 
+class _NumberOutOfBounds(Exception):
+    """Raised by the JSON number hooks; its message is the reason."""
+
+
+def _parse(raw: bytes) -> object:
+    """The JSON value of ``raw``, numbers as int or Decimal; every failure a reason."""
+    try:
+        return json.loads(raw, parse_int=_bounded_int, parse_float=_bounded_decimal)
+    except _NumberOutOfBounds as exc:
+        raise InvalidUsage(str(exc)) from None
+    except RecursionError:
+        raise InvalidUsage("not valid JSON: nested too deeply") from None
+    except (UnicodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise InvalidUsage(f"not valid JSON: {_one_line(str(exc))}") from None
+    except ArithmeticError as exc:  # a number the bounds let through still failed
+        raise InvalidUsage(f"number out of range: {type(exc).__name__}") from None
+
+
+def _bounded_int(text: str) -> int:
+    _check_length(text)
+    return int(text)
+
+
+def _bounded_decimal(text: str) -> Decimal:
+    _check_length(text)
+    _, e, exponent = text.lower().partition("e")
+    if e and abs(int(exponent)) > MAX_EXPONENT:
+        raise _NumberOutOfBounds(
+            f"number out of range: exponent {int(exponent)} is beyond +/-{MAX_EXPONENT}"
+        )
+    return Decimal(text)
+
+
+def _check_length(text: str) -> None:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise _NumberOutOfBounds(
+            f"number too long: a JSON number of {len(text)} characters (at most {MAX_NUMBER_CHARS})"
+        )
+
+
 def _describe(exc: ValidationError) -> str:
     parts = []
     for error in exc.errors(include_url=False, include_input=False):
         where = ".".join(str(p) for p in error["loc"]) or "record"
         msg = error["msg"]
         parts.append(f"{where}: {msg[:1].lower()}{msg[1:]}")
-    return "; ".join(parts)
+    return _one_line("; ".join(parts)) or "record: invalid"
+
+
+def _one_line(text: str) -> str:
+    """A reason goes into a log line, a header and a table: one line, no NUL."""
+    return " ".join(text.replace("\x00", " ").split())
 
 
 def _iso(moment: datetime) -> str:

@@ -4,9 +4,13 @@ Objects in the ``billing`` schema:
 
 * ``billing.queue_health`` (a view, one row): backlog by state, the age of the oldest
   unfinished transaction, retries due now, stale reservations, transactions past
-  their deadline, dead letters in the last hour, Stripe errors in the last 1/5/15
+  their deadline, dead letters in the last hour (and ever, from
+  ``billing.dead_letter_counts``, which retention does not touch), conflicting
+  duplicates in the last hour, Stripe errors in the last 1/5/15
   minutes (and by error class), charges in the last minute, the largest consumer
-  lag, live and silent workers, and workers whose circuit breaker is not closed.
+  lag, live and silent workers, workers whose circuit breaker is not closed, and
+  the invoice lines: unsent, failing, past their deadline, the age of the oldest
+  unsent change, and Stripe requests per 1,000 records in the last hour.
 * ``billing.stuck_transactions`` (a view): every unfinished transaction that should
   have moved by now, with why (``stuck_because``) and its last error.
 
@@ -69,6 +73,16 @@ $body$;
 CREATE OR REPLACE VIEW billing.stuck_transactions AS
 SELECT * FROM billing.stuck_transactions_now();
 
+-- A function's columns cannot change in place: drop one from before issue 11's columns.
+DO $drop$ BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc
+               WHERE proname = 'queue_health_now' AND pronamespace = 'billing'::regnamespace
+                 AND NOT 'stripe_requests_per_1000' = ANY(proargnames)) THEN
+        DROP VIEW IF EXISTS billing.queue_health;
+        DROP FUNCTION billing.queue_health_now();
+    END IF;
+END $drop$;
+
 CREATE OR REPLACE FUNCTION billing.queue_health_now() RETURNS TABLE (
     observed_at timestamptz, backlog_metered bigint, backlog_reserved bigint,
     backlog_charge_failed bigint, oldest_open_at timestamptz, oldest_open_age_s double precision,
@@ -79,7 +93,8 @@ CREATE OR REPLACE FUNCTION billing.queue_health_now() RETURNS TABLE (
     breakers_not_closed bigint, projector_behind bigint, lines_unsent bigint,
     oldest_unsent_age_s double precision, lines_failing bigint, lines_past_deadline bigint,
     stripe_requests_last_hour bigint, records_last_hour bigint,
-    stripe_requests_per_1000 double precision
+    stripe_requests_per_1000 double precision, dead_letters_total bigint,
+    conflicting_duplicates_last_hour bigint
 ) LANGUAGE sql STABLE AS $body$
 WITH s AS (SELECT * FROM billing.health_settings WHERE id = 1),
 open AS (
@@ -161,7 +176,10 @@ SELECT
     (SELECT records FROM hour),
     CASE WHEN (SELECT records FROM hour) > 0
          THEN round(1000.0 * (SELECT requests FROM hour) / (SELECT records FROM hour), 2)
-         ELSE 0 END::double precision
+         ELSE 0 END::double precision,
+    (SELECT coalesce(sum(letters), 0)::bigint FROM billing.dead_letter_counts),
+    (SELECT count(*) FROM billing.dead_letters
+      WHERE received_at > now() - interval '1 hour' AND reason_code = 'conflicting_duplicate')
 $body$;
 CREATE OR REPLACE VIEW billing.queue_health AS SELECT * FROM billing.queue_health_now();
 """

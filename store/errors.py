@@ -8,11 +8,20 @@
 A lost race itself is eventsourcing's ``IntegrityError`` (the
 ``(originator_id, originator_version)`` constraint), which callers catch to reload
 and re-decide; ``ConcurrencyExhausted`` is what remains when that keeps happening.
+
+``DATABASE_ERRORS`` are what the database or its drivers raise (psycopg's, and
+eventsourcing's translations of them): a worker's last-resort guard never blames one
+record or message for them, because the same input will work once the database does.
 """
 
 from __future__ import annotations
 
-__all__ = ["ConcurrencyExhausted", "StoreError"]
+import psycopg
+from eventsourcing.persistence import PersistenceError
+
+__all__ = ["DATABASE_ERRORS", "ConcurrencyExhausted", "StoreError"]
+
+DATABASE_ERRORS: tuple[type[Exception], ...] = (psycopg.Error, PersistenceError)
 
 
 class StoreError(Exception):

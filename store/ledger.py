@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
@@ -222,6 +222,14 @@ class BillingLedger(Application[UUID]):
             if len(notifications) < section:
                 return
             start = notifications[-1].id + 1
+
+    def first_events(self, ids: Sequence[UUID]) -> dict[UUID, DomainEventProtocol[UUID]]:
+        """The first event of each of these aggregates that exists (one query)."""
+        if isinstance(self.recorder, LedgerRecorder):
+            stored = self.recorder.select_first_events(ids)
+            return {cast(UUID, s.originator_id): self.mapper.to_domain_event(s) for s in stored}
+        first = {i: next(iter(self.events.get(i, lte=1)), None) for i in set(ids)}
+        return {i: e for i, e in first.items() if e is not None}
 
     def _load_account(self, customer_id: str, currency: str) -> CustomerAccount | None:
         try:

@@ -105,6 +105,10 @@ class LedgerRecorder(PostgresApplicationRecorder):
         self._select_recorded = SQL(
             "SELECT DISTINCT originator_id FROM {0} WHERE originator_id = ANY(%s)"
         ).format(table)
+        self._select_first = SQL(
+            "SELECT originator_id, originator_version, topic, state FROM {0}"
+            " WHERE originator_id = ANY(%s) AND originator_version = 1"
+        ).format(table)
         self.sql_create_statements.extend(events_table_statements(table, self.datastore.schema))
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
@@ -215,6 +219,15 @@ class LedgerRecorder(PostgresApplicationRecorder):
                 row["originator_id"]: (row["originator_version"], row["topic"])
                 for row in curs.fetchall()
             }
+
+    def select_first_events(self, originator_ids: Iterable[UUID]) -> list[StoredEvent]:
+        """The first event (version 1) of each of these aggregates that has one (one query)."""
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute(self._select_first, (list(set(originator_ids)),))
+            return [
+                StoredEvent(r["originator_id"], r["originator_version"], r["topic"], r["state"])
+                for r in curs.fetchall()
+            ]
 
     def _insert_events(
         self,

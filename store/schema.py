@@ -7,8 +7,8 @@ one place and no module spells a name of its own. Three kinds of tables live in 
 
 * positions: how far each follower has read (``relay_position``,
   ``projection_positions``, ``consumer_positions``);
-* stores that workers write and nothing rebuilds: ``dead_letters``, ``workers``,
-  ``consumer_lag``;
+* stores that workers write and nothing rebuilds: ``dead_letters`` (and its
+  ``dead_letter_counts``), ``workers``, ``consumer_lag``;
 * ``health_settings``: the deadlines ``billing.queue_health`` judges by.
 
 The events and snapshots tables are eventsourcing's (created by its recorder, named
@@ -24,6 +24,7 @@ __all__ = [
     "CONSUMER_LAG",
     "CONSUMER_POSITIONS",
     "DEAD_LETTERS",
+    "DEAD_LETTER_COUNTS",
     "DEFAULT_DLQ_TOPIC",
     "DEFAULT_EVENTS_TOPIC",
     "DEFAULT_USAGE_TOPIC",
@@ -48,6 +49,7 @@ CONSUMER_POSITIONS = "consumer_positions"
 RELAY_POSITION = "relay_position"
 PROJECTION_POSITIONS = "projection_positions"
 DEAD_LETTERS = "dead_letters"
+DEAD_LETTER_COUNTS = "dead_letter_counts"
 WORKERS = "workers"
 CONSUMER_LAG = "consumer_lag"
 HEALTH_SETTINGS = "health_settings"
@@ -115,6 +117,26 @@ CREATE TABLE IF NOT EXISTS billing.dead_letters (
     PRIMARY KEY (source_topic, source_partition, source_offset)
 );
 CREATE INDEX IF NOT EXISTS dead_letters_received_at_idx ON billing.dead_letters (received_at);
+-- Issue 11 (bounded dead letters; to be folded into a numbered migration): a row keeps a
+-- prefix of the payload with the whole one's size and hash, and its reason's code;
+-- the counts per source topic, code and hour outlive the rows retention removes.
+ALTER TABLE billing.dead_letters
+    ADD COLUMN IF NOT EXISTS reason_code    text,
+    ADD COLUMN IF NOT EXISTS payload_size   integer,
+    ADD COLUMN IF NOT EXISTS payload_sha256 bytea;
+CREATE TABLE IF NOT EXISTS billing.dead_letter_counts (
+    hour         timestamptz NOT NULL,
+    source_topic text        NOT NULL,
+    reason_code  text        NOT NULL,
+    letters      bigint      NOT NULL CHECK (letters > 0),
+    PRIMARY KEY (hour, source_topic, reason_code)
+);
+-- Letters stored before the counts existed are counted once, when the table is new.
+INSERT INTO billing.dead_letter_counts (hour, source_topic, reason_code, letters)
+SELECT date_trunc('hour', received_at), source_topic, coalesce(reason_code, 'invalid'), count(*)
+FROM billing.dead_letters
+WHERE NOT EXISTS (SELECT 1 FROM billing.dead_letter_counts)
+GROUP BY 1, 2, 3;
 CREATE TABLE IF NOT EXISTS billing.health_settings (
     id                   integer PRIMARY KEY CHECK (id = 1),
     retry_horizon_s      double precision NOT NULL,

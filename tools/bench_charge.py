@@ -13,6 +13,9 @@ usage for ``customers`` x ``meters`` lines arrives at a steady rate:
 
 Every run ends with the money checked: the amounts Stripe holds equal the lines' billed
 totals, each the line's exact total rounded once (|billed - exact| <= 0.5 minor unit).
+A run reports what it measured even when the backlog did not drain within the drain
+timeout (``drained: false``; ``lost`` is then unknown) or a worker process ended
+(``workers_ended``): every worker is stopped before the report reads the ledger.
 """
 
 from __future__ import annotations
@@ -88,16 +91,23 @@ def run_load(
         prepare(settings)
         load = _Load(customers, min(meters, len(METERS)))
         with ExitStack() as stack:
-            for roles in ROLE_PROCESSES:
-                stack.enter_context(_worker(settings, roles))
+            workers = [stack.enter_context(_worker(settings, r)) for r in ROLE_PROCESSES]
             step(f"workers: {' | '.join('+'.join(r) for r in ROLE_PROCESSES)}")
             step("waiting for the consumer groups to join")
             _warm_up(settings, load)
             step(f"usage at {rate:g}/s for {seconds:g}s over {load.lines} lines")
             run = _drive(settings, stripe, load, rate, seconds, outage_at, outage_s,
                          drain_timeout)  # fmt: skip
+            ended = [
+                f"{'+'.join(r)} exited {w.returncode}"
+                for r, w in zip(ROLE_PROCESSES, workers, strict=True)
+                if w.poll() is not None
+            ]
         run["money"] = _money(settings, stripe)
-        return _report(run, rate=rate, seconds=seconds, stripe_rate=stripe_rate, load=load)
+        result = _report(run, rate=rate, seconds=seconds, stripe_rate=stripe_rate, load=load)
+        if ended:
+            result["workers_ended"] = ended
+        return result
 
 
 # One process per group of roles, as a deployment runs them: the two cores are used.
@@ -174,6 +184,7 @@ def _drive(  # noqa: PLR0917
     producer.start()
     outage: tuple[float, float] | None = None
     load_ended: float | None = None
+    drained = False
     while True:
         now = time.monotonic() - t0
         if outage_at is not None and outage is None and now >= outage_at:
@@ -189,6 +200,7 @@ def _drive(  # noqa: PLR0917
         backlog = load.produced - _charged(settings)
         samples.append((time.time(), backlog))
         if load_ended is not None and backlog <= 0:
+            drained = True
             break
         if now > seconds + drain_timeout:
             step("gave up waiting for the backlog to drain: reporting what was measured")
@@ -196,7 +208,8 @@ def _drive(  # noqa: PLR0917
         time.sleep(0.25)
     assert load_ended is not None or not producer.is_alive()
     return {"samples": samples, "outage": outage, "load_ended": load_ended or time.time(),
-            "produced": load.produced, "stripe": stripe, "settings": settings}  # fmt: skip
+            "drained": drained, "produced": load.produced, "stripe": stripe,
+            "settings": settings}  # fmt: skip
 
 
 def _produce(settings: Settings, load: _Load, rate: float, seconds: float) -> None:
@@ -291,7 +304,9 @@ def _report(
         "produced": run["produced"],
         "charged": charged[0],
         "compensated": compensated,
-        "lost": run["produced"] - charged[0] - compensated,
+        "drained": run["drained"],
+        # Not drained: what is missing may still be on its way, so nothing is known lost.
+        "lost": run["produced"] - charged[0] - compensated if run["drained"] else None,
         "stripe_requests": len(api),
         "stripe_requests_per_1000_records": round(1000 * len(api) / max(run["produced"], 1), 2),
         "stripe_failures_by_status": dict(
@@ -305,9 +320,9 @@ def _report(
         "peak_backlog": max((b for _, b in samples), default=0),
         "backlog_max_last_third_of_load": max(last_third),
         "backlog_at_load_end": in_load[-1] if in_load else 0,
-        "drained_s_after_load": round(
-            _drained_at(samples, run["load_ended"]) - run["load_ended"], 1
-        ),
+        "drained_s_after_load": round(_drained_at(samples, ended) - ended, 1)
+        if run["drained"]
+        else None,
         "latency_s_p50": round(float((charged[1] or [0, 0])[0]), 2),
         "latency_s_p99": round(float((charged[1] or [0, 0])[1]), 2),
         **run["money"],
@@ -317,7 +332,9 @@ def _report(
         result["stripe_calls_during_outage"] = sum(
             1 for r in api if outage[0] <= r["at"] <= outage[1]
         )
-        result["drained_s_after_recovery"] = round(_drained_at(samples, outage[1]) - outage[1], 1)
+        result["drained_s_after_recovery"] = (
+            round(_drained_at(samples, outage[1]) - outage[1], 1) if run["drained"] else None
+        )
     return result
 
 

@@ -12,6 +12,7 @@ message being delivered again.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 
 from adapters.charging.pusher import LinePusher
@@ -40,12 +41,17 @@ class Reconciler:
         self.scheduler = scheduler
         self.database = database
 
-    def pass_once(self) -> ReconcileReport:
+    def pass_once(self, stop: threading.Event | None = None) -> ReconcileReport:
+        """Schedule every open line and settle every unlined transaction; when ``stop``
+        is set, no further transaction is adopted."""
+        stop = stop or threading.Event()
         report = ReconcileReport()
         with self.database.connection() as conn:
             lines = open_lines(conn)
             legacy = unlined_transaction_ids(conn)
         for txn_id in legacy:  # the projection may lag: adopt() decides from the aggregate
+            if stop.is_set():
+                break
             report.adopted += self.pusher.adopt(txn_id) is StepResult.SETTLED
         for line, customer, oldest, due in lines:
             self.scheduler.changed(line, customer=customer, changed_at=oldest, due=due)

@@ -28,6 +28,7 @@ import psycopg
 from kafka import KafkaProducer
 from psycopg import sql
 
+from adapters.charging.messages import EventMessage
 from adapters.observability import telemetry
 from store.connections import Database
 from store.eventlog import START, LogRow, Position, follow, read_after
@@ -108,13 +109,7 @@ class Relay:
         event = topic.rsplit(".", 1)[-1]
         body = json.loads(bytes(state))
         customer = self._customer(conn, originator_id, body)
-        value = {
-            "notification_id": nid,
-            "originator_id": str(originator_id),
-            "originator_version": version,
-            "topic": topic,
-            "event": event,
-        }
+        message = EventMessage(nid, originator_id, version, topic, event)
         txn = str(originator_id) if ":BillingTransaction." in topic else None
         line = str(originator_id) if ":InvoiceLine." in topic else None
         with telemetry.span(
@@ -129,7 +124,7 @@ class Relay:
             self.producer.send(
                 self.topic,
                 key=customer.encode(),
-                value=json.dumps(value).encode(),
+                value=message.to_json(),
                 headers=[
                     ("notification_id", str(nid).encode()),
                     ("event", event.encode()),

@@ -5,12 +5,31 @@ One poll is one batch. For each batch, in this order:
 1. decode every record (``domain.usage.decode_usage``); invalid ones become dead letters;
 2. ``BillingLedger.record_usage``: Metered + Reserved (or Compensated) for every new
    transaction and the touched accounts, in ONE database transaction;
-3. dead letters: stored in ``billing.dead_letters`` (idempotent by source offset) and
-   produced to the dead-letter topic with the reason in headers, then flushed;
+3. dead letters: stored in ``billing.dead_letters`` (idempotent by source offset; a
+   bounded prefix of the payload with its size and hash) and produced to the
+   dead-letter topic with the reason in headers, then flushed. The topic gets the
+   whole payload up to ``dlq_max_message_bytes`` (its message limit), else the stored
+   prefix, with headers saying it was truncated and the whole one's size and SHA-256;
 4. only then the consumed offsets are committed.
 
 A crash anywhere before step 4 redelivers the batch; step 2 then finds the
 transactions already recorded and counts them as duplicates. Nothing is locked.
+
+A duplicate that is not the same record (``domain.duplicates``: a producer that
+changed its mind) is not silent: the first stays billed and the duplicate becomes a
+dead letter ``conflicting duplicate: ...`` naming what differs and both bodies'
+hashes. The recorded side is read from the transactions' ``Metered`` events, one
+query per batch that has duplicates, none otherwise.
+
+One record can never stop a batch. Decoding is total (``decode_usage`` raises only
+``InvalidUsage``), and as a last resort anything else a record raises while it is
+decoded or priced makes that record a dead letter with reason ``internal: <type>``
+(logged with its traceback) while the rest of the batch is recorded. Pricing runs
+inside the batch's save, so a batch whose save raises something unexpected is probed
+record by record, with the same pure decision and event encoding but no write; the
+records that raise alone are set aside and the others saved. An error no single record
+causes (the database went away) still fails the batch, uncommitted, to be delivered
+again.
 """
 
 from __future__ import annotations
@@ -31,17 +50,22 @@ from kafka.structs import OffsetAndMetadata
 from adapters.observability import telemetry
 from adapters.observability.logs import step_fields
 from adapters.observability.metrics import metrics
+from domain.duplicates import Recorded, conflict
 from domain.errors import InvalidUsage
-from domain.metering import MeteredBatch, Metering
+from domain.metering import MeteredBatch, Metering, meter_batch_events
 from domain.ports import DeadLetter, DeadLetterSink
-from domain.transaction import Source
+from domain.transaction import BillingTransaction, Source
 from domain.usage import decode_usage
-from store.errors import ConcurrencyExhausted
+from store.dead_letters import bounded
+from store.errors import DATABASE_ERRORS, ConcurrencyExhausted
 from store.ledger import BillingLedger
 
 __all__ = ["IngestStats", "IngestWorker"]
 
 log = logging.getLogger(__name__)
+
+# Contention and the database: never blamed on a record by the last-resort guard.
+_NOT_A_RECORDS_FAULT: tuple[type[Exception], ...] = (ConcurrencyExhausted, *DATABASE_ERRORS)
 
 
 @dataclass
@@ -54,7 +78,8 @@ class IngestStats:
     refused: int = 0
     dead_letters: int = 0
     batches: int = 0
-    conflicts: int = 0
+    conflicts: int = 0  # optimistic-concurrency retries of saves
+    conflicting_duplicates: int = 0
     commit_failures: int = 0
     contended_batches: int = 0  # batches that lost every concurrency retry and waited
     batch_seconds: list[float] = field(default_factory=list)
@@ -73,6 +98,7 @@ class IngestWorker:
         dlq_topic: str,
         max_record_bytes: int,
         poll_timeout_ms: int = 200,
+        dlq_max_message_bytes: int = 1_000_000,
     ) -> None:
         self.ledger = ledger
         self.pulse: Callable[[], None] = lambda: None  # called each turn of the loop
@@ -82,6 +108,7 @@ class IngestWorker:
         self.dlq_topic = dlq_topic
         self.max_record_bytes = max_record_bytes
         self.poll_timeout_ms = poll_timeout_ms
+        self.dlq_max_message_bytes = dlq_max_message_bytes
         self.stats = IngestStats()
 
     def run(
@@ -132,12 +159,18 @@ class IngestWorker:
                 )
             except InvalidUsage as exc:
                 letters.append(_letter(rec, str(exc)))
+            except Exception as exc:  # the last resort: one record never stops a batch
+                letters.append(_letter(rec, _internal(exc, source)))
 
-        saving = time.time_ns()
-        decision = self.ledger.record_usage(valid)
-        _trace_reserve(batch, records, valid, decision, (saving, time.time_ns()))
         raw_by_source = {(r.topic, r.partition, r.offset): r for r in records}
-        for metering, reason in decision.rejected:
+        saving = time.time_ns()
+        decision, culprits = self._record(valid)
+        if culprits:
+            set_aside = {id(m) for m, _ in culprits}
+            valid = [m for m in valid if id(m) not in set_aside]
+        _trace_reserve(batch, records, valid, decision, (saving, time.time_ns()))
+        conflicts = self._conflicts(decision)
+        for metering, reason in [*culprits, *decision.rejected, *conflicts]:
             s = metering.source
             letters.append(_letter(raw_by_source[(s.topic, s.partition, s.offset)], reason))
         letters.sort(key=lambda d: (d.topic, d.partition, d.offset))  # source order
@@ -145,11 +178,13 @@ class IngestWorker:
         self._commit(records)
 
         elapsed = time.perf_counter() - started
-        _count(decision, len(letters))
+        duplicates = len(decision.duplicates) - len(conflicts)
+        _count(decision, len(letters), duplicates)
         st = self.stats
         st.records += len(records)
         st.transactions += len(decision.transactions)
-        st.duplicates += len(decision.duplicates)
+        st.duplicates += duplicates
+        st.conflicting_duplicates += len(conflicts)
         st.refused += len(decision.refused)
         st.dead_letters += len(letters)
         st.batches += 1
@@ -158,7 +193,7 @@ class IngestWorker:
         counts = {
             "records": len(records),
             "transactions": len(decision.transactions),
-            "duplicates": len(decision.duplicates),
+            "duplicates": duplicates,
             "refused": len(decision.refused),
             "dead_letters": len(letters),
         }
@@ -168,6 +203,64 @@ class IngestWorker:
             extra={**step_fields("ingest", "ok"), **counts, "seconds": round(elapsed, 4)},
         )
 
+    def _record(self, valid: list[Metering]) -> tuple[MeteredBatch, list[tuple[Metering, str]]]:
+        """``record_usage``; when it raises something no rule explains, the records that
+        raise on their own are set aside (``internal: <type>``) and the rest saved."""
+        culprits: list[tuple[Metering, str]] = []
+        while True:
+            try:
+                return self.ledger.record_usage(valid), culprits
+            except _NOT_A_RECORDS_FAULT:
+                raise
+            except Exception:
+                found = self._culprits(valid)
+                if not found:
+                    raise  # no single record causes it: fail the batch, uncommitted
+            culprits += found
+            bad = {id(m) for m, _ in found}
+            valid = [m for m in valid if id(m) not in bad]
+
+    def _culprits(self, valid: Sequence[Metering]) -> list[tuple[Metering, str]]:
+        """The records whose decision or event encoding raises on its own (no write)."""
+        found: list[tuple[Metering, str]] = []
+        ledger = self.ledger
+        for metering in valid:
+            try:
+                decision = meter_batch_events(
+                    [metering], ledger.prices, load_account=ledger.account,
+                    load_line=ledger.line, periods=ledger.periods,
+                )  # fmt: skip
+                touched = [*decision.accounts, *decision.lines]
+                events = [e for a in touched for e in a.collect_events()]
+                for event in [*decision.transaction_events, *events]:
+                    ledger.mapper.to_stored_event(event)
+            except InvalidUsage:
+                continue  # a reason of its own: record_usage rejects it, it does not raise
+            except DATABASE_ERRORS:
+                raise  # loading the account failed: not this record's fault
+            except Exception as exc:
+                found.append((metering, _internal(exc, metering.source)))
+        return found
+
+    def _conflicts(self, decision: MeteredBatch) -> list[tuple[Metering, str]]:
+        """The duplicates that are not the same record as the one recorded, with their
+        reasons (``domain.duplicates``); the rest are silent duplicates."""
+        if not decision.duplicates:
+            return []
+        first: dict[Any, Any] = {t.id: t.metered for t in decision.transactions}
+        earlier = [m.transaction_id for m in decision.duplicates if m.transaction_id not in first]
+        if earlier:
+            first.update(self.ledger.first_events(earlier))
+        found: list[tuple[Metering, str]] = []
+        for metering in decision.duplicates:
+            metered = first.get(metering.transaction_id)
+            if not isinstance(metered, BillingTransaction.Metered):
+                continue  # not a transaction's history: nothing to compare with
+            reason = conflict(metering.record, Recorded.of(metered))
+            if reason is not None:
+                found.append((metering, reason))
+        return found
+
     def _quarantine(self, letters: list[DeadLetter]) -> None:
         if not letters:
             return
@@ -175,22 +268,40 @@ class IngestWorker:
         for d in letters:
             log.warning(
                 "usage record quarantined",
-                extra=step_fields("ingest", "dead_letter", error_code=_error_code(d.reason),
+                extra=step_fields("ingest", "dead_letter", error_code=d.code,
                                   reason=d.reason, source=f"{d.topic}/{d.partition}@{d.offset}"),
             )  # fmt: skip
-            self.producer.send(
-                self.dlq_topic,
-                key=d.key,
-                # Kafka needs a key or a value; a keyless null becomes an empty value.
-                value=d.payload if d.payload is not None or d.key is not None else b"",
-                headers=[
-                    ("dlq.reason", d.reason.encode()),
-                    ("dlq.source.topic", d.topic.encode()),
-                    ("dlq.source.partition", str(d.partition).encode()),
-                    ("dlq.source.offset", str(d.offset).encode()),
-                ],
-            )
+            self._send_to_dlq(d)
         self.producer.flush()
+
+    def _send_to_dlq(self, d: DeadLetter) -> None:
+        """The letter on the dead-letter topic: its bytes whole if the topic takes them,
+        else the prefix the table keeps; headers say why, from where, and what the whole
+        payload was (size, SHA-256, whether this is all of it)."""
+        value = d.payload
+        whole = bounded(value)
+        truncated = value is not None and len(value) > self.dlq_max_message_bytes
+        if truncated:
+            value = whole.prefix
+        headers = [
+            ("dlq.reason", d.reason.encode()),
+            ("dlq.source.topic", d.topic.encode()),
+            ("dlq.source.partition", str(d.partition).encode()),
+            ("dlq.source.offset", str(d.offset).encode()),
+            ("dlq.truncated", b"true" if truncated else b"false"),
+        ]
+        if whole.size is not None and whole.sha256 is not None:
+            headers += [
+                ("dlq.payload.size", str(whole.size).encode()),
+                ("dlq.payload.sha256", whole.sha256.encode()),
+            ]
+        self.producer.send(
+            self.dlq_topic,
+            key=d.key,
+            # Kafka needs a key or a value; a keyless null becomes an empty value.
+            value=value if value is not None or d.key is not None else b"",
+            headers=headers,
+        )
 
     def _commit(self, records: Sequence[Any]) -> None:
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
@@ -207,14 +318,14 @@ class IngestWorker:
             log.warning("offset commit refused after a rebalance: %s", exc)
 
 
-def _count(decision: MeteredBatch, dead_letters: int) -> None:
+def _count(decision: MeteredBatch, dead_letters: int, duplicates: int) -> None:
     """Count the batch's records by outcome (every record has exactly one)."""
     m = metrics()
     refused = len(decision.refused)
     for outcome, n in (
         ("reserved", len(decision.transactions) - refused),
         ("refused", refused),
-        ("duplicate", len(decision.duplicates)),
+        ("duplicate", duplicates),
         ("dead_letter", dead_letters),
     ):
         if n:
@@ -261,11 +372,25 @@ _CODES = (
     ("empty message", "empty"),
     ("payload of", "oversized"),
     ("not valid JSON", "not_json"),
+    ("number too long", "number_too_long"),
+    ("number out of range", "number_out_of_range"),
     ("expected a JSON object", "not_object"),
     ("unknown currency", "unknown_currency"),
     ("currency ", "currency_mismatch"),
     ("unknown meter", "unknown_meter"),
+    ("internal: ", "internal"),
+    ("conflicting duplicate", "conflicting_duplicate"),
 )
+
+
+def _internal(exc: Exception, source: Source) -> str:
+    """The reason of a record that raised what no rule explains; logged with its traceback."""
+    log.error(
+        "usage record failed unexpectedly: %s: %s", type(exc).__name__, exc,
+        exc_info=exc,
+        extra=step_fields("ingest", "dead_letter", error_code="internal", source=str(source)),
+    )  # fmt: skip
+    return f"internal: {type(exc).__name__}"
 
 
 def _error_code(reason: str) -> str:
@@ -274,4 +399,6 @@ def _error_code(reason: str) -> str:
 
 
 def _letter(rec: Any, reason: str) -> DeadLetter:
-    return DeadLetter(rec.topic, rec.partition, rec.offset, rec.key, rec.value, reason)
+    return DeadLetter(
+        rec.topic, rec.partition, rec.offset, rec.key, rec.value, reason, code=_error_code(reason)
+    )

@@ -272,6 +272,8 @@ _FIGURES = (
     ("stale_reserved", "reserved, not charged"),
     ("past_deadline", "past their deadline"),
     ("dead_letters_last_hour", "dead letters, last hour"),
+    ("conflicting_duplicates_last_hour", "conflicting duplicates, last hour"),
+    ("dead_letters_total", "dead letters, ever"),
     ("stripe_errors_1m", "Stripe errors, 1 min"),
     ("stripe_errors_5m", "Stripe errors, 5 min"),
     ("stripe_errors_15m", "Stripe errors, 15 min"),

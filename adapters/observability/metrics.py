@@ -12,7 +12,10 @@ test checks it names only these):
 ======================================================  ===================================
 ``billing_ingest_records_total{outcome}``               usage records consumed: reserved,
                                                         refused, duplicate, dead_letter
-``billing_dead_letters_total``                          records quarantined
+``billing_dead_letters_total``                          usage records quarantined and
+                                                        billing events set aside
+``billing_events_set_aside_total{code}``                ``billing.events`` messages set
+                                                        aside: not_json, invalid, ...
 ``billing_stripe_requests_total{operation,outcome}``    Stripe calls; outcome ok or the
                                                         error class (http_503, ...)
 ``billing_stripe_request_duration_seconds``             their latency (histogram)
@@ -28,6 +31,7 @@ test checks it names only these):
 ``billing_consumer_lag{group,topic,partition}``         messages not yet consumed
 ``billing_lines_unsent``, ``billing_lines_failing``     invoice lines waiting for Stripe
 ``billing_oldest_unsent_age_seconds``                   the oldest change Stripe has not seen
+``billing_role_restarts_total{role}``                   roles restarted after a failure
 ======================================================  ===================================
 """
 
@@ -68,8 +72,12 @@ class Metrics:
             "billing.ingest.records", unit="{record}", description="usage records consumed"
         )
         self.dead_letters = meter.create_counter(
-            "billing.dead_letters", unit="{record}", description="usage records quarantined"
+            "billing.dead_letters", unit="{record}", description="records and messages set aside"
         )
+        self.events_set_aside = meter.create_counter(
+            "billing.events.set_aside", unit="{message}",
+            description="billing.events messages set aside, by reason code",
+        )  # fmt: skip
         self.stripe_requests = meter.create_counter(
             "billing.stripe.requests", unit="{request}", description="Stripe API calls"
         )
@@ -96,6 +104,10 @@ class Metrics:
             description="from Metered to Charged",
             explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
         )
+        self.role_restarts = meter.create_counter(
+            "billing.role.restarts", unit="{restart}",
+            description="worker roles restarted after a failure",
+        )  # fmt: skip
         self.breaker_transitions = meter.create_counter(
             "billing.breaker.transitions", unit="{transition}", description="breaker moves"
         )

@@ -1,7 +1,13 @@
-"""Invariant checks shared by the drills (I1-I4, I8), ending with the audit itself."""
+"""Invariant checks shared by the drills (I1-I4, I8), ending with the audit itself, and
+a worker process to watch."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 from adapters.audit.replay import Scope
@@ -14,6 +20,7 @@ from domain.transaction import Source, TxnState
 from infra.stripe_emulator import StripeEmulator
 from store.connections import Database
 from store.ledger import BillingLedger
+from tests.conftest import settings_env
 from tests.integration.support import usage
 from tools.summary import Balances
 
@@ -76,3 +83,43 @@ def assert_invariants(
 
 def settled(states: dict[str, int]) -> bool:
     return set(states) <= {str(TxnState.CHARGED), str(TxnState.COMPENSATED)}
+
+
+class Worker:
+    """A ``billing-ledger run`` process whose stderr goes to a file read at any time."""
+
+    def __init__(self, settings: Settings, role: str, log: Path, *args: str) -> None:
+        self.log = log
+        with log.open("wb") as out:  # the child has its own descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "adapters.cli", "run", "--role", role, *args],
+                env=settings_env(settings),
+                stderr=out,
+            )
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        """True while the process runs; fails the drill at once when it has ended."""
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"the worker ended with {self.proc.returncode}: {self.stderr()[-3000:]}"
+            )
+        return True
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        return self.proc.wait(30)
+
+    def lines(self, message: str) -> list[dict[str, Any]]:
+        """The JSON log lines with this message."""
+        found = []
+        for line in self.stderr().splitlines():
+            try:
+                body = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(body, dict) and body.get("message") == message:
+                found.append(body)
+        return found

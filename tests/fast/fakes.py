@@ -18,19 +18,40 @@ from uuid import UUID
 from adapters.settings import Settings
 from domain.metering import Metering
 from domain.ports import DeadLetter, DraftInvoice, LineItems
+from domain.pricing import Price, PriceList
 from domain.pushing import item_key
 from domain.saga import ChargeFailure
 from domain.transaction import Source
 from domain.usage import UsageRecord
 from store.ledger import BillingLedger
 
-__all__ = ["FakeDeadLetters", "FakeGateway", "memory_ledger", "reserve", "usage"]
+__all__ = [
+    "FakeDeadLetters",
+    "FakeGateway",
+    "FaultyPrices",
+    "memory_ledger",
+    "reserve",
+    "usage",
+]
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def memory_ledger() -> BillingLedger:
     return BillingLedger(Settings().load_prices(), env={"PERSISTENCE_MODULE": "eventsourcing.popo"})
+
+
+@dataclass(frozen=True)
+class FaultyPrices(PriceList):
+    """A price list whose lookup of ``faulty_meter`` raises what no rule expects (a bug,
+    a broken price source): the last-resort guards must contain it to one record."""
+
+    faulty_meter: str = "faulty.meter"
+
+    def price_of(self, meter: str) -> Price:
+        if meter == self.faulty_meter:
+            raise RuntimeError(f"price source failed for {meter}")
+        return super().price_of(meter)
 
 
 def usage(

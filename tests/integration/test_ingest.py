@@ -19,10 +19,12 @@ from adapters.bootstrap import build_ingest_worker, close_worker, open_ledger, p
 from adapters.settings import Settings
 from domain.ids import transaction_id
 from domain.transaction import TxnState
+from projections.queue_health import read_health
 from store.connections import Database
-from store.dead_letters import DeadLetterStore
+from store.dead_letters import DeadLetterStore, bounded
 from store.ledger import BillingLedger
 from tests.conftest import settings_env
+from tests.fast.fakes import FaultyPrices
 from tests.integration.support import (
     count_events,
     drive,
@@ -184,7 +186,10 @@ def test_poison_records_go_to_the_dead_letter_topic_with_reasons_and_good_ones_a
     assert sorted(metered_usage_ids(settings.database_url)) == sorted(r.usage_id for r in good)
     stored = DeadLetterStore(Database(settings.database_url)).all()
     by_offset = sorted(stored, key=lambda d: d.offset)
-    assert [d.payload for d in by_offset] == [value for _, value in POISON]
+    assert [d.payload for d in by_offset] == [bounded(value).prefix for _, value in POISON]
+    assert [(d.payload_size, d.payload_sha256) for d in by_offset] == [
+        (b.size, b.sha256) for b in (bounded(value) for _, value in POISON)
+    ]
     for letter, expected in zip(by_offset, POISON_REASONS, strict=True):
         assert letter.reason.startswith(expected), (letter.reason, expected)
     assert wait_for(lambda: total_lag(settings) == 0, what="lag to return to zero")
@@ -199,6 +204,84 @@ def test_poison_records_go_to_the_dead_letter_topic_with_reasons_and_good_ones_a
     assert [h["dlq.reason"].decode() for h in headers] == [d.reason for d in by_offset]
     assert all(h["dlq.source.topic"].decode() == settings.usage_topic for h in headers)
     assert [int(h["dlq.source.offset"]) for h in headers] == [d.offset for d in by_offset]
+
+
+def test_a_record_whose_pricing_raises_unexpectedly_is_a_dead_letter_and_its_batch_is_recorded(
+    settings: Settings, ledger: BillingLedger
+) -> None:
+    ledger.prices = FaultyPrices(ledger.prices.prices)  # raises for meter "faulty.meter"
+    faulty = json.loads(usage("bad").to_json()) | {"meter": "faulty.meter"}
+    good = [usage(f"ok-{i}") for i in range(6)]
+    messages = [(r.customer_id.encode(), r.to_json()) for r in good]
+    messages.insert(3, (b"acme", json.dumps(faulty).encode()))
+    produce(settings, messages)
+
+    worker = build_ingest_worker(settings, ledger)
+    try:
+        drive(worker, until=lambda: worker.stats.records == len(messages))
+    finally:
+        close_worker(worker)
+
+    assert sorted(metered_usage_ids(settings.database_url)) == sorted(r.usage_id for r in good)
+    [letter] = DeadLetterStore(Database(settings.database_url)).all()
+    assert (letter.offset, letter.reason) == (3, "internal: RuntimeError")
+    assert letter.payload == messages[3][1]
+    assert wait_for(lambda: total_lag(settings) == 0, what="the batch to be committed")
+
+
+def test_a_usage_id_sent_again_with_another_body_is_a_counted_conflict_and_resends_are_silent(
+    settings: Settings, ledger: BillingLedger
+) -> None:
+    first = usage("req-1", quantity=3)
+    produce_records(settings, [first, usage("req-2")])
+    worker = build_ingest_worker(settings, ledger)
+    try:
+        drive(worker, until=lambda: worker.stats.records == 2)
+        body = json.loads(first.to_json())
+        produce(
+            settings,
+            [
+                (b"acme", first.to_json()),  # a producer retry: silent
+                (b"acme", json.dumps(body, indent=1).encode()),  # re-encoded: silent
+                (b"acme", json.dumps({**body, "quantity": "4"}).encode()),  # changed its mind
+                (b"acme", json.dumps({**body, "meter": "gpt-4o.input_tokens"}).encode()),
+            ],
+        )
+        drive(worker, until=lambda: worker.stats.records == 6)
+    finally:
+        close_worker(worker)
+
+    assert sorted(metered_usage_ids(settings.database_url)) == ["req-1", "req-2"]
+    assert ledger.transaction(transaction_id("acme", "req-1")).quantity == 3  # the first stays
+    letters = DeadLetterStore(Database(settings.database_url)).all()
+    assert sorted(d.code for d in letters) == ["conflicting_duplicate"] * 2
+    assert sorted(d.reason.split(" (")[0] for d in letters) == [
+        "conflicting duplicate: usage_id 'req-1' of customer 'acme' was recorded with another"
+        f" {field}"
+        for field in ("meter", "quantity")
+    ]
+    assert (worker.stats.duplicates, worker.stats.conflicting_duplicates) == (2, 2)
+    with psycopg.connect(settings.database_url) as conn:
+        health = read_health(conn)
+    assert (health["conflicting_duplicates_last_hour"], health["dead_letters_last_hour"]) == (2, 2)
+    assert health["dead_letters_total"] == 2
+
+
+def test_prepare_replaces_a_queue_health_function_from_before_its_new_columns(
+    settings: Settings, ledger: BillingLedger
+) -> None:
+    with psycopg.connect(settings.database_url) as conn:  # the shape of an older release
+        conn.execute("DROP VIEW billing.queue_health")
+        conn.execute("DROP FUNCTION billing.queue_health_now()")
+        conn.execute(
+            "CREATE FUNCTION billing.queue_health_now() RETURNS TABLE (observed_at timestamptz,"
+            " dead_letters_last_hour bigint) LANGUAGE sql STABLE AS $$ SELECT now(), 0::bigint $$"
+        )
+        conn.execute("CREATE VIEW billing.queue_health AS SELECT * FROM billing.queue_health_now()")
+    prepare(settings, topics=False)
+    with psycopg.connect(settings.database_url) as conn:
+        health = read_health(conn)
+    assert health["conflicting_duplicates_last_hour"] == 0 and health["backlog_reserved"] == 0
 
 
 def test_a_spend_limit_refuses_usage_past_it_and_releases_nothing_it_did_not_reserve(

@@ -20,6 +20,8 @@ def figures(**changes: Any) -> dict[str, Any]:
         "stale_reserved": 0,
         "past_deadline": 0,
         "dead_letters_last_hour": 0,
+        "conflicting_duplicates_last_hour": 0,
+        "dead_letters_total": 0,
         "stripe_errors_1m": 0,
         "stripe_errors_5m": 0,
         "stripe_errors_15m": 0,
@@ -50,6 +52,42 @@ def worker(
 
 def test_quiet_figures_are_ok_with_no_reasons() -> None:
     assert assess(figures(backlog_reserved=3, retries_due=2)) == (OK, [])
+
+
+def test_conflicting_duplicates_are_degraded_beside_the_dead_letters_they_are() -> None:
+    status, reasons = assess(
+        figures(dead_letters_last_hour=3, conflicting_duplicates_last_hour=2, dead_letters_total=9)
+    )
+    assert (status, reasons) == (
+        DEGRADED,
+        [
+            "3 dead letter(s) in the last hour",
+            "2 conflicting duplicate(s) in the last hour: a producer sent a usage_id again"
+            " with another body",
+        ],
+    )
+
+
+def test_dead_letters_of_long_ago_alone_are_ok() -> None:
+    assert assess(figures(dead_letters_total=1_000)) == (OK, [])
+
+
+def test_a_role_waiting_to_restart_is_degraded_and_named_with_its_error() -> None:
+    restarting = worker("w1")
+    restarting["stats"] = {
+        "restarting": {"charge": {"error": "KafkaError: gone", "failures": 2, "restart_in_s": 1.5}},
+        "restarts": {"charge": 2},
+    }
+    assert assess(figures(workers=[restarting])) == (
+        DEGRADED,
+        ["worker w1: charge failed (KafkaError: gone) and is restarting (failure 2 in the window)"],
+    )
+
+
+def test_roles_restarted_earlier_and_running_again_are_ok() -> None:
+    recovered = worker("w1")
+    recovered["stats"] = {"restarting": {}, "restarts": {"charge": 2}}
+    assert assess(figures(workers=[recovered])) == (OK, [])
 
 
 def test_an_open_breaker_is_degraded_and_names_the_worker() -> None:

@@ -213,6 +213,55 @@ def test_decode_usage_rejects_deeply_nested_json_within_the_size_limit() -> None
 
 
 # ---------------------------------------------------------------------------------------------
+# numbers the JSON parser cannot convert: bounded on their text first (issue 11)
+
+# A record of 133 bytes whose unread field's exponent Decimal refuses (InvalidOperation).
+HUGE_EXPONENT = (
+    b'{"usage_id":"u","customer_id":"a","meter":"api.requests","quantity":1,'
+    b'"occurred_at":"2026-12-01T00:00:00Z","x":1e9999999999999999999}'
+)
+
+
+def test_a_huge_exponent_in_a_field_nobody_reads_is_a_reason_not_an_invalid_operation() -> None:
+    assert _reason(HUGE_EXPONENT) == (
+        "number out of range: exponent 9999999999999999999 is beyond +/-1000"
+    )
+
+
+def test_an_integer_past_pythons_4300_digit_limit_is_a_reason_not_a_value_error() -> None:
+    raw = _raw().replace(b'"currency"', b'"x": ' + b"9" * 4301 + b', "currency"')
+    assert _reason(raw) == "number too long: a JSON number of 4301 characters (at most 100)"
+
+
+@pytest.mark.parametrize(
+    ("literal", "reason"),
+    [
+        (b"9" * 101, "number too long: a JSON number of 101 characters (at most 100)"),
+        (b"-" + b"9" * 100, "number too long: a JSON number of 101 characters (at most 100)"),
+        (b"0." + b"1" * 99, "number too long: a JSON number of 101 characters (at most 100)"),
+        (b"1e-1001", "number out of range: exponent -1001 is beyond +/-1000"),
+        (b"1.5E+1001", "number out of range: exponent 1001 is beyond +/-1000"),
+    ],
+)
+def test_a_quantity_past_the_number_bounds_is_refused_before_conversion(
+    literal: bytes, reason: str
+) -> None:
+    assert _reason(_raw(quantity=0).replace(b'"quantity": 0', b'"quantity": ' + literal)) == reason
+
+
+@pytest.mark.parametrize("literal", [b"1e1000", b"1E-1000", b"9" * 100, b"0." + b"0" * 98])
+def test_numbers_at_the_bounds_are_parsed_and_judged_by_the_field_rules(literal: bytes) -> None:
+    raw = _raw().replace(b'"currency"', b'"x": ' + literal + b', "currency"')
+    assert decode_usage(raw).usage_id == "req-8812"  # an unread field within the bounds
+
+
+def test_a_quantity_string_with_a_huge_exponent_is_an_invalid_decimal() -> None:
+    assert _reason(_raw(quantity="1e99999999999999999999")) == (
+        "quantity: input should be a valid decimal"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # the wire form
 
 

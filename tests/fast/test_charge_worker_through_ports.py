@@ -1,0 +1,155 @@
+"""The charge process manager, through its ports: a fake consumer, a fake dead-letter
+sink and a real line scheduler (not running) over the ledger in memory. No message
+stops it (issue 11): what it schedules, what it sets aside and why, and where it stops."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+from eventsourcing.persistence import OperationalError
+from eventsourcing.utils import get_topic
+
+from adapters.charging.messages import EventMessage
+from adapters.charging.process_manager import ChargeWorker
+from adapters.charging.pusher import LinePusher
+from adapters.charging.scheduler import LineScheduler
+from adapters.observability.metrics import metrics
+from domain.invoice_line import InvoiceLine
+from domain.ports import DeadLetter
+from domain.saga import RetryPolicy
+from domain.transaction import BillingTransaction
+from tests.fast.fakes import FakeConsumer, FakeDeadLetters, FakeGateway, FakeRecord, memory_ledger
+
+POLICY = RetryPolicy(horizon=timedelta(hours=1))
+SETTLED = get_topic(InvoiceLine.Settled)
+
+
+def _message(line: UUID, topic: str = SETTLED) -> bytes:
+    return EventMessage(7, line, 2, topic, topic.rsplit(".", 1)[-1]).to_json()
+
+
+def _scheduler(cls: type[LineScheduler] = LineScheduler) -> LineScheduler:
+    pusher = LinePusher(memory_ledger(), FakeGateway(), POLICY)
+    return cls(pusher, settle_interval_s=10.0, workers=1)
+
+
+def _worker(
+    batch: list[bytes | None],
+    scheduler: LineScheduler | None = None,
+    letters: Any = None,
+) -> tuple[ChargeWorker, FakeDeadLetters]:
+    records = [FakeRecord("billing.events", 0, i, b"acme", v) for i, v in enumerate(batch)]
+    letters = letters or FakeDeadLetters()
+    worker = ChargeWorker(
+        scheduler or _scheduler(),
+        FakeConsumer([records]),  # type: ignore[arg-type]
+        letters,
+    )
+    return worker, letters
+
+
+def _set_aside_total(code: str) -> float:
+    pattern = rf'^billing_events_set_aside_total{{code="{code}"}} (\S+)$'
+    found = re.search(pattern, metrics().render().decode(), re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+# Each of these stopped the charge role (and the process) on every start before issue 11.
+HOSTILE: list[tuple[bytes | None, str]] = [
+    (b"[]", "expected a JSON object, got list"),
+    (b"not json", "not valid JSON: Expecting value: line 1 column 1 (char 0)"),
+    (b'{"notification_id": 1, "originator_version": 2, "topic": "t", "event": "e"}',
+     "originator_id: missing"),
+    (b'{"notification_id": 1, "originator_id": "not-a-uuid", "originator_version": 2,'
+     b' "topic": "t", "event": "e"}', "originator_id: not a UUID: 'not-a-uuid'"),
+    (b'{"notification_id": 1, "originator_id": 42, "originator_version": 2,'
+     b' "topic": "t", "event": "e"}', "originator_id: expected a string, got int"),
+    (b'{"notification_id": 1, "originator_id": "00000000-0000-0000-0000-000000000001",'
+     b' "originator_version": 2, "topic": "domain.invoice_line:InvoiceLine.Refunded",'
+     b' "event": "Refunded"}', "unknown event 'domain.invoice_line:InvoiceLine.Refunded'"),
+    (b"\x00\xff\xfe garbage \x80", "not valid JSON: "),
+    (None, "empty message (no value)"),
+]  # fmt: skip
+
+
+def test_malformed_messages_are_set_aside_with_their_reasons_and_line_changes_scheduled() -> None:
+    first, second = uuid4(), uuid4()
+    batch = [_message(first), *(value for value, _ in HOSTILE), _message(second)]
+    scheduler = _scheduler()
+    worker, letters = _worker(batch, scheduler)
+    before = _set_aside_total("invalid")
+
+    assert worker.poll_once() == len(batch)
+
+    assert scheduler.waiting() == 2 and worker.scheduled == 2
+    reasons = {offset: d.reason for (_, _, offset), d in letters.letters.items()}
+    assert sorted(reasons) == list(range(1, len(HOSTILE) + 1))
+    for offset, (value, reason) in enumerate(HOSTILE, start=1):
+        assert reasons[offset].startswith(reason), (reasons[offset], reason)
+        assert letters.letters["billing.events", 0, offset].payload == value
+    assert worker.set_aside == len(HOSTILE)
+    assert _set_aside_total("invalid") - before == 3  # missing, not a UUID, wrong type
+    assert len(worker.consumer.commits) == 1  # type: ignore[attr-defined]
+
+
+def test_other_known_events_pass_without_being_set_aside_or_scheduled() -> None:
+    reserved = get_topic(BillingTransaction.Reserved)
+    scheduler = _scheduler()
+    worker, letters = _worker([_message(uuid4(), reserved)], scheduler)
+    assert worker.poll_once() == 1
+    assert letters.letters == {} and scheduler.waiting() == 0 and worker.scheduled == 0
+
+
+class _BuggyScheduler(LineScheduler):
+    """A scheduler with a bug for one line."""
+
+    victim: UUID | None = None
+
+    def changed(self, line_id: UUID, **kwargs: Any) -> None:
+        if line_id == self.victim:
+            raise KeyError("a bug in the scheduler")
+        super().changed(line_id, **kwargs)
+
+
+def test_anything_unexpected_one_message_raises_sets_it_aside_and_the_next_is_scheduled() -> None:
+    victim, other = uuid4(), uuid4()
+    scheduler = _scheduler(_BuggyScheduler)
+    scheduler.victim = victim  # type: ignore[attr-defined]
+    worker, letters = _worker([_message(victim), _message(other)], scheduler)
+    worker.poll_once()
+    assert letters.letters["billing.events", 0, 0].reason == "internal: KeyError"
+    assert letters.letters["billing.events", 0, 0].code == "internal"
+    assert scheduler.waiting() == 1  # the other line; the victim's is the reconciler's
+
+
+def test_a_database_error_setting_aside_fails_the_poll_and_commits_nothing() -> None:
+    class Unreachable(FakeDeadLetters):
+        def record(self, letters: Sequence[DeadLetter]) -> int:
+            raise OperationalError("connection refused")
+
+    worker, _ = _worker([b"not json"], letters=Unreachable())
+    with pytest.raises(OperationalError):
+        worker.poll_once()  # the role fails and is restarted; the message is read again
+    assert worker.consumer.commits == []  # type: ignore[attr-defined]
+
+
+def test_a_stop_between_messages_handles_no_more_and_commits_no_offset() -> None:
+    first, second = uuid4(), uuid4()
+    stop = threading.Event()
+
+    class StopAfterOne(LineScheduler):
+        def changed(self, line_id: UUID, **kwargs: Any) -> None:
+            super().changed(line_id, **kwargs)
+            stop.set()  # as SIGTERM arriving while this message is handled
+
+    scheduler = _scheduler(StopAfterOne)
+    worker, _ = _worker([_message(first), _message(second)], scheduler)
+    worker.run(stop)  # returns once stop is set: here, after the first message
+    assert worker.scheduled == 1 and scheduler.waiting() == 1
+    assert worker.consumer.commits == []  # type: ignore[attr-defined]
