@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 from eventsourcing.utils import get_topic
 
-from adapters.bootstrap import open_ledger, prepare, run_roles
+from adapters.bootstrap import migrate, open_ledger, prepare, run_roles
 from adapters.broker import make_producer
 from adapters.observability.logs import configure_logging
 from adapters.progress import step
@@ -70,6 +70,7 @@ def run_load(
             stale_after_s=10.0,
             reconcile_interval_s=0.5,
         )
+        migrate(settings)
         prepare(settings)
         with open_ledger(settings) as ledger:
             stop = threading.Event()

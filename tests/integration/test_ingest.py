@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from adapters.bootstrap import build_ingest_worker, close_worker, open_ledger, prepare
+from adapters.bootstrap import build_ingest_worker, close_worker, migrate, open_ledger, prepare
 from adapters.settings import Settings
 from domain.ids import transaction_id
 from domain.transaction import TxnState
@@ -38,6 +38,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def ledger(settings: Settings) -> Iterator[BillingLedger]:
+    migrate(settings)
     prepare(settings)
     with open_ledger(settings) as app:
         yield app
