@@ -94,7 +94,7 @@ def schema_status(settings: Settings) -> SchemaStatus:
 
 
 def prepare(settings: Settings, *, topics: bool = True) -> None:
-    """What a process does at start, with no DDL and no lock.
+    """What a process does at start: no DDL, no lock beyond one row.
 
     Waits until the schema is current (logging "schema at N, this build needs M: run
     billing-ledger migrate" every ``schema_check_interval_s``; raises SchemaNotReady

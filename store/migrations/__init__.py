@@ -64,7 +64,6 @@ __all__ = [
     "Migration",
     "SchemaState",
     "SchemaStatus",
-    "latest",
     "load_migrations",
     "migrate",
     "migrations",
@@ -243,11 +242,6 @@ def load_migrations(directory: Traversable) -> tuple[Migration, ...]:
 def migrations() -> tuple[Migration, ...]:
     """This build's migrations: the SQL files of this package (read once)."""
     return load_migrations(files(__name__))
-
-
-def latest() -> int:
-    """The number of this build's newest migration."""
-    return migrations()[-1].number
 
 
 def read_applied(conn: psycopg.Connection[Any]) -> tuple[AppliedMigration, ...]:
