@@ -1,10 +1,13 @@
 """The composition root: every long-lived part of a process is built here, from settings.
 
-``prepare`` creates the tables and topics; ``open_ledger`` opens the event store;
-``build_*`` make one worker role each; ``run_roles`` runs a set of roles, each in its
-own thread under ``adapters.supervisor`` (a role that fails is rebuilt and restarted;
-only repeated failure ends the process), until stopped, and returns only once every
-role has ended. The CLI, the demo, the benchmarks and the tests build
+``migrate`` applies the schema's migrations (the only DDL, run once per release by
+``billing-ledger migrate``); ``prepare`` is what a process does at start, with no DDL:
+it waits until the schema is current, records its health deadlines and creates the
+topics it needs; ``open_ledger`` opens the event store; ``build_*`` make one worker
+role each; ``run_roles`` runs a set of roles, each in its own thread under
+``adapters.supervisor`` (a role that fails is rebuilt and restarted; only repeated
+failure ends the process), until stopped, and returns only once every role has ended.
+The CLI, the demo, the benchmarks and the tests build
 processes through these functions only. Fault drills (``DRILLS``) are installed here
 as wrappers around the built parts, never as switches of production constructors.
 """
@@ -15,12 +18,9 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
-
-from psycopg import errors as pgerrors
 
 from adapters.broker import ensure_topics, make_consumer, make_producer
 from adapters.charging.process_manager import ChargeWorker
@@ -35,13 +35,15 @@ from adapters.settings import Settings
 from adapters.stripe.breaker import CircuitBreaker
 from adapters.stripe.client import StripeGateway
 from adapters.supervisor import RestartPolicy, RoleFactory, RoleRun, Supervisor
-from projections import projector, queue_health
+from projections import queue_health
 from projections.projector import Projector
 from store.connections import Database
 from store.dead_letters import DeadLetterStore
 from store.ledger import BillingLedger
+from store.migrations import AppliedMigration, SchemaStatus, wait_until_current
+from store.migrations import migrate as apply_migrations
+from store.migrations import schema_status as read_schema_status
 from store.recorder import postgres_env
-from store.schema import store_ddl
 
 __all__ = [
     "DRILLS",
@@ -57,10 +59,12 @@ __all__ = [
     "close_worker",
     "database",
     "install_drill",
+    "migrate",
     "open_ledger",
     "prepare",
     "restart_policy",
     "run_roles",
+    "schema_status",
 ]
 
 log = logging.getLogger(__name__)
@@ -77,26 +81,52 @@ def database(settings: Settings, *, pool_size: int | None = None) -> Database:
     return Database(settings.database_url, pool_size=size)
 
 
+def migrate(
+    settings: Settings, *, on_applied: Callable[[AppliedMigration], None] = lambda m: None
+) -> list[AppliedMigration]:
+    """Apply the schema's pending migrations, each once (``store.migrations``); returns
+    those this call applied. The one place where DDL runs; safe to run concurrently."""
+    with Database(settings.database_url).dedicated(autocommit=True) as conn:
+        return apply_migrations(
+            conn,
+            lock_timeout_s=settings.migrate_lock_timeout_s,
+            attempts=settings.migrate_attempts,
+            on_applied=on_applied,
+        )
+
+
+def schema_status(settings: Settings) -> SchemaStatus:
+    """This build's migrations beside what the database has applied (reads only)."""
+    with Database(settings.database_url).dedicated(autocommit=True) as conn:
+        return read_schema_status(conn)
+
+
 def prepare(settings: Settings, *, topics: bool = True) -> None:
-    """Create the database tables and the topics if they do not exist yet (idempotent)."""
-    for attempt in range(5):
-        try:
-            open_ledger(settings, create_tables=True).close()
-            with Database(settings.database_url).dedicated(autocommit=True) as conn:
-                conn.execute(store_ddl())
-                conn.execute(projector.schema_sql())
-                conn.execute(queue_health.SCHEMA_SQL)
-                queue_health.write_settings(
-                    conn,
-                    retry_horizon_s=settings.retry_horizon_s,
-                    reconcile_interval_s=settings.reconcile_interval_s,
-                    stale_after_s=settings.stale_after_s,
-                    heartbeat_timeout_s=settings.heartbeat_timeout_s(),
-                )
-            break
-        except (pgerrors.UniqueViolation, pgerrors.DuplicateObject):
-            # Another process created the same objects at the same moment; look again.
-            time.sleep(0.1 * (attempt + 1))
+    """What a process does at start: no DDL, no lock beyond one row.
+
+    Waits until the schema is current (logging "schema at N, this build needs M: run
+    billing-ledger migrate" every ``schema_check_interval_s``; raises SchemaNotReady
+    after ``schema_wait_s``, SchemaAhead at once when a newer build migrated); then
+    records its deadlines in ``billing.health_settings`` (one row: the last process to
+    start wins) and creates the topics if they are missing.
+    """
+    db = Database(settings.database_url)
+
+    def status() -> SchemaStatus:
+        with db.connection() as conn:
+            return read_schema_status(conn)
+
+    wait_until_current(
+        status, timeout_s=settings.schema_wait_s, interval_s=settings.schema_check_interval_s
+    )
+    with db.connection() as conn:
+        queue_health.write_settings(
+            conn,
+            retry_horizon_s=settings.retry_horizon_s,
+            reconcile_interval_s=settings.reconcile_interval_s,
+            stale_after_s=settings.stale_after_s,
+            heartbeat_timeout_s=settings.heartbeat_timeout_s(),
+        )
     if topics:
         ensure_topics(
             settings.kafka_bootstrap,
@@ -108,10 +138,11 @@ def prepare(settings: Settings, *, topics: bool = True) -> None:
         )
 
 
-def open_ledger(settings: Settings, *, create_tables: bool = False) -> BillingLedger:
-    """The ledger application on the configured database."""
+def open_ledger(settings: Settings) -> BillingLedger:
+    """The ledger application on the configured database. It creates no table
+    (``CREATE_TABLE=n``): the schema is the migrations' (``prepare`` waits for it)."""
     env = postgres_env(settings.database_url, pool_size=settings.db_pool_size)
-    env["CREATE_TABLE"] = "y" if create_tables else "n"
+    env["CREATE_TABLE"] = "n"
     return BillingLedger(settings.load_prices(), env=env, periods=settings.periods())
 
 

@@ -65,6 +65,20 @@ class Settings(BaseSettings):
     )
     db_pool_size: int = Field(4, ge=1)
 
+    # -- schema (store.migrations) -------------------------------------------------------
+    schema_wait_s: float = Field(
+        600.0, gt=0, description="a starting worker waits this long for migrate, then exits"
+    )
+    schema_check_interval_s: float = Field(
+        5.0, gt=0, description="how often a waiting worker looks at the schema version again"
+    )
+    migrate_lock_timeout_s: float = Field(
+        5.0, gt=0, description="a migration's statement gives up waiting for a lock after this"
+    )
+    migrate_attempts: int = Field(
+        10, ge=1, description="tries of a migration whose locks were not free (with backoff)"
+    )
+
     # -- charging ---------------------------------------------------------------
     events_topic: str = DEFAULT_EVENTS_TOPIC
     events_partitions: int = Field(4, ge=1)

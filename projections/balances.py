@@ -10,6 +10,7 @@ the transactions' exact amounts, never rounded), with the meaning of
 A reversal of a Charged transaction moves its amount from charged to compensated.
 ``refused`` counts transactions compensated straight from Metered (the spend limit
 said no). Rows are written only by the projector (``projections.projector``).
+Its table is made by the migrations (``store/migrations/``), never here.
 """
 
 from __future__ import annotations
@@ -42,24 +43,6 @@ COLUMNS = (
     "available",
     "updated_at",
 )
-
-_DDL = """
-CREATE TABLE IF NOT EXISTS {table} (
-    customer_id  text    NOT NULL,
-    currency     char(3) NOT NULL,
-    metered      numeric NOT NULL DEFAULT 0,
-    charged      numeric NOT NULL DEFAULT 0,
-    compensated  numeric NOT NULL DEFAULT 0,
-    in_flight    numeric GENERATED ALWAYS AS (metered - charged - compensated) STORED,
-    transactions integer NOT NULL DEFAULT 0,
-    refused      integer NOT NULL DEFAULT 0,
-    spend_limit  numeric,
-    available    numeric GENERATED ALWAYS AS (CASE WHEN spend_limit IS NULL THEN NULL
-        ELSE GREATEST(spend_limit - (metered - compensated), 0) END) STORED,
-    updated_at   timestamptz NOT NULL,
-    CONSTRAINT {pkey} PRIMARY KEY (customer_id, currency)
-);
-"""
 
 # One statement per (customer, currency) of a batch: add the batch's sums, and set the
 # limit when the batch set one.
@@ -95,12 +78,6 @@ class BalancesProjection:
     """Keeps ``billing.customer_balances`` from transaction and account events."""
 
     name: str = "customer_balances"
-    index_suffixes: tuple[str, ...] = ("pkey",)
-
-    def ddl(self, table: str) -> sql.Composed:
-        return sql.SQL(_DDL).format(
-            table=sql.Identifier(SCHEMA, table), pkey=sql.Identifier(f"{table}_pkey")
-        )
 
     def apply(
         self, conn: psycopg.Connection[Any], table: str, events: Sequence[Any], history: History

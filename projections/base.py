@@ -21,7 +21,6 @@ from uuid import UUID
 
 import psycopg
 from eventsourcing.persistence import StoredEvent
-from psycopg import sql
 
 from domain.account import CustomerAccount
 from domain.invoice_line import InvoiceLine, LinePush
@@ -59,14 +58,13 @@ class UnknownProjection(LookupError):
 
 
 class Projection(Protocol):
-    """A read model in the ``billing`` schema, kept by applying events in log order."""
+    """A read model in the ``billing`` schema, kept by applying events in log order.
+
+    Its table is made by the migrations (``store.migrations``), the one definition of
+    its shape; ``rebuild`` copies that shape for its shadow table.
+    """
 
     name: str  # also the name of its table
-    index_suffixes: tuple[str, ...]  # its indexes are named "{table}_{suffix}"
-
-    def ddl(self, table: str) -> sql.Composed:
-        """CREATE TABLE IF NOT EXISTS and CREATE INDEX IF NOT EXISTS for ``table``."""
-        ...
 
     def apply(
         self, conn: psycopg.Connection[Any], table: str, events: Sequence[Any], history: History

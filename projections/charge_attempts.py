@@ -4,6 +4,7 @@ Every ``ChargeFailed`` (with its error class) and every ``Charged`` becomes a ro
 the time it was recorded. ``billing.queue_health`` counts Stripe errors by class over
 the last 1, 5 and 15 minutes and charges per minute from it, so those figures come
 from the history like every other number, and survive a rebuild.
+Its table is made by the migrations (``store/migrations/``), never here.
 """
 
 from __future__ import annotations
@@ -30,33 +31,11 @@ COLUMNS = (
     "seconds_since_metered",
 )
 
-_DDL = """
-CREATE TABLE IF NOT EXISTS {table} (
-    transaction_id        uuid        NOT NULL,
-    version               integer     NOT NULL,
-    customer_id           text        NOT NULL,
-    at                    timestamptz NOT NULL,
-    outcome               text        NOT NULL CHECK (outcome IN ('charged', 'failed')),
-    error_class           text,
-    retryable             boolean,
-    seconds_since_metered double precision,
-    CONSTRAINT {pkey} PRIMARY KEY (transaction_id, version)
-);
-CREATE INDEX IF NOT EXISTS {at_idx} ON {table} (at);
-"""
-
 
 class ChargeAttemptsProjection:
     """Appends a row for each Charged or ChargeFailed event."""
 
     name: str = "charge_attempts"
-    index_suffixes: tuple[str, ...] = ("pkey", "at_idx")
-
-    def ddl(self, table: str) -> sql.Composed:
-        return sql.SQL(_DDL).format(
-            table=sql.Identifier(SCHEMA, table),
-            **{s: sql.Identifier(f"{table}_{s}") for s in self.index_suffixes},
-        )
 
     def apply(
         self, conn: psycopg.Connection[Any], table: str, events: Sequence[Any], history: History

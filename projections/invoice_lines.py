@@ -66,56 +66,6 @@ LINE_COLUMNS = (
     "updated_at",
 )
 
-_LINES_DDL = """
-CREATE TABLE IF NOT EXISTS {table} (
-    line_id           uuid        NOT NULL,
-    customer_id       text        NOT NULL,
-    currency          char(3)     NOT NULL,
-    meter             text        NOT NULL,
-    period_start      timestamptz NOT NULL,
-    period_end        timestamptz NOT NULL,
-    exact_total       numeric     NOT NULL,
-    billed            bigint      NOT NULL,
-    transactions      integer     NOT NULL,
-    sequence          integer     NOT NULL,
-    pushed_sequence   integer     NOT NULL,
-    stripe_amount     bigint      NOT NULL,
-    stripe_item_ids   text[]      NOT NULL,
-    stripe_invoice_id text,
-    charged_through   integer     NOT NULL,
-    push_attempts     integer     NOT NULL,
-    last_error        text,
-    next_attempt_at   timestamptz,
-    failing_since     timestamptz,
-    last_push_at      timestamptz,
-    oldest_unsent_at  timestamptz,
-    stripe_requests   bigint      NOT NULL,
-    updated_at        timestamptz NOT NULL,
-    CONSTRAINT {pkey} PRIMARY KEY (line_id)
-);
-CREATE INDEX IF NOT EXISTS {customer_idx} ON {table} (customer_id, period_start);
-CREATE INDEX IF NOT EXISTS {unsent_idx} ON {table} (oldest_unsent_at)
-    WHERE sequence > pushed_sequence OR charged_through < pushed_sequence;
-"""
-
-_PUSHES_DDL = """
-CREATE TABLE IF NOT EXISTS {table} (
-    push_id     uuid        NOT NULL,
-    version     integer     NOT NULL,
-    line_id     uuid        NOT NULL,
-    customer_id text        NOT NULL,
-    at          timestamptz NOT NULL,
-    outcome     text        NOT NULL CHECK (outcome IN ('pushed', 'failed')),
-    sequence    integer     NOT NULL,
-    billed      bigint,
-    error_class text,
-    retryable   boolean,
-    requests    integer     NOT NULL,
-    CONSTRAINT {pkey} PRIMARY KEY (push_id, version)
-);
-CREATE INDEX IF NOT EXISTS {at_idx} ON {table} (at);
-"""
-
 _LINE_EVENTS = (InvoiceLine.Opened, InvoiceLine.Settled, InvoiceLine.Removed)
 _PUSH_EVENTS = (LinePush.Pushed, LinePush.PushFailed, LinePush.ChargesRecorded)
 
@@ -124,13 +74,6 @@ class InvoiceLinesProjection:
     """Keeps ``billing.invoice_lines`` from the lines' and the pushes' events."""
 
     name: str = "invoice_lines"
-    index_suffixes: tuple[str, ...] = ("pkey", "customer_idx", "unsent_idx")
-
-    def ddl(self, table: str) -> sql.Composed:
-        return sql.SQL(_LINES_DDL).format(
-            table=sql.Identifier(SCHEMA, table),
-            **{s: sql.Identifier(f"{table}_{s}") for s in self.index_suffixes},
-        )
 
     def apply(
         self, conn: psycopg.Connection[Any], table: str, events: Sequence[Any], history: History
@@ -276,13 +219,6 @@ class LinePushesProjection:
     """Appends a row for each push outcome (``Pushed`` or ``PushFailed``)."""
 
     name: str = "line_pushes"
-    index_suffixes: tuple[str, ...] = ("pkey", "at_idx")
-
-    def ddl(self, table: str) -> sql.Composed:
-        return sql.SQL(_PUSHES_DDL).format(
-            table=sql.Identifier(SCHEMA, table),
-            **{s: sql.Identifier(f"{table}_{s}") for s in self.index_suffixes},
-        )
 
     def apply(
         self, conn: psycopg.Connection[Any], table: str, events: Sequence[Any], history: History

@@ -12,7 +12,13 @@ makes two projectors of one projection take turns instead of both applying a bat
 ``rebuild(name)`` replays the whole history into a shadow table, then in one
 transaction catches it up to the end of the log, drops the live table, renames the
 shadow in its place and moves the position. A reader sees the old table or the new
-one, never an empty or partial one.
+one, never an empty or partial one. The shadow is made ``LIKE`` the live table
+(columns, defaults, generated columns, constraints, indexes), so the migrations stay
+the one definition of a read model's shape; PostgreSQL names the copied indexes
+after the shadow, so the swap gives each the name of its live counterpart (matched
+by definition) and the live table's grants.
+
+The tables and their position rows are made by the migrations (``store.migrations``).
 """
 
 from __future__ import annotations
@@ -35,15 +41,7 @@ from store.connections import Database
 from store.eventlog import START, Position, follow, read_after
 from store.schema import EVENTS_TABLE
 
-__all__ = [
-    "PROJECTIONS",
-    "Projector",
-    "RebuildReport",
-    "projection",
-    "projector_behind",
-    "rebuild",
-    "schema_sql",
-]
+__all__ = ["PROJECTIONS", "Projector", "RebuildReport", "projection", "projector_behind", "rebuild"]
 
 log = logging.getLogger(__name__)
 
@@ -57,20 +55,6 @@ PROJECTIONS: tuple[Projection, ...] = (
 
 
 _SHADOW_SUFFIX = "__rebuild"
-
-
-def schema_sql() -> sql.Composed:
-    """Every projection's table and position row (idempotent; after ``store_ddl``)."""
-    parts: list[sql.Composable] = []
-    for p in PROJECTIONS:
-        parts.append(p.ddl(p.name))
-        parts.append(
-            sql.SQL(
-                "INSERT INTO billing.projection_positions VALUES ({}, '0', 0)"
-                " ON CONFLICT (name) DO NOTHING;"
-            ).format(sql.Literal(p.name))
-        )
-    return sql.Composed(parts)
 
 
 def projection(name: str) -> Projection:
@@ -179,7 +163,11 @@ def rebuild(
         conn.execute(
             sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(SCHEMA, shadow))
         )  # a rebuild that died half way
-        conn.execute(p.ddl(shadow))
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(
+                sql.Identifier(SCHEMA, shadow), sql.Identifier(SCHEMA, p.name)
+            )
+        )
         events, position = 0, START
         while True:  # the bulk, in committed batches: the live projector keeps going
             with conn.transaction():
@@ -211,18 +199,68 @@ def rebuild(
 
 
 def _swap(conn: psycopg.Connection[Any], p: Projection, shadow: str) -> None:
-    conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(SCHEMA, p.name)))
+    """Put ``shadow`` in the live table's place, with its index names and grants."""
+    live = sql.Identifier(SCHEMA, p.name)
+    names = _index_names(conn, p.name)
+    grants = _grants(conn, live)
+    conn.execute(sql.SQL("DROP TABLE {}").format(live))
     conn.execute(
         sql.SQL("ALTER TABLE {} RENAME TO {}").format(
             sql.Identifier(SCHEMA, shadow), sql.Identifier(p.name)
         )
     )
-    for suffix in p.index_suffixes:
-        conn.execute(
-            sql.SQL("ALTER INDEX {} RENAME TO {}").format(
-                sql.Identifier(SCHEMA, f"{shadow}_{suffix}"), sql.Identifier(f"{p.name}_{suffix}")
+    for index, definition in _indexes(conn, p.name):
+        wanted = names.get(definition)
+        if not wanted:
+            raise LookupError(f"rebuild {p.name}: index {index} ({definition}) is not on the table")
+        name = wanted.pop(0)
+        if name != index:  # renaming a primary key's index renames its constraint too
+            conn.execute(
+                sql.SQL("ALTER INDEX {} RENAME TO {}").format(
+                    sql.Identifier(SCHEMA, index), sql.Identifier(name)
+                )
             )
+    for grant in grants:
+        conn.execute(grant)
+
+
+def _indexes(conn: psycopg.Connection[Any], table: str) -> list[tuple[str, str]]:
+    """(name, definition without its own name and table) of each index of ``table``."""
+    rows = conn.execute(
+        "SELECT c.relname, i.indisprimary::text || ' ' || i.indisunique::text || ' '"
+        " || regexp_replace(pg_get_indexdef(i.indexrelid), '^.*? USING ', '')"
+        " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+        " WHERE i.indrelid = %s::regclass ORDER BY c.relname",
+        (f"{SCHEMA}.{table}",),
+    ).fetchall()
+    return [(str(r[0]), str(r[1])) for r in rows]
+
+
+def _index_names(conn: psycopg.Connection[Any], table: str) -> dict[str, list[str]]:
+    names: dict[str, list[str]] = {}
+    for name, definition in _indexes(conn, table):
+        names.setdefault(definition, []).append(name)
+    return names
+
+
+def _grants(conn: psycopg.Connection[Any], table: sql.Identifier) -> list[sql.Composed]:
+    """GRANT statements giving a new table what ``table`` grants (CREATE TABLE gives none)."""
+    rows = conn.execute(
+        "SELECT r.rolname, a.privilege_type, a.is_grantable"
+        " FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a"
+        " LEFT JOIN pg_roles r ON r.oid = a.grantee"
+        " WHERE c.oid = %s::regclass AND a.grantee <> c.relowner",
+        (table.as_string(conn),),
+    ).fetchall()
+    return [
+        sql.SQL("GRANT {} ON {} TO {}{}").format(
+            sql.SQL(privilege),  # one of PostgreSQL's privilege keywords, from the catalog
+            table,
+            sql.Identifier(role) if role is not None else sql.SQL("PUBLIC"),
+            sql.SQL(" WITH GRANT OPTION" if grantable else ""),
         )
+        for role, privilege, grantable in rows
+    ]
 
 
 Batch = tuple[list[Any], Position]  # decoded events, and the position after them
@@ -264,7 +302,7 @@ def _lock_position(conn: psycopg.Connection[Any], name: str) -> Position:
         (name,),
     ).fetchone()
     if row is None:
-        raise LookupError(f"no position for projection {name!r}: run prepare first")
+        raise LookupError(f"no position for projection {name!r}: run billing-ledger migrate")
     return Position(str(row[0]), int(row[1]))
 
 

@@ -4,6 +4,7 @@ Each row is the transaction's current state, the time of each step, and what a
 person needs to know about a stuck one (attempts, last error, when the next
 attempt is due). Rows are written only by the projector (``projections.projector``),
 exactly once per event; ``transactions()`` is the query the CLI runs.
+Its table is made by the migrations (``store/migrations/``), never here.
 """
 
 from __future__ import annotations
@@ -51,48 +52,11 @@ COLUMNS = (
     "updated_at",
 )
 
-_DDL = """
-CREATE TABLE IF NOT EXISTS {table} (
-    transaction_id      uuid        NOT NULL,
-    customer_id         text        NOT NULL,
-    usage_id            text        NOT NULL,
-    meter               text        NOT NULL,
-    quantity            numeric     NOT NULL,
-    amount              numeric     NOT NULL,
-    currency            char(3)     NOT NULL,
-    state               text        NOT NULL CHECK (state IN ({states})),
-    line_id             uuid,
-    line_sequence       integer,
-    attempts            integer     NOT NULL DEFAULT 0,
-    last_error          text,
-    next_attempt_at     timestamptz,
-    stripe_object_id    text,
-    compensation_reason text,
-    occurred_at         timestamptz NOT NULL,
-    metered_at          timestamptz NOT NULL,
-    reserved_at         timestamptz,
-    charged_at          timestamptz,
-    compensated_at      timestamptz,
-    updated_at          timestamptz NOT NULL,
-    CONSTRAINT {pkey} PRIMARY KEY (transaction_id)
-);
-CREATE INDEX IF NOT EXISTS {customer_idx} ON {table} (customer_id, metered_at);
-CREATE INDEX IF NOT EXISTS {state_due_idx} ON {table} (state, next_attempt_at);
-"""
-
 
 class TransactionsProjection:
     """Keeps ``billing.transactions``: inserts on Metered, updates on every later step."""
 
     name: str = "transactions"
-    index_suffixes: tuple[str, ...] = ("pkey", "customer_idx", "state_due_idx")
-
-    def ddl(self, table: str) -> sql.Composed:
-        return sql.SQL(_DDL).format(
-            table=sql.Identifier(SCHEMA, table),
-            states=sql.SQL(", ").join(sql.Literal(str(s)) for s in TxnState),
-            **{s: sql.Identifier(f"{table}_{s}") for s in self.index_suffixes},
-        )
 
     def apply(
         self, conn: psycopg.Connection[Any], table: str, events: Sequence[Any], history: History

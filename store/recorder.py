@@ -9,6 +9,9 @@ writers, same ``IntegrityError``) but takes no lock: each row also stores the id
 the transaction that wrote it (``pg_current_xact_id()``), so a follower can read a
 gap-free log by taking only rows whose transaction is older than every open one.
 A trigger refuses UPDATE and DELETE on the events table: history is append-only.
+The recorder makes no table: the events table, its columns and the trigger are
+made by the migrations (``store.migrations``), so ``CREATE_TABLE`` is ``n`` in every
+environment ``postgres_env`` gives, and ``create_table`` refuses.
 Each row also carries ``hash`` and ``prev_hash`` (``domain.chain``): a SHA-256 over
 its content and the hash of the aggregate's previous event, computed here, so an
 audit can prove no row was edited or deleted behind the trigger's back. Hashes of
@@ -38,6 +41,7 @@ from eventsourcing.persistence import (
     InterfaceError,
     JSONTranscoder,
     OperationalError,
+    ProgrammingError,
     StoredEvent,
 )
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
@@ -48,7 +52,6 @@ from psycopg.rows import DictRow
 from psycopg.sql import SQL, Identifier
 
 from domain.chain import GENESIS, event_hash
-from store.schema import events_table_statements
 
 __all__ = [
     "ConsumerPosition",
@@ -109,7 +112,13 @@ class LedgerRecorder(PostgresApplicationRecorder):
             "SELECT originator_id, originator_version, topic, state FROM {0}"
             " WHERE originator_id = ANY(%s) AND originator_version = 1"
         ).format(table)
-        self.sql_create_statements.extend(events_table_statements(table, self.datastore.schema))
+
+    def create_table(self) -> None:
+        """Refused: the schema is made by ``billing-ledger migrate``, never by a process
+        at start (``CREATE_TABLE=n``; see ``store.migrations``)."""
+        raise ProgrammingError(
+            "LedgerRecorder creates no tables: run billing-ledger migrate (and set CREATE_TABLE=n)"
+        )
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(
@@ -290,7 +299,11 @@ class OrjsonTranscoder(JSONTranscoder):
 
 
 def postgres_env(url: str, *, pool_size: int = 4, lock_free: bool = True) -> dict[str, str]:
-    """eventsourcing's environment for the PostgreSQL at ``url`` (a libpq URI)."""
+    """eventsourcing's environment for the PostgreSQL at ``url`` (a libpq URI).
+
+    ``CREATE_TABLE`` is ``n``: eventsourcing makes no table at start (it defaults to
+    yes); the migrations own the schema.
+    """
     params: dict[str, Any] = conninfo_to_dict(url)
     env = {
         "PERSISTENCE_MODULE": "eventsourcing.postgres",
@@ -301,6 +314,7 @@ def postgres_env(url: str, *, pool_size: int = 4, lock_free: bool = True) -> dic
         "POSTGRES_PASSWORD": str(params.get("password") or ""),
         "POSTGRES_POOL_SIZE": str(pool_size),
         "POSTGRES_CONNECT_TIMEOUT": "10",
+        "CREATE_TABLE": "n",
     }
     if lock_free:
         env["APPLICATION_RECORDER_TOPIC"] = f"{__name__}:{LedgerRecorder.__name__}"

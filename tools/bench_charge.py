@@ -36,7 +36,7 @@ from typing import Any
 import psycopg
 from eventsourcing.utils import get_topic
 
-from adapters.bootstrap import prepare
+from adapters.bootstrap import migrate, prepare
 from adapters.broker import make_producer
 from adapters.observability.logs import configure_logging
 from adapters.progress import step
@@ -88,6 +88,7 @@ def run_load(
             reconcile_interval_s=1.0,
             settle_interval_s=settle_interval_s,
         )
+        migrate(settings)
         prepare(settings)
         load = _Load(customers, min(meters, len(METERS)))
         with ExitStack() as stack:

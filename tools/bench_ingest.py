@@ -29,7 +29,13 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from adapters.bootstrap import build_ingest_worker, close_worker, open_ledger, prepare
+from adapters.bootstrap import (
+    build_ingest_worker,
+    close_worker,
+    migrate,
+    open_ledger,
+    prepare,
+)
 from adapters.broker import make_producer
 from adapters.progress import Progress, step
 from adapters.settings import Settings
@@ -71,6 +77,7 @@ def run_ingest_bench(
             ingest_group="bench",
             batch_max_records=batch,
         )
+        migrate(settings)
         prepare(settings)
         usage = bench_usage(records, customers=CUSTOMERS)
         result: dict[str, Any] = {

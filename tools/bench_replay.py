@@ -26,7 +26,7 @@ from uuid import UUID
 import psycopg
 
 from adapters.audit.replay import HISTORY_COPY, history_size, read_history, replay
-from adapters.bootstrap import open_ledger, prepare
+from adapters.bootstrap import migrate, open_ledger
 from adapters.progress import Progress, step
 from adapters.settings import Settings
 from domain.audit import balances_of, check_balances, check_transactions
@@ -51,7 +51,7 @@ def run_replay_bench(events: int, *, database_url: str | None = None) -> dict[st
             database_url = stack.enter_context(EmbeddedPostgres()).url
         url = fresh_database(database_url, "bench_replay")
         settings = Settings(database_url=url)
-        prepare(settings, topics=False)
+        migrate(settings)
         with open_ledger(settings) as ledger:
             generated = _generate(ledger, events)
         db = _database_read(url)

@@ -24,6 +24,7 @@ from adapters.bootstrap import (
     build_projector,
     close_worker,
     database,
+    migrate,
     open_ledger,
     prepare,
     run_roles,
@@ -65,6 +66,7 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
         settings = Settings(
             database_url=pg.url, kafka_bootstrap=broker.bootstrap, ingest_group="demo-ingest"
         )
+        migrate(settings)
         prepare(settings)
         prices = settings.load_prices()
         with open_ledger(settings) as ledger:

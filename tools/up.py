@@ -1,5 +1,6 @@
 """``billing-ledger up``: the embedded PostgreSQL and broker in the foreground, with the
-exports another shell needs, until Ctrl-C."""
+exports another shell needs, until Ctrl-C. It migrates the new database and creates
+the topics, so ``run`` can start at once."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import signal
 import threading
 from pathlib import Path
 
-from adapters.bootstrap import prepare
+from adapters.bootstrap import migrate, prepare
 from adapters.settings import Settings
 from infra.embedded import EmbeddedPostgres, TansuBroker
 
@@ -16,7 +17,9 @@ __all__ = ["run_up"]
 
 def run_up(data_dir: Path | None, kafka_port: int | None) -> None:
     with EmbeddedPostgres(data_dir) as pg, TansuBroker(kafka_port) as broker:
-        prepare(Settings(database_url=pg.url, kafka_bootstrap=broker.bootstrap))
+        settings = Settings(database_url=pg.url, kafka_bootstrap=broker.bootstrap)
+        migrate(settings)
+        prepare(settings)
         print("# embedded PostgreSQL and Tansu are up; in another shell:")
         print(f"export BILLING_LEDGER_DATABASE_URL='{pg.url}'")
         print(f"export BILLING_LEDGER_KAFKA_BOOTSTRAP='{broker.bootstrap}'")

@@ -1,5 +1,6 @@
-"""The service's commands: ``run`` the workers, ``produce`` usage, ``up`` the embedded
-services, ``health``. Each builds what it needs through ``adapters.bootstrap``."""
+"""The service's commands: ``migrate`` the schema, ``run`` the workers, ``produce``
+usage, ``up`` the embedded services, ``health``. Each builds what it needs through
+``adapters.bootstrap``."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from adapters.cli.args import EXIT_FAILURE, CliError, port, port_or_zero, positi
 
 if TYPE_CHECKING:
     from adapters.settings import Settings
+    from store.migrations import SchemaStatus
 
 __all__ = ["add_commands"]
 
@@ -30,6 +32,16 @@ def add_commands(sub: Any) -> None:
     up.add_argument("--data-dir", type=Path, help="keep PostgreSQL's data here (default: temp)")
     up.add_argument("--kafka-port", type=port, help="broker port (default: a free one)")
     up.set_defaults(handler=_up)
+
+    migrate = sub.add_parser(
+        "migrate", help="apply the schema's pending migrations (the only command that runs DDL)"
+    )
+    migrate.add_argument(
+        "--status",
+        action="store_true",
+        help="show applied and pending migrations, change nothing; exit 0 only when current",
+    )
+    migrate.set_defaults(handler=_migrate)
 
     produce = sub.add_parser("produce", help="send JSON-lines usage records to the usage topic")
     produce.add_argument("file", nargs="?", default="-", help="a file, or - for stdin")
@@ -69,6 +81,47 @@ def _up(args: argparse.Namespace) -> int:
     up = importlib.import_module("tools.up")
     up.run_up(args.data_dir, args.kafka_port)
     return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    import logging
+
+    from adapters.bootstrap import migrate, schema_status
+    from adapters.settings import Settings
+
+    settings = Settings()
+    if args.status:
+        status = schema_status(settings)
+        print(_render_status(status))
+        return 0 if not status.problem() else EXIT_FAILURE
+    # A migration waiting for a lock says so (a warning) on stderr, as plain lines.
+    logging.basicConfig(level=logging.WARNING, format="billing-ledger: %(message)s")
+    applied = migrate(
+        settings,
+        on_applied=lambda m: print(f"applied {m.label} in {m.duration_s:.2f} s", flush=True),
+    )
+    status = schema_status(settings)
+    done = f"{len(applied)} applied" if applied else "nothing to apply"
+    print(f"schema at {status.version} ({done})")
+    return 0
+
+
+def _render_status(status: SchemaStatus) -> str:
+    applied = {a.number: a for a in status.applied}
+    lines = []
+    for m in status.known:
+        a = applied.get(m.number)
+        if a is None:
+            lines.append(f"{m.number:>4}  {m.name:<28} pending")
+        else:
+            when = a.applied_at.isoformat(timespec="seconds") if a.applied_at else "?"
+            same = "" if a.checksum == m.checksum else "  CHANGED since applied"
+            took = f"{a.duration_s:.2f} s"
+            lines.append(f"{m.number:>4}  {m.name:<28} applied {when} ({took}){same}")
+    lines += [f"{a.number:>4}  {a.name:<28} applied, not in this build" for a in status.unknown]
+    lines.append(f"schema at {status.version}; this build's newest migration is {status.latest}")
+    lines.append(status.problem() or "current")
+    return "\n".join(lines)
 
 
 def _produce(args: argparse.Namespace) -> int:

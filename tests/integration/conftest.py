@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from adapters.bootstrap import open_ledger, prepare
+from adapters.bootstrap import migrate, open_ledger
 from adapters.settings import Settings
 from infra.stripe_emulator import StripeEmulator
 from store.ledger import BillingLedger
@@ -21,6 +21,6 @@ def stripe_settings(settings: Settings, emulator: StripeEmulator) -> Settings:
 
 @pytest.fixture
 def ledger(stripe_settings: Settings) -> Iterator[BillingLedger]:
-    prepare(stripe_settings, topics=False)
+    migrate(stripe_settings)
     with open_ledger(stripe_settings) as app:
         yield app

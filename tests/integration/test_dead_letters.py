@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from adapters.bootstrap import build_retention, prepare
+from adapters.bootstrap import build_retention, migrate
 from adapters.settings import Settings
 from domain.ports import DeadLetter
 from projections.queue_health import read_health
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def store(settings: Settings) -> Iterator[DeadLetterStore]:
-    prepare(settings, topics=False)
+    migrate(settings)
     yield DeadLetterStore(Database(settings.database_url))
 
 
@@ -117,14 +117,3 @@ def test_retention_of_zero_days_keeps_everything(
     retention = build_retention(settings.model_copy(update={"dead_letter_retention_days": 0}))
     assert retention.sweep(threading.Event()) == 0
     assert len(store.all()) == 1
-
-
-def test_letters_stored_before_the_counts_existed_are_counted_once_by_prepare(
-    settings: Settings, store: DeadLetterStore
-) -> None:
-    store.record([_letter(i) for i in range(3)])
-    with psycopg.connect(settings.database_url) as conn:  # as a database from before issue 11
-        conn.execute("DROP TABLE billing.dead_letter_counts")
-    prepare(settings, topics=False)
-    prepare(settings, topics=False)  # every later start changes nothing
-    assert store.count() == 3

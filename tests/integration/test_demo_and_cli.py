@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from adapters.bootstrap import open_ledger, prepare
+from adapters.bootstrap import migrate, open_ledger
 from adapters.settings import DEFAULT_PRICE_LIST, Settings
 from domain.ids import transaction_id
 from domain.money import round_minor
@@ -112,7 +112,7 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
 def test_history_shows_a_transactions_events_by_id_and_by_customer_and_usage_id(
     settings: Settings,
 ) -> None:
-    prepare(settings, topics=False)
+    migrate(settings)
     with open_ledger(settings) as ledger:
         from domain.metering import Metering
         from domain.transaction import Source
@@ -137,7 +137,7 @@ def test_history_shows_a_transactions_events_by_id_and_by_customer_and_usage_id(
 
 
 def test_accounts_set_limit_is_exact_and_shown(settings: Settings) -> None:
-    prepare(settings, topics=False)
+    migrate(settings)
     env = settings_env(settings)
     assert _cli("accounts", "set-limit", "acme", "250.50", "usd", env=env).returncode == 0
     shown = json.loads(_cli("accounts", "show", "acme", "USD", "--json", env=env).stdout)
@@ -168,7 +168,7 @@ def test_accounts_set_limit_is_exact_and_shown(settings: Settings) -> None:
 def test_cli_misuse_gets_one_line_and_a_non_zero_exit(
     settings: Settings, args: list[str], status: int, message: str
 ) -> None:
-    prepare(settings, topics=False)
+    migrate(settings)
     proc = _cli(*args, env=settings_env(settings))
     assert proc.returncode == status
     lines = proc.stderr.strip().splitlines()

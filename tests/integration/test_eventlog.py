@@ -7,7 +7,7 @@ import uuid
 import psycopg
 import pytest
 
-from adapters.bootstrap import prepare
+from adapters.bootstrap import migrate
 from adapters.settings import Settings
 from store.eventlog import START, read_after
 from store.schema import EVENTS_TABLE as EVENTS
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 def test_batches_follow_numeric_xid_order_across_a_power_of_ten(settings: Settings) -> None:
     """xids 98, 99, 100, 101 must come in that order (as text, '100' < '98')."""
-    prepare(settings, topics=False)
+    migrate(settings)
     xids = [100, 98, 101, 99]  # inserted out of order, as concurrent writers commit
     with psycopg.connect(settings.database_url) as conn:
         for xid in xids:

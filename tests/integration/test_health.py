@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from adapters.bootstrap import build_projector, build_pusher, open_ledger, prepare
+from adapters.bootstrap import build_projector, build_pusher, migrate, open_ledger, prepare
 from adapters.observability.health_server import HealthProbe, HealthServer
 from adapters.observability.heartbeat import Heartbeat
 from adapters.settings import Settings
@@ -46,6 +46,7 @@ def health_settings(charge_settings: Settings) -> Settings:
 
 @pytest.fixture
 def ledger(health_settings: Settings) -> Iterator[BillingLedger]:
+    migrate(health_settings)
     prepare(health_settings)
     with open_ledger(health_settings) as app:
         yield app
@@ -199,6 +200,7 @@ def test_queue_health_and_the_health_endpoint_report_what_a_test_set_up(
 def test_a_worker_beats_while_the_broker_is_down_and_says_why_its_lag_is_missing(
     health_settings: Settings,
 ) -> None:
+    migrate(health_settings)
     prepare(health_settings, topics=False)
     down = health_settings.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{free_port()}"})
     heartbeat = Heartbeat(down, Database(down.database_url), ["ingest"])
@@ -307,6 +309,7 @@ def test_metrics_expose_the_named_series_with_the_right_values_after_a_known_wor
     health_settings: Settings, emulator: StripeEmulator
 ) -> None:
     """A real ``billing-ledger run`` process: 12 records for 3 customers and 2 bad ones."""
+    migrate(health_settings)
     prepare(health_settings)
     port = free_port()
     env = settings_env(health_settings)
@@ -435,6 +438,7 @@ def _reachable(port: int) -> bool:
 def test_the_health_command_shows_the_figures_as_a_table_json_and_live(
     health_settings: Settings,
 ) -> None:
+    migrate(health_settings)
     prepare(health_settings, topics=False)
     env = settings_env(health_settings)
     quiet = _cli("health", env=env)

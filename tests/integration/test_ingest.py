@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from adapters.bootstrap import build_ingest_worker, close_worker, open_ledger, prepare
+from adapters.bootstrap import build_ingest_worker, close_worker, migrate, open_ledger, prepare
 from adapters.settings import Settings
 from domain.ids import transaction_id
 from domain.transaction import TxnState
@@ -41,6 +41,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def ledger(settings: Settings) -> Iterator[BillingLedger]:
+    migrate(settings)
     prepare(settings)
     with open_ledger(settings) as app:
         yield app
@@ -265,23 +266,6 @@ def test_a_usage_id_sent_again_with_another_body_is_a_counted_conflict_and_resen
         health = read_health(conn)
     assert (health["conflicting_duplicates_last_hour"], health["dead_letters_last_hour"]) == (2, 2)
     assert health["dead_letters_total"] == 2
-
-
-def test_prepare_replaces_a_queue_health_function_from_before_its_new_columns(
-    settings: Settings, ledger: BillingLedger
-) -> None:
-    with psycopg.connect(settings.database_url) as conn:  # the shape of an older release
-        conn.execute("DROP VIEW billing.queue_health")
-        conn.execute("DROP FUNCTION billing.queue_health_now()")
-        conn.execute(
-            "CREATE FUNCTION billing.queue_health_now() RETURNS TABLE (observed_at timestamptz,"
-            " dead_letters_last_hour bigint) LANGUAGE sql STABLE AS $$ SELECT now(), 0::bigint $$"
-        )
-        conn.execute("CREATE VIEW billing.queue_health AS SELECT * FROM billing.queue_health_now()")
-    prepare(settings, topics=False)
-    with psycopg.connect(settings.database_url) as conn:
-        health = read_health(conn)
-    assert health["conflicting_duplicates_last_hour"] == 0 and health["backlog_reserved"] == 0
 
 
 def test_a_spend_limit_refuses_usage_past_it_and_releases_nothing_it_did_not_reserve(

@@ -8,7 +8,7 @@ from uuid import uuid4
 import pytest
 from eventsourcing.persistence import IntegrityError, StoredEvent
 
-from adapters.bootstrap import open_ledger, prepare
+from adapters.bootstrap import migrate, open_ledger
 from adapters.settings import Settings
 from domain.account import CustomerAccount
 from domain.ids import account_id, transaction_id
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def ledger(settings: Settings) -> Iterator[BillingLedger]:
-    prepare(settings, topics=False)
+    migrate(settings)
     with open_ledger(settings) as app:
         yield app
 

@@ -17,7 +17,7 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from adapters.bootstrap import build_projector, open_ledger, prepare
+from adapters.bootstrap import build_projector, migrate, open_ledger, prepare
 from adapters.settings import Settings
 from domain.transaction import TxnState
 from infra.stripe_emulator import StripeEmulator
@@ -176,7 +176,7 @@ class _FailsOnce(TransactionsProjection):
 def test_a_batch_that_fails_before_its_commit_leaves_rows_and_position_as_they_were(
     settings: Settings, request: pytest.FixtureRequest
 ) -> None:
-    prepare(settings, topics=False)
+    migrate(settings)
     with open_ledger(settings) as ledger:
         record(ledger, "acme", [f"r-{i}" for i in range(10)])
         decode = ledger.mapper.to_domain_event
@@ -208,7 +208,7 @@ def test_a_batch_that_fails_before_its_commit_leaves_rows_and_position_as_they_w
 def test_applying_again_is_impossible_once_the_position_moved_even_for_racing_projectors(
     settings: Settings, request: pytest.FixtureRequest
 ) -> None:
-    prepare(settings, topics=False)
+    migrate(settings)
     with open_ledger(settings) as ledger:
         for chunk in range(4):
             record(ledger, f"cust-{chunk}", [f"r-{i}" for i in range(50)])
@@ -253,7 +253,7 @@ def test_rebuild_under_concurrent_reads_never_shows_an_empty_or_partial_table(
     settings: Settings, request: pytest.FixtureRequest
 ) -> None:
     url = settings.database_url
-    prepare(settings, topics=False)
+    migrate(settings)
     with open_ledger(settings) as ledger:
         record(ledger, "acme", [f"r-{i}" for i in range(300)])
         projector = build_projector(settings, ledger)
@@ -334,7 +334,7 @@ def test_rebuild_under_concurrent_reads_never_shows_an_empty_or_partial_table(
 def test_invalid_filters_raise_invalid_filter_before_any_sql(
     settings: Settings, query: dict[str, Any], message: str
 ) -> None:
-    prepare(settings, topics=False)
+    migrate(settings)
     with psycopg.connect(settings.database_url) as conn:
         with pytest.raises(InvalidFilter, match=message) as caught:
             transactions(conn, **query)
@@ -351,7 +351,7 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def test_cli_shows_the_read_models_and_refuses_bad_filters_changing_nothing(
     settings: Settings,
 ) -> None:
-    prepare(settings, topics=False)
+    migrate(settings)
     with open_ledger(settings) as ledger:
         record(ledger, "acme", ["r-1", "r-2", "r-3"])
         record(ledger, "bolt", ["b-1"])
@@ -408,6 +408,7 @@ def test_cli_shows_the_read_models_and_refuses_bad_filters_changing_nothing(
 
 
 def test_the_project_role_keeps_the_read_models_current(settings: Settings) -> None:
+    migrate(settings)
     prepare(settings)
     worker = subprocess.Popen(
         [*CLI, "run", "--role", "project"], env=settings_env(settings), stderr=subprocess.PIPE
@@ -433,7 +434,7 @@ def test_the_readme_sql_examples_run_against_the_read_models(settings: Settings)
     blocks = re.findall(r"```sql\n(.*?)```", readme, flags=re.DOTALL)
     statements = [s for block in blocks for s in block.split(";") if s.strip()]
     assert len(statements) >= 3
-    prepare(settings, topics=False)
+    migrate(settings)
     with open_ledger(settings) as ledger:
         ledger.set_spend_limit("acme", "USD", 600)
         record(ledger, "acme", ["r-1"])

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from adapters.bootstrap import open_ledger, prepare
+from adapters.bootstrap import migrate, open_ledger, prepare
 from adapters.observability import telemetry
 from adapters.settings import Settings
 from store.schema import EVENTS_TABLE as EVENTS
@@ -50,6 +50,7 @@ def _json_objects(text: str) -> list[dict[str, Any]]:
 def test_run_with_the_console_exporter_writes_the_spans_to_stdout_and_flushes_them_on_sigterm(
     settings: Settings,
 ) -> None:
+    migrate(settings)
     prepare(settings)
     with open_ledger(settings) as ledger:
         ids = reserve(ledger, 2)

@@ -1,0 +1,233 @@
+"""Restart drill: a worker started and SIGKILLed in a loop beside two that write under load.
+
+The fault (issue 11, item 4): every process used to run the schema's DDL at start, and
+``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` takes an ACCESS EXCLUSIVE lock on the
+events table even when the column exists; a starting worker waited for it behind the
+running workers' inserts, stopped every write meanwhile, and deadlocked with them
+("deadlock detected ... AccessExclusiveLock on relation billingledger_events"). Now
+``migrate`` runs the DDL once and a starting worker only reads the schema version.
+
+Against real PostgreSQL, the broker and the Stripe emulator: two ``billing-ledger run``
+processes (every role), started together, run for the whole drill while usage is
+produced continuously (``BILLING_LEDGER_DRILL_RATE`` records/s, default 120, for many
+customers, one in 50 malformed); a third ``run`` is started, awaited until it beats,
+and SIGKILLed at a random moment of its work, again and again for
+``BILLING_LEDGER_DRILL_S`` seconds (default 30). Then: no start failed (every third
+process ended by our SIGKILL, the two stayed up and stop cleanly), nothing lost (I1, I6:
+every record is a transaction or a dead letter, once), nothing double-billed (I3, I4:
+``assert_invariants``).
+
+On the code before migrations it fails: the two steady workers starting together
+die on "tuple concurrently updated" (two processes replacing the same function), and
+with them started one after the other, two to four of six restarts at 100-150
+records/s died on "deadlock detected ... AccessExclusiveLock".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from adapters.bootstrap import migrate, open_ledger
+from adapters.broker import ensure_topics, make_producer
+from adapters.settings import Settings
+from domain.ids import transaction_id
+from infra.stripe_emulator import StripeEmulator
+from tests.conftest import settings_env
+from tests.drills.support import assert_invariants
+from tests.integration.support import metered_usage_ids, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.drill]
+
+DRILL_S = float(os.environ.get("BILLING_LEDGER_DRILL_S", "30"))
+RATE_PER_S = int(os.environ.get("BILLING_LEDGER_DRILL_RATE", "120"))  # records/s, 1 in 50 bad
+CUSTOMERS = 25
+
+
+@dataclass
+class Worker:
+    """A ``billing-ledger run --role all`` process, its stderr kept in a file."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @classmethod
+    def start(cls, settings: Settings, log: Path) -> Worker:
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "adapters.cli", "run", "--role", "all"],
+                env=settings_env(settings),
+                stdout=subprocess.DEVNULL,
+                stderr=out,
+            )
+        return cls(proc, log)
+
+    def started_or_ended(self, url: str) -> bool:
+        """Its heartbeat row is there (it passed its start and runs its roles), or it exited."""
+        if self.proc.poll() is not None:
+            return True
+        with psycopg.connect(url) as conn:
+            row = conn.execute(
+                "SELECT 1 FROM billing.workers WHERE pid = %s", (self.proc.pid,)
+            ).fetchone()
+        return row is not None
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+@dataclass
+class Produced:
+    valid: list[str] = field(default_factory=list)  # usage ids, all for distinct records
+    customers: dict[str, str] = field(default_factory=dict)  # usage id -> customer
+    malformed: int = 0
+
+
+def _produce(settings: Settings, stop: threading.Event, produced: Produced) -> None:
+    producer = make_producer(settings.kafka_bootstrap)
+    n = 0
+    try:
+        while not stop.is_set():
+            for _ in range(RATE_PER_S // 10):
+                n += 1
+                customer = f"cust-{n % CUSTOMERS}"
+                if n % 50 == 0:
+                    producer.send(settings.usage_topic, key=customer.encode(), value=b'{"usage_id"')
+                    produced.malformed += 1
+                    continue
+                usage_id = f"u-{n}"
+                record = {
+                    "usage_id": usage_id,
+                    "customer_id": customer,
+                    "meter": "api.requests",
+                    "quantity": 1000 + n % 7,
+                    "occurred_at": "2026-12-01T00:00:00Z",
+                }
+                producer.send(
+                    settings.usage_topic, key=customer.encode(), value=json.dumps(record).encode()
+                )
+                produced.valid.append(usage_id)
+                produced.customers[usage_id] = customer
+            producer.flush()
+            stop.wait(0.1)  # the pace of the load, not a synchronisation
+    finally:
+        producer.flush()
+        producer.close()
+
+
+def _counts(url: str, topic: str) -> tuple[int, int]:
+    """(finished transactions in the read model, dead letters of the usage topic)."""
+    with psycopg.connect(url) as conn:
+        finished = conn.execute(
+            "SELECT count(*) FROM billing.transactions WHERE state IN ('charged', 'compensated')"
+        ).fetchone()
+        letters = conn.execute(
+            "SELECT count(*) FROM billing.dead_letters WHERE source_topic = %s", (topic,)
+        ).fetchone()
+    return (int(finished[0]) if finished else -1, int(letters[0]) if letters else -1)
+
+
+@pytest.fixture
+def drill_settings(charge_settings: Settings) -> Settings:
+    return charge_settings.model_copy(
+        update={
+            "stripe_rate_per_s": 1000,  # Stripe's pressure is not this drill's fault
+            "stripe_max_concurrency": 16,
+            "heartbeat_interval_s": 1.0,
+            "reconcile_interval_s": 0.5,
+            "stale_after_s": 2.0,
+        }
+    )
+
+
+@pytest.fixture
+def steady(drill_settings: Settings, tmp_path: Path) -> Iterator[list[Worker]]:
+    migrate(drill_settings)
+    ensure_topics(
+        drill_settings.kafka_bootstrap,
+        [
+            (drill_settings.usage_topic, drill_settings.usage_partitions),
+            (drill_settings.dlq_topic, 1),
+            (drill_settings.events_topic, drill_settings.events_partitions),
+        ],
+    )
+    workers = [Worker.start(drill_settings, tmp_path / f"steady-{i}.log") for i in range(2)]
+    yield workers
+    for w in workers:
+        if w.proc.poll() is None:
+            w.proc.kill()
+            w.proc.wait()
+
+
+def test_workers_started_and_killed_in_a_loop_beside_two_writers_never_fail_to_start_and_lose_or_double_bill_nothing(  # noqa: E501
+    drill_settings: Settings,
+    steady: list[Worker],
+    emulator: StripeEmulator,
+    tmp_path: Path,
+) -> None:
+    settings, url = drill_settings, drill_settings.database_url
+    for w in steady:
+        wait_for(partial(w.started_or_ended, url), what="a steady worker to start")
+        assert w.proc.poll() is None, w.tail()
+
+    stop = threading.Event()
+    produced = Produced()
+    producer = threading.Thread(target=_produce, args=(settings, stop, produced))
+    producer.start()
+    rng = random.Random(11)
+    starts, failed = 0, []
+    try:
+        end = time.monotonic() + DRILL_S
+        while time.monotonic() < end:
+            starts += 1
+            third = Worker.start(settings, tmp_path / f"third-{starts}.log")
+            wait_for(partial(third.started_or_ended, url), timeout=120, what="the third to start")
+            if third.proc.poll() is None:
+                time.sleep(rng.uniform(0.0, 1.5))  # the fault's moment: some work, then kill
+                third.proc.kill()
+            code = third.proc.wait()
+            if code != -signal.SIGKILL:
+                failed.append(f"start {starts} exited with {code}: {third.tail()}")
+            assert all(w.proc.poll() is None for w in steady), [w.tail() for w in steady]
+    finally:
+        stop.set()
+        producer.join(30)
+
+    assert failed == [], "\n\n".join(failed)
+    valid = set(produced.valid)
+    wait_for(
+        lambda: set(metered_usage_ids(url)) >= valid,
+        timeout=180,
+        what="every valid record to be recorded",
+    )
+    wait_for(
+        lambda: _counts(url, settings.usage_topic) == (len(valid), produced.malformed),
+        timeout=180,
+        what="every transaction terminal and every malformed record dead-lettered",
+    )
+    for w in steady:
+        assert w.proc.poll() is None, w.tail()
+        w.proc.send_signal(signal.SIGTERM)
+    assert [w.proc.wait(60) for w in steady] == [0, 0], [w.tail() for w in steady]
+
+    metered = metered_usage_ids(url)
+    assert sorted(metered) == sorted(valid)  # each record once (I1), none lost (I6)
+    ids: list[UUID] = [transaction_id(produced.customers[u], u) for u in produced.valid]
+    with open_ledger(settings) as ledger:
+        states = assert_invariants(ledger, emulator, ids, settings)  # I3, I4
+    assert states == {"charged": len(ids)}
+    print(f"restart drill: {starts} starts killed, {len(ids)} charged, {produced.malformed} dead")
