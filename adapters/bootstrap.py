@@ -19,15 +19,19 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
+from uuid import UUID
 
 from adapters.broker import ensure_topics, make_consumer, make_producer
+from adapters.charging.closer import InvoiceCloser
 from adapters.charging.process_manager import ChargeWorker
 from adapters.charging.pusher import LinePusher
 from adapters.charging.reconciler import Reconciler
 from adapters.charging.relay import Relay
 from adapters.charging.scheduler import LineScheduler
+from adapters.http.server import HttpLimits, HttpServer
 from adapters.ingest.retention import DeadLetterRetention
 from adapters.ingest.worker import IngestStats, IngestWorker
 from adapters.observability.heartbeat import Heartbeat, Pulses
@@ -35,7 +39,10 @@ from adapters.settings import Settings
 from adapters.stripe.breaker import CircuitBreaker
 from adapters.stripe.client import StripeGateway
 from adapters.supervisor import RestartPolicy, RoleFactory, RoleRun, Supervisor
+from adapters.webhooks.app import webhook_server
+from adapters.webhooks.handler import WebhookHandler
 from projections import queue_health
+from projections.invoices import due_invoices
 from projections.projector import Projector
 from store.connections import Database
 from store.dead_letters import DeadLetterStore
@@ -44,11 +51,13 @@ from store.migrations import AppliedMigration, SchemaStatus, wait_until_current
 from store.migrations import migrate as apply_migrations
 from store.migrations import schema_status as read_schema_status
 from store.recorder import postgres_env
+from store.webhooks import WebhookStore
 
 __all__ = [
     "DRILLS",
     "ROLES",
     "build_charge_worker",
+    "build_closer",
     "build_ingest_worker",
     "build_projector",
     "build_pusher",
@@ -56,8 +65,10 @@ __all__ = [
     "build_relay",
     "build_retention",
     "build_scheduler",
+    "build_webhook_server",
     "close_worker",
     "database",
+    "drive_invoices",
     "install_drill",
     "migrate",
     "open_ledger",
@@ -69,7 +80,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ROLES = ("ingest", "relay", "project", "charge", "reconcile")
+ROLES = ("ingest", "relay", "project", "charge", "reconcile", "webhooks")
+"""``all`` runs every role; ``webhooks`` only where ``WEBHOOK_SECRETS`` is set."""
 DRILLS = ("kill_after_save", "kill_after_stripe", "kill_before_stripe", "fail_charge_once")
 
 
@@ -126,6 +138,7 @@ def prepare(settings: Settings, *, topics: bool = True) -> None:
             reconcile_interval_s=settings.reconcile_interval_s,
             stale_after_s=settings.stale_after_s,
             heartbeat_timeout_s=settings.heartbeat_timeout_s(),
+            invoice_grace_s=settings.invoice_grace_s,
         )
     if topics:
         ensure_topics(
@@ -201,6 +214,49 @@ def build_scheduler(settings: Settings, pusher: LinePusher) -> LineScheduler:
         settle_interval_s=settings.settle_interval_s,
         workers=settings.stripe_max_concurrency,
     )
+
+
+def build_closer(
+    settings: Settings, pusher: LinePusher, scheduler: LineScheduler | None = None
+) -> InvoiceCloser:
+    """The invoice closer, on the pusher's ledger and Stripe client (one budget); lines
+    it waits for are handed to ``scheduler``, or pushed at once without one (the CLI)."""
+    return InvoiceCloser(
+        pusher.ledger,
+        pusher.gateway,
+        (lambda line, customer: scheduler.changed(line, customer=customer))
+        if scheduler is not None
+        else (lambda line, _customer: pusher.push(line)),
+        settings.retry_policy(),
+        timedelta(seconds=settings.invoice_grace_s),
+    )
+
+
+def build_webhook_server(settings: Settings, ledger: BillingLedger) -> HttpServer:
+    """The webhook listener (not started); needs ``WEBHOOK_SECRETS``. Its receipts' pool
+    waits at most 3 s for a connection, so a database away is a 503 soon (and Stripe
+    retries), not a request held until Stripe's own timeout."""
+    db = Database(
+        settings.database_url, pool_size=settings.db_pool_size, connect_timeout_s=3, wait_s=3.0
+    )
+    handler = WebhookHandler(
+        ledger,
+        WebhookStore(db),
+        settings.webhook_secret_list(),
+        tolerance_s=settings.webhook_tolerance_s,
+    )
+    limits = HttpLimits(
+        header_timeout_s=settings.webhook_timeout_s,
+        body_timeout_s=settings.webhook_timeout_s,
+        max_body_bytes=settings.webhook_max_body_bytes,
+        limit_concurrency=settings.webhook_max_concurrency * 4,
+    )
+    server = webhook_server(
+        handler, settings.webhook_host, settings.webhook_port, limits,
+        settings.webhook_max_concurrency,
+    )  # fmt: skip
+    server.on_stop = db.close
+    return server
 
 
 def build_relay(settings: Settings, db: Database | None = None) -> Relay:
@@ -329,6 +385,9 @@ def _run_roles(
     *,
     drill: str,
 ) -> None:
+    if "webhooks" in roles and not settings.webhook_secret_list():
+        log.warning("webhooks role not started: WEBHOOK_SECRETS is not set")
+        roles = [r for r in roles if r != "webhooks"]
     factories: dict[str, RoleFactory] = {}
     pulses = Pulses()
     stats: dict[str, Callable[[], object]] = {}
@@ -362,6 +421,10 @@ def _run_roles(
             )
         if "reconcile" in roles:
             factories["reconcile"] = _reconcile_role(settings, pusher, scheduler, db, pulses)
+            closer = build_closer(settings, pusher, scheduler)
+            factories["close"], stats["close"] = _close_role(settings, closer, db, pulses)
+    if "webhooks" in roles:
+        factories["webhooks"] = _webhook_role(settings, ledger, db, pulses)
     if drill:
         install_drill(drill, ledger=ledger if "ingest" in roles else None, pusher=pusher)
     supervised: list[Supervisor] = []  # the heartbeat reports the supervisor's status
@@ -462,6 +525,75 @@ def _reconcile_role(
         return _reconcile_loop(reconciler, settings.reconcile_interval_s, pulses.of("reconcile"))
 
     return build
+
+
+def _close_role(
+    settings: Settings, closer: InvoiceCloser, db: Database, pulses: Pulses
+) -> tuple[RoleFactory, Callable[[], object]]:
+    """The invoice closer's loop: every ``reconcile_interval_s``, each invoice with a
+    step due (``projections.invoices.due_invoices``) is driven, ``stripe_max_concurrency``
+    at a time; the Stripe client's budget bounds the pressure."""
+    totals: dict[str, int] = {}
+
+    def build() -> RoleRun:
+        pulse = pulses.of("close")
+
+        def loop(stop: threading.Event) -> None:
+            while not stop.is_set():
+                pulse()
+                with db.connection() as conn:
+                    due = due_invoices(conn)
+                if due:
+                    results = drive_invoices(closer, due, stop, settings.stripe_max_concurrency)
+                    for name, n in results.items():
+                        totals[name] = totals.get(name, 0) + n
+                    if set(results) - {"not_due", "waiting", "done"}:
+                        log.info("invoices driven", extra={"step": "close", **results})
+                stop.wait(settings.reconcile_interval_s)
+
+        return loop
+
+    return build, lambda: dict(totals)
+
+
+def _webhook_role(
+    settings: Settings, ledger: BillingLedger, db: Database, pulses: Pulses
+) -> RoleFactory:
+    """The webhook listener: serves until stopped; a server that dies fails the role
+    (and the supervisor starts a new one)."""
+
+    def build() -> RoleRun:
+        server = build_webhook_server(settings, ledger)
+        pulse = pulses.of("webhooks")
+
+        def serve(stop: threading.Event) -> None:
+            server.start()
+            try:
+                if not server.wait_started():
+                    raise RuntimeError("the webhook listener did not start")
+                while not stop.wait(1.0):
+                    pulse()
+                    if not server.alive:
+                        raise RuntimeError("the webhook listener stopped")
+            finally:
+                server.stop()
+
+        return serve
+
+    return build
+
+
+def drive_invoices(
+    closer: InvoiceCloser, invoice_ids: list[UUID], stop: threading.Event, parallel: int
+) -> dict[str, int]:
+    """One ``step`` of each invoice, ``parallel`` at a time, none started once ``stop``
+    is set; how many ended in each result."""
+    counts: dict[str, int] = {}
+    with ThreadPoolExecutor(parallel, thread_name_prefix="close") as pool:
+        for done in pool.map(lambda i: None if stop.is_set() else closer.step(i), invoice_ids):
+            if done is not None:
+                counts[str(done.result)] = counts.get(str(done.result), 0) + 1
+    return counts
 
 
 def _reconcile_loop(

@@ -17,7 +17,7 @@ encoded strings), not aggregates. What they prove, per line:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, localcontext
 from typing import Any
@@ -57,6 +57,10 @@ class LineAudit:
         )
 
     def apply(self, name: str, data: Mapping[str, Any], version: int) -> None:
+        if name == "Frozen":  # its invoice closed: a new sequence, the same total
+            self.sequence = version
+            self.billed_at[version] = self.billed
+            return
         ids, amounts = data["transaction_ids"], [Decimal(a) for a in data["amounts"]]
         if len(ids) != len(amounts):
             self.problems.append(f"v{version}: {len(ids)} transactions, {len(amounts)} amounts")
@@ -138,8 +142,11 @@ def check_lines(
     lines: Mapping[str, LineAudit],
     pushes: Mapping[str, PushAudit],
     txns: Mapping[str, TxnAudit],
+    credited: Collection[str] = frozenset(),
 ) -> list[Finding]:
-    """Every line's own problems, and how lines, pushes and transactions agree."""
+    """Every line's own problems, and how lines, pushes and transactions agree;
+    ``credited``: transactions reversed by a credit note after their invoice was
+    finalized (they stay on their final line)."""
     findings = [Finding("line", line.line_id, p) for line in lines.values() for p in line.problems]
     findings += [
         Finding("line", push.line_id, p) for push in pushes.values() for p in push.problems
@@ -163,7 +170,14 @@ def check_lines(
     where: dict[str, str] = {}
     for line in lines.values():
         for txn_id, (amount, version) in line.members.items():
-            findings += _member(line, txn_id, (amount, version), txns.get(txn_id), where)
+            findings += _member(
+                line,
+                txn_id,
+                (amount, version),
+                txns.get(txn_id),
+                where,
+                credited=txn_id in credited,
+            )
     for txn in txns.values():
         findings += _transaction(txn, lines, push_of)
     return findings
@@ -175,6 +189,8 @@ def _member(
     held: tuple[Decimal, int],
     txn: TxnAudit | None,
     where: dict[str, str],
+    *,
+    credited: bool = False,
 ) -> list[Finding]:
     amount, version = held
     found = []
@@ -194,7 +210,7 @@ def _member(
         )
     if txn.amount != amount:
         found.append(Finding("line", txn_id, f"in its line as {amount}, metered {txn.amount}"))
-    if txn.state is TxnState.COMPENSATED:
+    if txn.state is TxnState.COMPENSATED and not credited:
         found.append(Finding("line", txn_id, f"compensated, but still in line {line.line_id}"))
     return found
 

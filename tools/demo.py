@@ -3,19 +3,26 @@
 It starts a private PostgreSQL and the Tansu broker, produces synthetic usage
 (``tools.synthetic``: duplicates, malformed records, one customer over its limit),
 ingests it, charges every reserved transaction through the Stripe emulator (relay,
-process manager, reconciler), then reads back a summary from the database and the
-emulator, audits the whole history and shows the queue health.
+process manager, reconciler), closes the invoices of the two hourly periods the usage
+fell in, finalizes them in Stripe, has the customers pay them (one customer's card
+declined first) and records each payment from Stripe's signed webhooks on the ledger's
+own listener; then reads back a summary from the database and the emulator, audits the
+whole history and shows the queue health.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import secrets
+import socket
 import threading
 import time
 from collections import Counter
 from decimal import Decimal
 from typing import Any
+
+from pydantic import SecretStr
 
 from adapters.audit.replay import Scope
 from adapters.audit.report import audit, stripe_invoice_items
@@ -41,6 +48,7 @@ from domain.ports import DeadLetter
 from infra.embedded import EmbeddedPostgres, TansuBroker
 from infra.stripe_emulator import StripeEmulator
 from projections.invoice_lines import lines
+from projections.invoices import invoices
 from projections.projector import projector_behind
 from projections.transactions import open_transactions
 from store.dead_letters import DeadLetterStore
@@ -64,7 +72,11 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
     step("starting embedded PostgreSQL and the Tansu broker")
     with EmbeddedPostgres() as pg, TansuBroker() as broker:
         settings = Settings(
-            database_url=pg.url, kafka_bootstrap=broker.bootstrap, ingest_group="demo-ingest"
+            database_url=pg.url,
+            kafka_bootstrap=broker.bootstrap,
+            ingest_group="demo-ingest",
+            billing_period="hour",  # the usage spans 2026-12-01 00:00 to 01:23: two periods
+            invoice_grace_s=0.0,  # both ended long ago: they close as soon as charged
         )
         migrate(settings)
         prepare(settings)
@@ -107,46 +119,71 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
                     f"only {worker.stats.records} of {records} records ingested "
                     f"after {timeout:.0f}s"
                 )
-            with StripeEmulator(port=0) as stripe:
-                # The emulator is local: allow more than Stripe test mode's 25 requests/s.
-                charging = settings.model_copy(
-                    update={
-                        "stripe_api_base": stripe.url,
-                        "stripe_rate_per_s": 250,
-                        "reconcile_interval_s": 0.5,
-                        "settle_interval_s": 1.0,
-                    }
-                )
-                reserved = worker.stats.transactions - worker.stats.refused
-                _charge_everything(charging, ledger, reserved, deadline=time.monotonic() + timeout)
-                summary = summarize(ledger, settings, produced)
-                summary["health"] = _health(charging, ledger)
-                summary["lines"] = _lines(charging)
-                summary["audit"] = _audit(charging)
-                items = stripe.live_invoice_items()
-                summary["stripe"] = {
-                    "live_invoice_items": len(items),
-                    "amount_by_currency": _amounts(items),
-                    "requests": len(stripe.requests()),
-                }
+            reserved = worker.stats.transactions - worker.stats.refused
+            summary = _charge_and_invoice(settings, ledger, produced, reserved, timeout)
     summary["seconds"] = round(time.monotonic() - started, 2)
     return summary
 
 
+def _charge_and_invoice(
+    settings: Settings,
+    ledger: BillingLedger,
+    produced: list[Produced],
+    reserved: int,
+    timeout: float,
+) -> dict[str, Any]:
+    """Charge, close, finalize and collect through the emulator; the summary."""
+    with StripeEmulator(port=0) as stripe:
+        # The emulator is local: allow more than Stripe test mode's 25 requests/s.
+        secret = "whsec_demo_" + secrets.token_hex(16)
+        charging = settings.model_copy(
+            update={
+                "stripe_api_base": stripe.url,
+                "stripe_rate_per_s": 250,
+                "reconcile_interval_s": 0.5,
+                "settle_interval_s": 1.0,
+                "webhook_port": _free_port(),
+                "webhook_secrets": SecretStr(secret),
+            }
+        )
+        stripe.add_webhook_endpoint(
+            f"http://127.0.0.1:{charging.webhook_port}/webhooks/stripe", secret,
+            ["invoice.*", "credit_note.*"],
+        )  # fmt: skip
+        _charge_everything(charging, ledger, reserved, stripe, deadline=time.monotonic() + timeout)
+        summary = summarize(ledger, settings, produced)
+        summary["invoices"] = _invoices(charging)
+        summary["health"] = _health(charging, ledger)
+        summary["lines"] = _lines(charging)
+        summary["audit"] = _audit(charging)
+        items = stripe.live_invoice_items()
+        summary["stripe"] = {
+            "live_invoice_items": len(items),
+            "amount_by_currency": _amounts(items),
+            "requests": len(stripe.requests()),
+        }
+    return summary
+
+
 def _charge_everything(
-    settings: Settings, ledger: BillingLedger, total: int, *, deadline: float
+    settings: Settings,
+    ledger: BillingLedger,
+    total: int,
+    stripe: StripeEmulator,
+    *,
+    deadline: float,
 ) -> None:
-    """Run the relay, the projector, the process manager and the reconciler until every
-    transaction is charged or compensated, as the read models show it."""
+    """Run the relay, the projector, the process manager, the reconciler (and its
+    invoice closer) and the webhook listener until every transaction is charged or
+    compensated and every invoice is finalized, then pay the invoices in the emulator
+    and wait until the webhooks have recorded every payment."""
     from adapters.progress import Progress, step
 
     step("charging through the Stripe emulator: relay -> process manager -> line pushes")
     progress = Progress(total, "settled")
     stop = threading.Event()
-    workers = threading.Thread(
-        target=run_roles,
-        args=(settings, ledger, ["relay", "project", "charge", "reconcile"], stop),
-    )
+    roles = ["relay", "project", "charge", "reconcile", "webhooks"]
+    workers = threading.Thread(target=run_roles, args=(settings, ledger, roles, stop))
     workers.start()
     try:
         while True:
@@ -158,9 +195,74 @@ def _charge_everything(
                 raise TimeoutError(f"{still_open} transactions still open")
             stop.wait(0.25)
         progress.done()
+        step("closing the two hourly periods: lines frozen, final totals pushed, finalized")
+        finalized = _await_invoices(settings, {"finalized", "nothing_due"}, deadline, stop)
+        step(f"customers pay {len(finalized)} invoices; Stripe's webhooks record each payment")
+        for n, invoice in enumerate(finalized):
+            if n == 0:  # the first customer's card is declined once, then it pays
+                stripe.fail_payment(invoice["stripe_invoice_id"])
+            stripe.pay_invoice(invoice["stripe_invoice_id"])
+        _await_invoices(settings, {"paid", "nothing_due"}, deadline, stop)
     finally:
         stop.set()
         workers.join()
+
+
+def _await_invoices(
+    settings: Settings, states: set[str], deadline: float, stop: threading.Event
+) -> list[dict[str, Any]]:
+    """Wait until every invoice is in one of ``states`` (as the read model shows it);
+    the invoices that have a Stripe invoice."""
+    while True:
+        rows = _invoice_rows(settings)
+        if rows and all(r["state"] in states for r in rows):
+            return [r for r in rows if r["stripe_invoice_id"] is not None]
+        if time.monotonic() > deadline:
+            pending = sorted({r["state"] for r in rows} - states)
+            raise TimeoutError(f"invoices still {', '.join(pending) or 'missing'}")
+        stop.wait(0.25)
+
+
+def _invoice_rows(settings: Settings) -> list[dict[str, Any]]:
+    with database(settings, pool_size=0) as db, db.connection() as conn:
+        return invoices(conn, limit=10_000)
+
+
+def _invoices(settings: Settings) -> list[dict[str, Any]]:
+    """Every invoice: customer, period, state, number, total, paid, payment failures."""
+    with database(settings, pool_size=0) as db, db.connection() as conn:
+        received = dict(
+            conn.execute(
+                "SELECT type, count(*) FROM billing.webhook_events GROUP BY type"
+            ).fetchall()
+        )
+    return [
+        {
+            "customer_id": r["customer_id"],
+            "currency": r["currency"].strip(),
+            "period_start": r["period_start"].strftime("%Y-%m-%d %H:%M"),
+            "state": r["state"],
+            "number": r["number"],
+            "lines": r["lines"],
+            "total": r["total"],
+            "amount_paid": r["amount_paid"],
+            "payment_attempts": r["payment_attempts"],
+            "webhooks": received,
+        }
+        for r in sorted(
+            _invoice_rows(settings), key=lambda r: (r["period_start"], r["customer_id"])
+        )
+    ]
+
+
+def _period_then_customer(row: dict[str, Any]) -> tuple[Any, str]:
+    return row["period_start"], row["customer_id"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _open(settings: Settings) -> tuple[int, int]:
@@ -291,6 +393,24 @@ def render_summary(summary: dict[str, Any]) -> str:
                 f" {ln['exact']:>22} {format_minor(ln['billed'], cur):>14}"
                 f" {format_minor(ln['stripe'], cur):>14} {ln['requests']:>8}"
             )
+    if summary.get("invoices"):
+        lines += [
+            "",
+            f"{'customer':<10} {'cur':<4} {'period (UTC)':<17} {'state':<11} {'number':<14}"
+            f" {'lines':>5} {'total':>12} {'paid':>12} {'failed':>6}",
+        ]
+        for inv in summary["invoices"]:
+            cur = inv["currency"]
+            lines.append(
+                f"{inv['customer_id']:<10} {cur:<4} {inv['period_start']:<17} {inv['state']:<11}"
+                f" {inv['number'] or '-':<14} {inv['lines']:>5}"
+                f" {format_minor(inv['total'], cur):>12} {format_minor(inv['amount_paid'], cur):>12}"
+                f" {inv['payment_attempts']:>6}"
+            )
+        received = summary["invoices"][0]["webhooks"]
+        lines.append(
+            "webhooks recorded: " + ", ".join(f"{n} {t}" for t, n in sorted(received.items()))
+        )
     if summary["dead_letter_reasons"]:
         lines += ["", "dead letters by reason:"]
         lines += [f"  {n:>6,}  {reason}" for reason, n in summary["dead_letter_reasons"].items()]

@@ -30,8 +30,10 @@ from domain.audit import (
     balances_of,
     uuid_text,
 )
+from domain.audit_invoices import InvoiceAudit
 from domain.audit_lines import LineAudit, PushAudit
 from domain.chain import GENESIS, ChainBreak, ChainLink, link_hash, link_problem, topic_header
+from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.transaction import BillingTransaction
 from store.schema import EVENTS_TABLE
@@ -53,6 +55,7 @@ TXN_TOPICS = get_topic(BillingTransaction.Metered).removesuffix("Metered")
 ACCOUNT_TOPICS = get_topic(CustomerAccount.Opened).removesuffix("Opened")
 LINE_TOPICS = get_topic(InvoiceLine.Opened).removesuffix("Opened")
 PUSH_TOPICS = get_topic(LinePush.Opened).removesuffix("Opened")
+INVOICE_TOPICS = get_topic(Invoice.Opened).removesuffix("Opened")
 HISTORY_COPY = sql.SQL(
     "COPY (SELECT uuid_send(originator_id), originator_version, topic, state, prev_hash, hash"
     " FROM {} ORDER BY notification_id) TO STDOUT (FORMAT BINARY)"
@@ -98,6 +101,7 @@ class Replay:
     transactions: dict[str, TxnAudit] = field(default_factory=dict)
     limits: dict[tuple[str, str], int | None] = field(default_factory=dict)
     lines: dict[str, LineAudit] = field(default_factory=dict)
+    invoices: dict[str, InvoiceAudit] = field(default_factory=dict)
     pushes: dict[str, PushAudit] = field(default_factory=dict)
     breaks: list[ChainBreak] = field(default_factory=list)
 
@@ -126,7 +130,7 @@ def history_size(conn: psycopg.Connection[Any]) -> int:
 class _Aggregate:
     """The replay's cursor on one aggregate: its chain so far and where its events go."""
 
-    __slots__ = ("account", "expected", "id", "line", "prev", "push", "txn")
+    __slots__ = ("account", "expected", "id", "invoice", "line", "prev", "push", "txn")
 
     def __init__(self, id_bytes: bytes) -> None:
         self.id = id_bytes
@@ -136,15 +140,22 @@ class _Aggregate:
         self.account: tuple[str, str] | None = None
         self.line: LineAudit | None = None
         self.push: PushAudit | None = None
+        self.invoice: InvoiceAudit | None = None
 
 
 _SKIP = "skip"
 # Always decoded; other kinds only for an aggregate in scope.
-_ALWAYS = frozenset({"metered", "Opened", "LimitSet", "line:Opened", "push:Opened"})
+_ALWAYS = frozenset(
+    {"metered", "Opened", "LimitSet", "line:Opened", "push:Opened", "invoice:Opened"}
+)
 _WRAPPED = {
     "metered": ("quantity", "timestamp", "amount"),
     "ChargeFailed": ("next_attempt_at",),
     "line:Opened": ("period_start",),
+    "invoice:Opened": ("period_start", "first_line"),
+    "invoice:LineAdded": ("line_id",),
+    "invoice:CreditRequested": ("transaction_id",),
+    "invoice:Credited": ("transaction_id",),
     "line:Settled": ("exact_total",),
     "line:Removed": ("exact_total",),
 }
@@ -160,6 +171,9 @@ def replay(
     try:
         return _replay(rows, scope, tick)
     finally:
+        close = getattr(rows, "close", None)
+        if close is not None:  # a COPY left half read would hang its transaction's end
+            close()
         if enabled:
             gc.enable()
 
@@ -193,7 +207,13 @@ def _replay(rows: Iterable[Row], scope: Scope, tick: Callable[[int], None] | Non
             _chain_break(out, agg, row)
         agg.expected, agg.prev = version + 1, digest or GENESIS
         if kind in _ALWAYS or (
-            kind != _SKIP and (agg.txn is not None or agg.line is not None or agg.push is not None)
+            kind != _SKIP
+            and (
+                agg.txn is not None
+                or agg.line is not None
+                or agg.push is not None
+                or agg.invoice is not None
+            )
         ):
             _route(out, agg, kind, version, state, scope)
         if tick is not None and events % _PROGRESS_EVERY == 0:
@@ -218,6 +238,8 @@ def _kind(topic: str) -> str:
         return topic[len(ACCOUNT_TOPICS) :]
     if topic.startswith(LINE_TOPICS):
         return "line:" + topic[len(LINE_TOPICS) :]
+    if topic.startswith(INVOICE_TOPICS):
+        return "invoice:" + topic[len(INVOICE_TOPICS) :]
     if topic.startswith(PUSH_TOPICS) and not topic.endswith(".ItemPlanned"):
         return "push:" + topic[len(PUSH_TOPICS) :]
     return _SKIP  # an account's reservations, planned items: nothing to recompute
@@ -232,7 +254,7 @@ def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
     at = datetime.fromisoformat(unwrap(data["timestamp"])) if scope.partial else None
     if scope.as_of is not None and at is not None and at > scope.as_of:
         return
-    if kind.startswith(("line:", "push:")):
+    if kind.startswith(("line:", "push:", "invoice:")):
         if not scope.partial:  # lines sum whole periods: audited with the whole history
             _route_line(out, agg, kind, version, data, scope)
     elif kind == "metered":
@@ -263,6 +285,12 @@ def _route_line(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
             assert line is not None
             agg.push = PushAudit(_uuid_text(agg.id), line)
             out.pushes[agg.push.push_id] = agg.push
+    elif kind == "invoice:Opened":
+        if scope.customer in (None, data["customer_id"]):
+            agg.invoice = InvoiceAudit.opened(_uuid_text(agg.id), data)
+            out.invoices[agg.invoice.invoice_id] = agg.invoice
+    elif agg.invoice is not None:
+        agg.invoice.apply(kind[8:], data, version)
     elif agg.line is not None:
         agg.line.apply(kind[5:], data, version)
     elif agg.push is not None:

@@ -33,6 +33,7 @@ from domain.audit import (
     check_stripe,
     check_transactions,
 )
+from domain.audit_invoices import check_invoices, credited_transactions
 from domain.audit_lines import check_line_items, check_lines
 from projections.transactions import COLUMNS as TXN_COLUMNS
 from store.connections import Database
@@ -43,6 +44,7 @@ __all__ = [
     "AuditReport",
     "audit",
     "compare_balances",
+    "compare_invoices",
     "compare_lines",
     "compare_transactions",
     "render",
@@ -91,7 +93,12 @@ def audit(
             findings += projection_lag(conn)
             findings += compare_transactions(conn, result.transactions, scope)
             if not scope.partial:
-                findings += check_lines(result.lines, result.pushes, result.transactions)
+                credited = credited_transactions(result.invoices)
+                findings += check_lines(result.lines, result.pushes, result.transactions, credited)
+                findings += check_invoices(
+                    result.invoices, result.lines, result.transactions, webhook_ids(conn)
+                )
+                findings += compare_invoices(conn, result, scope.customer)
                 findings += compare_balances(conn, balances, scope.customer)
                 findings += compare_lines(conn, result, scope.customer)
             findings += dead_letters_without_reason(conn)
@@ -342,6 +349,47 @@ def compare_lines(
         }
         findings += [
             Finding("projection", line_id, f"invoice_lines.{c}: {row[c]!r}, history says {v!r}")
+            for c, v in want.items()
+            if row[c] != v
+        ]
+    return findings
+
+
+def webhook_ids(conn: psycopg.Connection[Any]) -> set[str]:
+    """The Stripe event ids the webhook listener recorded."""
+    return {r[0] for r in conn.execute("SELECT event_id FROM billing.webhook_events")}
+
+
+_INVOICE_COMPARED = ("state", "expected_total", "total", "amount_paid", "credited")
+
+
+def compare_invoices(
+    conn: psycopg.Connection[Any], result: Replay, customer: str | None = None
+) -> list[Finding]:
+    """Every difference between the replayed invoices and ``billing.invoices`` (of one
+    customer, if given)."""
+    query = sql.SQL("SELECT invoice_id, {} FROM billing.invoices{}").format(
+        sql.SQL(", ").join(map(sql.Identifier, _INVOICE_COMPARED)),
+        sql.SQL(" WHERE customer_id = %s" if customer else ""),
+    )
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = {str(r["invoice_id"]): r for r in cur.execute(query, [customer] if customer else [])}
+    findings: list[Finding] = []
+    for invoice_id in sorted(rows.keys() | result.invoices.keys()):
+        row, inv = rows.get(invoice_id), result.invoices.get(invoice_id)
+        if row is None or inv is None:
+            where = "billing.invoices" if row is None else "history"
+            findings.append(Finding("projection", invoice_id, f"invoice missing from {where}"))
+            continue
+        want = {
+            "state": str(inv.state),
+            "expected_total": inv.expected_total or 0,
+            "total": inv.total or 0,
+            "amount_paid": inv.amount_paid,
+            "credited": sum(amount for _, amount in inv.credited.values()),
+        }
+        findings += [
+            Finding("projection", invoice_id, f"invoices.{c}: {row[c]!r}, history says {v!r}")
             for c, v in want.items()
             if row[c] != v
         ]

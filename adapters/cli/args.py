@@ -18,6 +18,7 @@ __all__ = [
     "Parser",
     "checked_customer",
     "int_arg",
+    "period_moment",
     "port",
     "port_or_zero",
     "positive_float",
@@ -103,6 +104,13 @@ def timestamp(text: str) -> datetime:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 timestamp") from None
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def period_moment(text: str) -> datetime:
+    """A period given as ``YYYY-MM`` (its first instant) or an ISO 8601 instant in it."""
+    if len(text) == 7 and text[4] == "-" and text[:4].isdigit() and text[5:].isdigit():
+        text += "-01"
+    return timestamp(text)
 
 
 def txn_uuid(text: str) -> UUID:

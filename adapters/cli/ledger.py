@@ -14,6 +14,7 @@ from adapters.cli.args import (
     CliError,
     Parser,
     int_arg,
+    period_moment,
     timestamp,
     txn_uuid,
     usage,
@@ -70,6 +71,8 @@ def add_commands(sub: Any) -> None:
     lines.add_argument("--json", action="store_true")
     lines.set_defaults(handler=_lines)
 
+    _add_invoice_commands(sub)
+
     rebuild = sub.add_parser("rebuild", help="recompute a projection from the first event")
     rebuild.add_argument(
         "projection",
@@ -80,16 +83,57 @@ def add_commands(sub: Any) -> None:
     rebuild.set_defaults(handler=_rebuild)
 
 
+def _add_invoice_commands(sub: Any) -> None:
+    invoices = sub.add_parser(
+        "invoices", help="period invoices: state, totals, payment (close a period early)"
+    )
+    invoices.add_argument("--customer", help="one customer only")
+    invoices.add_argument("--period", type=period_moment, help="YYYY-MM, or an instant in it")
+    invoices.add_argument("--state", help="open, closed, finalizing, finalized, paid, ...")
+    invoices.add_argument("--limit", type=int_arg, default=100, help="at most this many (1-10000)")
+    invoices.add_argument("--json", action="store_true")
+    invoices.set_defaults(handler=_invoices)
+    inv_sub = invoices.add_subparsers(dest="action", parser_class=Parser)
+    close = inv_sub.add_parser(
+        "close", help="close a period's open invoices now, push their lines, finalize them"
+    )
+    close.add_argument(
+        "--period", dest="close_period", type=period_moment, required=True,
+        help="YYYY-MM, or an instant in the period",
+    )  # fmt: skip
+    close.add_argument("--customer", dest="close_customer", help="one customer only")
+    close.add_argument("--reason", default="closed early by an operator")
+    close.set_defaults(handler=_close_invoices)
+
+
 def _reverse(args: argparse.Namespace) -> int:
-    from adapters.bootstrap import build_pusher, open_ledger
+    from adapters.bootstrap import build_closer, build_pusher, open_ledger
+    from adapters.charging.closer import CloseResult
     from adapters.settings import Settings
     from domain.saga import StepResult
 
     settings = Settings()
     with open_ledger(settings) as ledger:
-        result = build_pusher(settings, ledger).reverse(args.txn_id, args.reason)
-    print(f"transaction {args.txn_id}: {result}")
-    return 0 if result is StepResult.REVERSED else EXIT_FAILURE
+        pusher = build_pusher(settings, ledger)
+        result = pusher.reverse(args.txn_id, args.reason)
+        print(f"transaction {args.txn_id}: {result}")
+        if result is not StepResult.REVERSED:
+            return EXIT_FAILURE
+        txn = ledger.transaction(args.txn_id)
+        line = ledger.line_or_none(txn.line_id) if txn.line_id is not None else None
+        invoice = ledger.invoice_by_id(line.invoice_id) if line is not None else None
+        if invoice is None or not invoice.credits_pending():
+            return 0
+        # Final in Stripe: issue the credit note now (the closer would, at its next pass).
+        step = build_closer(settings, pusher).step(invoice.id)
+        credited = ledger.invoice_by_id(invoice.id) or invoice
+        note = [n for n, t in credited.credited.items() if t == str(txn.id)]
+        if note:
+            print(f"credit note {note[0]} of {credited.credits_requested[str(txn.id)]} on "
+                  f"invoice {credited.id} ({credited.number})")  # fmt: skip
+            return 0
+        print(f"credit note not issued yet ({step.result}); the workers retry it")
+        return EXIT_FAILURE if step.result is CloseResult.FAILED else 0
 
 
 def _history(args: argparse.Namespace) -> int:
@@ -204,6 +248,62 @@ def _lines(args: argparse.Namespace) -> int:
         columns = ["customer_id", "currency", "meter", "period_start", "transactions"]
         print_table(rows, [*columns, "exact_total", "billed", "stripe_amount", "last_error"])
     return 0
+
+
+INVOICE_COLUMNS = [
+    "customer_id", "currency", "period_start", "state", "number", "expected_total", "total",
+    "amount_paid", "credited", "close_deadline",
+]  # fmt: skip
+
+
+def _invoices(args: argparse.Namespace) -> int:
+    from projections.invoices import invoices
+
+    rows = _query(
+        lambda conn: invoices(
+            conn, customer=args.customer, period=args.period, state=args.state, limit=args.limit
+        )
+    )
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        print_table(rows, INVOICE_COLUMNS)
+    return 0
+
+
+def _close_invoices(args: argparse.Namespace) -> int:
+    """Close the period's open invoices now and drive each as far as it goes: lines
+    pushed, finalized in Stripe (what fails is retried by the workers' close role)."""
+    from adapters.bootstrap import build_closer, build_pusher, database, open_ledger
+    from adapters.charging.closer import CloseResult
+    from adapters.settings import Settings
+    from projections.invoices import invoices
+
+    settings = Settings()
+    with database(settings, pool_size=0) as db, db.connection() as conn:
+        rows = invoices(
+            conn, customer=args.close_customer, period=args.close_period, state="open",
+            limit=10_000,
+        )  # fmt: skip
+    if not rows:
+        print("no open invoice in that period")
+        return 0
+    failed = 0
+    with open_ledger(settings) as ledger:
+        closer = build_closer(settings, build_pusher(settings, ledger))
+        for n, row in enumerate(rows, 1):
+            step = closer.step(row["invoice_id"], close_now=args.reason)
+            for _ in range(5):  # closed, lines pushed: finalize
+                if step.result is not CloseResult.WAITING or step.retry_at is not None:
+                    break
+                step = closer.step(row["invoice_id"])
+            failed += step.result in (CloseResult.FAILED, CloseResult.RACED)
+            print(f"[{n}/{len(rows)}] {row['customer_id']} {row['currency']}"
+                  f" {row['period_start']:%Y-%m-%d}: {step.state or step.result}"
+                  f" ({step.requests} Stripe requests)")  # fmt: skip
+    if failed:
+        print(f"{failed} invoice(s) not finalized yet: the workers' close role retries them")
+    return EXIT_FAILURE if failed else 0
 
 
 def _rebuild(args: argparse.Namespace) -> int:

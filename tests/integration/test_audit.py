@@ -321,8 +321,8 @@ def test_a_projection_behind_the_log_is_named_as_lag(
     lag = {f["subject"]: f["detail"] for f in report["findings"] if f["kind"] == "projection_lag"}
     assert set(lag) == {p.name for p in PROJECTIONS}
     # The account's Opened and AmountsReserved, the transaction's Metered and Reserved,
-    # its line's Opened and Settled
-    assert lag["transactions"].startswith("6 event(s) not applied yet")
+    # its line's Opened and Settled, its invoice's Opened
+    assert lag["transactions"].startswith("7 event(s) not applied yet")
 
 
 def test_export_into_a_reader_that_stops_early_ends_quietly(

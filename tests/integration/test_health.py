@@ -239,8 +239,8 @@ def test_the_health_server_refuses_bad_parameters_and_reports_an_unreachable_bro
     )
     held = sum(t.amount for t in recorded.transactions)
     # Opened + AmountsReserved of the account, Metered + Reserved of each transaction,
-    # Opened + Settled of their line
-    assert _queue_health(url)["projector_behind"] == 10
+    # Opened + Settled of their line, Opened of its invoice
+    assert _queue_health(url)["projector_behind"] == 11
     with build_projector(health_settings, ledger) as projector:
         projector.pump_all()
     assert _queue_health(url)["projector_behind"] == 0
@@ -389,7 +389,7 @@ def test_metrics_expose_the_named_series_with_the_right_values_after_a_known_wor
         assert any(r.startswith("Stripe circuit breaker") for r in report["reasons"])
         (live,) = [w for w in report["workers"] if w["alive"]]  # every role's loop turns
         ages = live["stats"]["loop_age_s"]
-        assert set(ages) == {"ingest", "relay", "project", "charge", "reconcile", "push"}
+        assert set(ages) == {"ingest", "relay", "project", "charge", "reconcile", "push", "close"}
         assert all(age < 60 for age in ages.values()), ages
 
         # Every series the Grafana dashboard queries is one this process exposes.

@@ -55,8 +55,9 @@ def test_a_recorded_batch_reads_back_as_metered_and_reserved_transactions(
             BillingTransaction.Reserved,
         ]
     events = list(ledger.all_events())
-    # each account: Opened + AmountsReserved; each line: Opened + Settled
-    assert len(events) == 30 * 2 + 3 * 2 + 3 * 2
+    # each account: Opened + AmountsReserved; each line: Opened + Settled; each
+    # customer's invoice: Opened
+    assert len(events) == 30 * 2 + 3 * 2 + 3 * 2 + 3
     assert ledger.last_save.events == len(events)
     account = ledger.account("c0", "USD")
     assert account is not None

@@ -232,8 +232,9 @@ def test_applying_again_is_impossible_once_the_position_moved_even_for_racing_pr
         for t in threads:
             t.join(60)
         assert errors == []
-        # Metered+Reserved each; Opened+AmountsReserved per account, Opened+Settled per line
-        events = 4 * (50 * 2 + 2 + 2)
+        # Metered+Reserved each; Opened+AmountsReserved per account, Opened+Settled per
+        # line, Opened per invoice
+        events = 4 * (50 * 2 + 2 + 2 + 1)
         # Each projection saw every event once, between the three of them.
         assert sum(p.applied for p in racers) == len(PROJECTIONS) * events
         live = _snapshot(settings.database_url)

@@ -1,0 +1,233 @@
+"""The audit of invoices (pure): a fold of each invoice's events, and the checks that
+tie it to its lines, its transactions, Stripe and the webhooks.
+
+Like ``domain.audit``, the fold reads plain stored data. What it proves, per invoice:
+
+* its events follow ``domain.invoice.ALLOWED_FROM`` (the table the aggregate checks);
+* finalizing named every line of the invoice, each at its newest sequence, and the
+  expected total is the sum of what those lines billed then; the lines did not change
+  after (usage that came later went to a late line of another period);
+* Stripe's total, as finalized, is that sum (``total == Σ lines' billed``);
+* every credit issued was requested, for its requested amount, once, and each
+  requested amount is the transaction's billed share of its line
+  (``domain.closing.shares_in_order``); the credits never exceed the total;
+  a credited transaction is Compensated;
+* a paid invoice's amount paid is Stripe's total less nothing (the webhooks' figure),
+  and it was recorded from a webhook or a finalize answer the ledger received.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from domain.audit import Finding, TxnAudit, uuid_text
+from domain.audit_lines import LineAudit
+from domain.closing import shares_in_order
+from domain.invoice import ALLOWED_FROM, InvoiceState
+from domain.transaction import TxnState
+
+__all__ = ["InvoiceAudit", "check_invoices", "credited_transactions"]
+
+S = InvoiceState
+_TO_STATE = {
+    "Closed": S.CLOSED,
+    "NothingDue": S.NOTHING_DUE,
+    "FinalizeStarted": S.FINALIZING,
+    "Finalized": S.FINALIZED,
+    "PaymentFailed": S.PAYMENT_FAILED,
+    "Paid": S.PAID,
+    "MarkedUncollectible": S.UNCOLLECTIBLE,
+    "Voided": S.VOID,
+}
+
+
+@dataclass(slots=True)
+class InvoiceAudit:
+    """One invoice as its events say it is."""
+
+    invoice_id: str
+    customer_id: str
+    currency: str
+    period_start: str
+    lines: list[str]
+    state: InvoiceState = S.OPEN
+    stripe_invoice_id: str | None = None
+    final_sequences: dict[str, int] = field(default_factory=dict)
+    expected_total: int | None = None
+    total: int | None = None
+    amount_paid: int = 0
+    paid_from: str | None = None  # the webhook event id (or "finalize") that recorded it
+    requested: dict[str, int] = field(default_factory=dict)  # transaction: amount
+    credited: dict[str, tuple[str, int]] = field(default_factory=dict)  # note: (txn, amount)
+    problems: list[str] = field(default_factory=list)
+
+    @classmethod
+    def opened(cls, invoice_id: str, data: Mapping[str, Any]) -> InvoiceAudit:
+        return cls(
+            invoice_id,
+            data["customer_id"],
+            data["currency"],
+            str(data["period_start"]),
+            [_id(data["first_line"])],
+        )
+
+    def apply(self, name: str, data: Mapping[str, Any], version: int) -> None:
+        allowed = ALLOWED_FROM.get(name)
+        if allowed is not None and self.state not in allowed:
+            self.problems.append(f"v{version}: {name} while {self.state}")
+        self.state = _TO_STATE.get(name, self.state)
+        if name == "LineAdded":
+            self.lines.append(_id(data["line_id"]))
+        elif name == "DraftCreated":
+            self.stripe_invoice_id = data["stripe_invoice_id"]
+        elif name == "FinalizeStarted":
+            named = [_id(line) for line in data["lines"]]
+            self.final_sequences = dict(zip(named, data["sequences"], strict=False))
+            self.expected_total = data["expected_total"]
+            if sorted(named) != sorted(self.lines):
+                self.problems.append(f"v{version}: finalizing names lines other than its own")
+        elif name == "Finalized":
+            self.total = data["total"]
+        elif name == "Paid":
+            self.amount_paid, self.paid_from = data["amount_paid"], data["source"]
+        elif name == "CreditRequested":
+            txn = _id(data["transaction_id"])
+            if txn in self.requested:
+                self.problems.append(f"v{version}: credit for {txn} requested twice")
+            self.requested[txn] = data["amount"]
+        elif name == "Credited":
+            note = data["credit_note_id"]
+            if note in self.credited:
+                self.problems.append(f"v{version}: credit note {note} recorded twice")
+            self.credited[note] = (uuid_text(data["transaction_id"]) or "", data["amount"])
+
+
+def _id(value: Any) -> str:
+    text = uuid_text(value)
+    assert text is not None
+    return text
+
+
+def check_invoices(
+    invoices: Mapping[str, InvoiceAudit],
+    lines: Mapping[str, LineAudit],
+    txns: Mapping[str, TxnAudit],
+    paid_webhooks: Collection[str] | None = None,
+) -> list[Finding]:
+    """Every invoice's own problems and how it agrees with its lines, transactions and
+    (with ``paid_webhooks``: the event ids received) the webhooks that paid it."""
+    findings: list[Finding] = []
+    for inv in invoices.values():
+        findings += [Finding("invoice", inv.invoice_id, p) for p in inv.problems]
+        findings += _totals(inv, lines)
+        findings += _credits(inv, lines, txns)
+        if inv.state is S.PAID and paid_webhooks is not None:
+            source = inv.paid_from
+            if source != "finalize" and source not in paid_webhooks:
+                findings.append(
+                    Finding("invoice", inv.invoice_id, f"paid from {source}, never received")
+                )
+        if inv.state is S.PAID and inv.total is not None and inv.amount_paid != inv.total:
+            findings.append(
+                Finding(
+                    "invoice",
+                    inv.invoice_id,
+                    f"paid {inv.amount_paid} of a total of {inv.total}",
+                )
+            )
+    return findings
+
+
+def _totals(inv: InvoiceAudit, lines: Mapping[str, LineAudit]) -> list[Finding]:
+    if inv.expected_total is None:
+        return []
+    found: list[Finding] = []
+    billed = 0
+    for line_id, sequence in inv.final_sequences.items():
+        line = lines.get(line_id)
+        if line is None:
+            found.append(Finding("invoice", inv.invoice_id, f"line {line_id}: no such line"))
+            continue
+        billed += line.billed_at.get(sequence, 0)
+        if line.sequence != sequence:
+            found.append(
+                Finding(
+                    "invoice",
+                    inv.invoice_id,
+                    f"line {line_id} changed after finalizing (v{sequence} -> v{line.sequence})",
+                )
+            )
+    if billed != inv.expected_total:
+        found.append(
+            Finding(
+                "invoice",
+                inv.invoice_id,
+                f"finalizing expected {inv.expected_total}; its lines billed {billed}",
+            )
+        )
+    if inv.total is not None and inv.total != inv.expected_total:
+        found.append(
+            Finding(
+                "invoice",
+                inv.invoice_id,
+                f"Stripe finalized {inv.total}; its lines billed {inv.expected_total}",
+            )
+        )
+    return found
+
+
+def _credits(
+    inv: InvoiceAudit, lines: Mapping[str, LineAudit], txns: Mapping[str, TxnAudit]
+) -> list[Finding]:
+    found: list[Finding] = []
+    shares: dict[str, int] = {}
+    if inv.requested:
+        for line_id in inv.final_sequences:
+            line = lines.get(line_id)
+            if line is not None:
+                held = {t: amount for t, (amount, _) in line.members.items()}
+                shares.update(shares_in_order(held))
+    for txn_id, amount in inv.requested.items():
+        if shares.get(txn_id) != amount:
+            found.append(
+                Finding(
+                    "invoice",
+                    inv.invoice_id,
+                    f"credit of {amount} requested for {txn_id}; its billed share is"
+                    f" {shares.get(txn_id)}",
+                )
+            )
+        txn = txns.get(txn_id)
+        if txn is None or txn.state is not TxnState.COMPENSATED:
+            found.append(
+                Finding("invoice", inv.invoice_id, f"credit for {txn_id}, not compensated")
+            )
+    issued: dict[str, int] = {}
+    for note, (txn_id, amount) in inv.credited.items():
+        if txn_id == "":
+            continue  # a credit note made in Stripe, not by the ledger: counted below
+        if txn_id in issued:
+            found.append(Finding("invoice", inv.invoice_id, f"{txn_id} credited twice ({note})"))
+        issued[txn_id] = amount
+        if inv.requested.get(txn_id) != amount:
+            found.append(
+                Finding(
+                    "invoice",
+                    inv.invoice_id,
+                    f"credit note {note} of {amount} for {txn_id}; requested"
+                    f" {inv.requested.get(txn_id)}",
+                )
+            )
+    credited = sum(amount for _, amount in inv.credited.values())
+    if inv.total is not None and credited > inv.total:
+        found.append(
+            Finding("invoice", inv.invoice_id, f"credited {credited} of a total of {inv.total}")
+        )
+    return found
+
+
+def credited_transactions(invoices: Mapping[str, InvoiceAudit]) -> frozenset[str]:
+    """Transactions reversed by a credit note request (they stay on their final line)."""
+    return frozenset(t for inv in invoices.values() for t in inv.requested)

@@ -1,0 +1,359 @@
+"""Invoices against real PostgreSQL and the Stripe emulator over HTTP: a period closed,
+its lines' final totals pushed, finalized in Stripe once, paid through a signed
+webhook on the ledger's own listener; webhooks deduplicated in the effect's
+transaction, applied in any order, refused when forged or replayed, answered 503
+while the database is away and recorded once when Stripe retries; late usage on the
+next period; a reversal after finalizing credited once by racing closers. Each ends
+with the audit."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+from psycopg import sql
+from pydantic import SecretStr
+
+from adapters.audit.replay import Scope
+from adapters.audit.report import audit, stripe_invoice_items
+from adapters.bootstrap import build_closer, build_pusher, build_webhook_server, database
+from adapters.charging.closer import CloseResult, InvoiceCloser
+from adapters.charging.pusher import LinePusher
+from adapters.http.server import HttpServer
+from adapters.settings import Settings
+from adapters.webhooks.app import PATH
+from domain.invoice import Invoice, InvoiceState
+from domain.metering import Metering, Source
+from domain.saga import ChargeFailure
+from domain.usage import UsageRecord
+from infra.stripe_emulator import StripeEmulator
+from infra.stripe_emulator.webhooks import sign
+from projections.projector import Projector
+from store.connections import Database
+from store.ledger import BillingLedger
+from store.webhooks import WebhookStore
+from tests.integration.support import record, wait_for
+
+SECRET = "whsec_test_invoices"
+OLD_SECRET = "whsec_test_rotated_out"
+
+
+@dataclass
+class Parts:
+    settings: Settings
+    ledger: BillingLedger
+    pusher: LinePusher
+    closer: InvoiceCloser
+    server: HttpServer
+    store: WebhookStore
+    emulator: StripeEmulator
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.port}{PATH}"
+
+    def invoice(self, invoice_id: UUID) -> Invoice:
+        found = self.ledger.invoice_by_id(invoice_id)
+        assert found is not None
+        return found
+
+    def finalize(self, invoice_id: UUID) -> Invoice:
+        """Close now, push the final totals, finalize: as the close role does."""
+        step = self.closer.step(invoice_id, close_now="test")
+        for _ in range(5):
+            if step.result is not CloseResult.WAITING:
+                break
+            step = self.closer.step(invoice_id)
+        invoice = self.invoice(invoice_id)
+        assert invoice.state is InvoiceState.FINALIZED, step
+        return invoice
+
+    def post(self, body: bytes, signature: str | None) -> tuple[int, dict[str, Any]]:
+        headers = {"Content-Type": "application/json"}
+        if signature is not None:
+            headers["Stripe-Signature"] = signature
+        request = urllib.request.Request(self.url, body, headers, method="POST")  # noqa: S310
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+
+@pytest.fixture
+def parts(
+    stripe_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
+) -> Iterator[Parts]:
+    settings = stripe_settings.model_copy(
+        update={
+            "billing_period": "day",
+            "invoice_grace_s": 0.0,
+            "webhook_port": 0,
+            "webhook_secrets": SecretStr(f"{SECRET},{OLD_SECRET}"),
+            "webhook_timeout_s": 5.0,
+        }
+    )
+    ledger.periods = settings.periods()
+    pusher = build_pusher(settings, ledger)
+    with database(settings) as db:
+        server = build_webhook_server(settings, ledger)
+        server.start()
+        assert server.wait_started()
+        try:
+            yield Parts(settings, ledger, pusher, build_closer(settings, pusher), server,
+                        WebhookStore(db), emulator)  # fmt: skip
+        finally:
+            server.stop()
+
+
+def _invoice_of(ledger: BillingLedger, txn: UUID) -> UUID:
+    line_id = ledger.transaction(txn).line_id
+    assert line_id is not None
+    return ledger.line_by_id(line_id).invoice_id
+
+
+def _audit_clean(parts: Parts) -> None:
+    with Database(parts.settings.database_url) as db:
+        with Projector(db, parts.ledger.mapper.to_domain_event) as projector:
+            projector.pump_all()
+        report = audit(
+            db, Scope(), horizon=parts.settings.retry_policy().horizon,
+            stripe_items=lambda: stripe_invoice_items(parts.settings.stripe()), progress=False,
+        )  # fmt: skip
+    assert report.findings == []
+
+
+def _stripe_event(emulator: StripeEmulator, type_: str, stripe_invoice: str) -> dict[str, Any]:
+    found = [e for e in emulator.events(type_) if e["data"]["object"]["id"] == stripe_invoice]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _signed(event: dict[str, Any], secret: str = SECRET, t: int | None = None) -> tuple[bytes, str]:
+    body = json.dumps(event).encode()
+    return body, sign(secret, int(time.time()) if t is None else t, body)
+
+
+def test_a_period_invoice_is_closed_finalized_and_paid_through_a_webhook(parts: Parts) -> None:
+    parts.emulator.add_webhook_endpoint(parts.url, SECRET, ["invoice.*", "credit_note.*"])
+    txns = record(parts.ledger, "acme", ["a-1", "a-2", "a-3"], qty=2500)
+    invoice_id = _invoice_of(parts.ledger, txns[0])
+    final = parts.finalize(invoice_id)
+    [stripe_invoice] = parts.emulator.invoices()
+    lines = [parts.ledger.line_by_id(line) for line in final.lines]
+    assert (
+        final.total
+        == final.expected_total
+        == stripe_invoice["total"]
+        == sum(line.billed for line in lines)
+        > 0
+    )
+    assert (final.number, stripe_invoice["status"]) == (stripe_invoice["number"], "open")
+    assert all(line.frozen for line in lines)
+
+    parts.emulator.pay_invoice(stripe_invoice["id"])
+    paid = wait_for(
+        lambda: (i := parts.invoice(invoice_id)).state is InvoiceState.PAID and i,
+        what="invoice.paid to reach the ledger",
+    )
+    assert paid.amount_paid == final.total
+    assert parts.emulator.wait_for_webhooks()
+    receipts = {r["type"]: r["outcome"] for r in parts.store.receipts(invoice_id=invoice_id)}
+    assert receipts["invoice.paid"] == "applied"
+    assert receipts["invoice.finalized"] == "stale"  # the finalize answer recorded it first
+    _audit_clean(parts)
+
+
+def test_a_webhook_delivered_three_times_has_one_effect(parts: Parts) -> None:
+    parts.emulator.add_webhook_endpoint(parts.url, SECRET, ["invoice.paid"])
+    [txn] = record(parts.ledger, "dup", ["d-1"], qty=2500)
+    invoice = parts.finalize(_invoice_of(parts.ledger, txn))
+    parts.emulator.set_faults(webhook_duplicate_next=1)  # Stripe sends it twice
+    parts.emulator.pay_invoice(str(invoice.stripe_invoice_id))
+    assert parts.emulator.wait_for_webhooks()
+    paid = _stripe_event(parts.emulator, "invoice.paid", str(invoice.stripe_invoice_id))
+    assert parts.emulator.resend_event(paid["id"]) == 1  # and an operator resends it
+    assert parts.emulator.wait_for_webhooks()
+    deliveries = parts.emulator.webhook_deliveries(paid["id"])
+    assert [d["status"] for d in deliveries] == [200, 200, 200]
+    history = parts.ledger.history(invoice.id)
+    assert [type(e) for e in history].count(Invoice.Paid) == 1
+    assert [r["event_id"] for r in parts.store.receipts()] == [paid["id"]]
+    _audit_clean(parts)
+
+
+def test_paid_before_finalized_records_both_and_the_late_finalized_changes_nothing(
+    parts: Parts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [txn] = record(parts.ledger, "order", ["o-1"], qty=2500)
+    invoice_id = _invoice_of(parts.ledger, txn)
+    # The closer's finalize gets no answer (Stripe finalized it all the same, below).
+    lost = ChargeFailure("timeout", "no answer", retryable=True)
+    monkeypatch.setattr(parts.closer.gateway, "finalize_invoice", lambda *a, **k: lost)
+    step = parts.closer.step(invoice_id, close_now="test")
+    while parts.invoice(invoice_id).state is InvoiceState.CLOSED:
+        step = parts.closer.step(invoice_id)
+    assert parts.invoice(invoice_id).state is InvoiceState.FINALIZING, step
+    monkeypatch.undo()
+    stripe_id = str(parts.invoice(invoice_id).stripe_invoice_id)
+    client = parts.pusher.gateway.client  # type: ignore[attr-defined]
+    client.v1.invoices.finalize_invoice(stripe_id)
+    parts.emulator.pay_invoice(stripe_id)
+    paid = _stripe_event(parts.emulator, "invoice.paid", stripe_id)
+    finalized = _stripe_event(parts.emulator, "invoice.finalized", stripe_id)
+
+    assert parts.post(*_signed(paid)) == (200, {"outcome": "applied", "event": paid["id"]})
+    after_paid = parts.invoice(invoice_id)
+    assert after_paid.state is InvoiceState.PAID
+    assert after_paid.number == paid["data"]["object"]["number"]
+    assert parts.post(*_signed(finalized)) == (200, {"outcome": "stale", "event": finalized["id"]})
+    assert parts.invoice(invoice_id).version == after_paid.version
+    parts.closer.clock = lambda: datetime.now(UTC) + timedelta(days=1)  # retry due
+    assert parts.closer.step(invoice_id).result is CloseResult.DONE  # no second finalize
+    _audit_clean(parts)
+
+
+def test_forged_unsigned_and_replayed_old_signatures_are_refused_and_record_nothing(
+    parts: Parts,
+) -> None:
+    [txn] = record(parts.ledger, "forge", ["f-1"], qty=2500)
+    invoice = parts.finalize(_invoice_of(parts.ledger, txn))
+    parts.emulator.pay_invoice(str(invoice.stripe_invoice_id))
+    paid = _stripe_event(parts.emulator, "invoice.paid", str(invoice.stripe_invoice_id))
+    body, _ = _signed(paid)
+    forged = _signed(paid, secret="whsec_not_ours")[1]
+    old = _signed(paid, t=int(time.time()) - parts.settings.webhook_tolerance_s - 5)[1]
+    tampered = _signed(paid)[1]
+    for signature, payload in [(forged, body), (None, body), (old, body),
+                               (tampered, body.replace(b"paid", b"void"))]:  # fmt: skip
+        status, answer = parts.post(payload, signature)
+        assert (status, answer["outcome"]) == (400, "bad_signature")
+    assert parts.store.receipts() == []
+    assert parts.store.counts() == {"bad_signature": 4}
+    assert parts.invoice(invoice.id).state is InvoiceState.FINALIZED
+    with psycopg.connect(parts.settings.database_url) as conn:
+        row = conn.execute(
+            "SELECT webhook_signature_failures_1h FROM billing.queue_health"
+        ).fetchone()
+    assert row == (4,)
+    # Signed with the secret being rotated out: still accepted.
+    assert parts.post(*_signed(paid, secret=OLD_SECRET))[0] == 200
+    assert parts.invoice(invoice.id).state is InvoiceState.PAID
+
+
+def test_a_body_over_the_limit_is_413_and_other_types_and_unknown_invoices_are_recorded(
+    parts: Parts,
+) -> None:
+    big = b"{" + b" " * (parts.settings.webhook_max_body_bytes + 1) + b"}"
+    status, answer = parts.post(big, sign(SECRET, int(time.time()), big))
+    assert (status, answer["outcome"]) == (413, "too_large")
+    other = {"id": "evt_other", "type": "customer.created", "data": {"object": {"id": "cus_1"}}}
+    assert parts.post(*_signed(other))[1]["outcome"] == "ignored"
+    stranger = {
+        "id": "evt_stranger", "type": "invoice.paid",
+        "data": {"object": {"id": "in_x", "status": "paid", "metadata": {}}},
+    }  # fmt: skip
+    assert parts.post(*_signed(stranger))[1]["outcome"] == "unknown_invoice"
+    assert parts.post(*_signed(stranger))[1]["outcome"] == "duplicate"
+    outcomes = {r["event_id"]: r["outcome"] for r in parts.store.receipts()}
+    assert outcomes == {"evt_other": "ignored", "evt_stranger": "unknown_invoice"}
+    assert parts.store.counts() == {"too_large": 1}
+
+
+def _allow_connections(admin_url: str, dbname: str, allowed: bool) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS {}").format(
+                sql.Identifier(dbname), sql.SQL("true" if allowed else "false")
+            )
+        )
+        if not allowed:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (dbname,),
+            )
+
+
+def test_the_database_away_during_a_delivery_is_503_and_the_retry_is_recorded_once(
+    parts: Parts, pg_server_url: str
+) -> None:
+    dbname = psycopg.conninfo.conninfo_to_dict(parts.settings.database_url)["dbname"]
+    [txn] = record(parts.ledger, "away", ["w-1"], qty=2500)
+    invoice = parts.finalize(_invoice_of(parts.ledger, txn))
+    parts.emulator.set_faults(webhook_retry_base_s=0.5)
+    parts.emulator.add_webhook_endpoint(parts.url, SECRET, ["invoice.paid"])
+    _allow_connections(pg_server_url, str(dbname), False)
+    try:
+        parts.emulator.pay_invoice(str(invoice.stripe_invoice_id))
+        paid = _stripe_event(parts.emulator, "invoice.paid", str(invoice.stripe_invoice_id))
+        wait_for(lambda: parts.emulator.webhook_deliveries(paid["id"]), what="a delivery attempt")
+        first = parts.emulator.webhook_deliveries(paid["id"])[0]
+        assert first["status"] == 503, first
+    finally:
+        _allow_connections(pg_server_url, str(dbname), True)
+    assert parts.emulator.wait_for_webhooks(timeout=60)
+    statuses = [d["status"] for d in parts.emulator.webhook_deliveries(paid["id"])]
+    assert statuses[-1] == 200 and 503 in statuses
+    assert [type(e) for e in parts.ledger.history(invoice.id)].count(Invoice.Paid) == 1
+    assert [r["event_id"] for r in parts.store.receipts()] == [paid["id"]]
+    _audit_clean(parts)
+
+
+def test_a_late_record_after_close_lands_on_the_next_periods_invoice(parts: Parts) -> None:
+    [txn] = record(parts.ledger, "late", ["l-1"], qty=2500)
+    closed = parts.finalize(_invoice_of(parts.ledger, txn))
+    occurred = datetime(2026, 12, 1, 12, tzinfo=UTC)  # in the closed period
+    late = UsageRecord(usage_id="l-2", customer_id="late", meter="api.requests",
+                       quantity=Decimal(2500), occurred_at=occurred)  # fmt: skip
+    [late_txn] = parts.ledger.record_usage([Metering(late, Source("usage", 0, 99))]).transactions
+    line = parts.ledger.line_by_id(parts.ledger.transaction(late_txn.id).line_id)  # type: ignore[arg-type]
+    assert line.late_of_start == closed.period_start
+    assert line.period.start >= closed.period_end  # the customer's open period
+    assert parts.invoice(line.invoice_id).state is InvoiceState.OPEN
+    assert parts.invoice(closed.id).version == closed.version  # the final invoice unchanged
+    parts.pusher.push(line.id)
+    _audit_clean(parts)
+
+
+def test_a_reversal_after_finalizing_is_credited_exactly_once_by_racing_closers(
+    parts: Parts,
+) -> None:
+    parts.emulator.add_webhook_endpoint(parts.url, SECRET, ["credit_note.created"])
+    txns = record(parts.ledger, "credit", ["c-1", "c-2", "c-3"], qty=2500)
+    invoice = parts.finalize(_invoice_of(parts.ledger, txns[0]))
+    assert parts.pusher.reverse(txns[1], "refund").name == "REVERSED"
+    closers = [build_closer(parts.settings, build_pusher(parts.settings, parts.ledger))
+               for _ in range(3)]  # fmt: skip
+    start = threading.Barrier(len(closers))
+
+    def race(closer: InvoiceCloser) -> None:
+        start.wait()
+        closer.step(invoice.id)
+
+    threads = [threading.Thread(target=race, args=(c,)) for c in closers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    notes = parts.emulator.credit_notes(str(invoice.stripe_invoice_id))
+    credited = parts.invoice(invoice.id)
+    assert len(notes) == 1
+    assert credited.credited == {notes[0]["id"]: str(txns[1])}
+    assert (
+        credited.credited_amount == notes[0]["amount"] == credited.credits_requested[str(txns[1])]
+    )
+    assert 0 < notes[0]["amount"] <= parts.ledger.transaction(txns[1]).amount + 1
+    assert parts.emulator.wait_for_webhooks()
+    assert [r["outcome"] for r in parts.store.receipts()] == ["stale"]  # recorded already
+    _audit_clean(parts)
