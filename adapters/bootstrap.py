@@ -19,10 +19,13 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
+from uuid import UUID
 
 from adapters.broker import ensure_topics, make_consumer, make_producer
+from adapters.charging.closer import InvoiceCloser
 from adapters.charging.process_manager import ChargeWorker
 from adapters.charging.pusher import LinePusher
 from adapters.charging.reconciler import Reconciler
@@ -36,6 +39,7 @@ from adapters.stripe.breaker import CircuitBreaker
 from adapters.stripe.client import StripeGateway
 from adapters.supervisor import RestartPolicy, RoleFactory, RoleRun, Supervisor
 from projections import queue_health
+from projections.invoices import due_invoices
 from projections.projector import Projector
 from store.connections import Database
 from store.dead_letters import DeadLetterStore
@@ -49,6 +53,7 @@ __all__ = [
     "DRILLS",
     "ROLES",
     "build_charge_worker",
+    "build_closer",
     "build_ingest_worker",
     "build_projector",
     "build_pusher",
@@ -58,6 +63,7 @@ __all__ = [
     "build_scheduler",
     "close_worker",
     "database",
+    "drive_invoices",
     "install_drill",
     "migrate",
     "open_ledger",
@@ -126,6 +132,7 @@ def prepare(settings: Settings, *, topics: bool = True) -> None:
             reconcile_interval_s=settings.reconcile_interval_s,
             stale_after_s=settings.stale_after_s,
             heartbeat_timeout_s=settings.heartbeat_timeout_s(),
+            invoice_grace_s=settings.invoice_grace_s,
         )
     if topics:
         ensure_topics(
@@ -200,6 +207,19 @@ def build_scheduler(settings: Settings, pusher: LinePusher) -> LineScheduler:
         pusher,
         settle_interval_s=settings.settle_interval_s,
         workers=settings.stripe_max_concurrency,
+    )
+
+
+def build_closer(
+    settings: Settings, pusher: LinePusher, scheduler: LineScheduler | None = None
+) -> InvoiceCloser:
+    """The invoice closer, on the pusher's ledger and Stripe client (one budget)."""
+    return InvoiceCloser(
+        pusher.ledger,
+        pusher.gateway,
+        scheduler,
+        settings.retry_policy(),
+        timedelta(seconds=settings.invoice_grace_s),
     )
 
 
@@ -362,6 +382,8 @@ def _run_roles(
             )
         if "reconcile" in roles:
             factories["reconcile"] = _reconcile_role(settings, pusher, scheduler, db, pulses)
+            closer = build_closer(settings, pusher, scheduler)
+            factories["close"], stats["close"] = _close_role(settings, closer, db, pulses)
     if drill:
         install_drill(drill, ledger=ledger if "ingest" in roles else None, pusher=pusher)
     supervised: list[Supervisor] = []  # the heartbeat reports the supervisor's status
@@ -462,6 +484,48 @@ def _reconcile_role(
         return _reconcile_loop(reconciler, settings.reconcile_interval_s, pulses.of("reconcile"))
 
     return build
+
+
+def _close_role(
+    settings: Settings, closer: InvoiceCloser, db: Database, pulses: Pulses
+) -> tuple[RoleFactory, Callable[[], object]]:
+    """The invoice closer's loop: every ``reconcile_interval_s``, each invoice with a
+    step due (``projections.invoices.due_invoices``) is driven, ``stripe_max_concurrency``
+    at a time; the Stripe client's budget bounds the pressure."""
+    totals: dict[str, int] = {}
+
+    def build() -> RoleRun:
+        pulse = pulses.of("close")
+
+        def loop(stop: threading.Event) -> None:
+            while not stop.is_set():
+                pulse()
+                with db.connection() as conn:
+                    due = due_invoices(conn)
+                if due:
+                    results = drive_invoices(closer, due, stop, settings.stripe_max_concurrency)
+                    for name, n in results.items():
+                        totals[name] = totals.get(name, 0) + n
+                    if set(results) - {"not_due", "waiting", "done"}:
+                        log.info("invoices driven", extra={"step": "close", **results})
+                stop.wait(settings.reconcile_interval_s)
+
+        return loop
+
+    return build, lambda: dict(totals)
+
+
+def drive_invoices(
+    closer: InvoiceCloser, invoice_ids: list[UUID], stop: threading.Event, parallel: int
+) -> dict[str, int]:
+    """One ``step`` of each invoice, ``parallel`` at a time, none started once ``stop``
+    is set; how many ended in each result."""
+    counts: dict[str, int] = {}
+    with ThreadPoolExecutor(parallel, thread_name_prefix="close") as pool:
+        for done in pool.map(lambda i: None if stop.is_set() else closer.step(i), invoice_ids):
+            if done is not None:
+                counts[str(done.result)] = counts.get(str(done.result), 0) + 1
+    return counts
 
 
 def _reconcile_loop(

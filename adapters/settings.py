@@ -7,7 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from domain.periods import PeriodPolicy
@@ -104,6 +104,31 @@ class Settings(BaseSettings):
     settle_interval_s: float = Field(
         10.0, gt=0, description="a line is pushed to Stripe at most this often"
     )
+    invoice_grace_s: float = Field(
+        3600.0, ge=0, description="an invoice closes this long after its period ends"
+    )
+
+    # -- webhooks (POST /webhooks/stripe, on a listener of its own) ----------------------
+    webhook_host: str = Field("127.0.0.1", description="address the webhook listener binds")
+    webhook_port: int = Field(9465, ge=0, le=65535, description="its port (0: any free one)")
+    webhook_secrets: SecretStr = Field(
+        SecretStr(""),
+        description="Stripe's endpoint signing secrets (whsec_...), comma-separated during a"
+        " rotation; empty: no listener",
+    )
+    webhook_tolerance_s: int = Field(300, ge=1, description="oldest signature accepted")
+    webhook_max_body_bytes: int = Field(
+        1024 * 1024, ge=1024, description="larger bodies are answered 413"
+    )
+    webhook_max_concurrency: int = Field(
+        32, ge=1, description="requests handled at once (more are answered 503)"
+    )
+    webhook_timeout_s: float = Field(
+        10.0, gt=0, description="a request's headers and body must arrive within this"
+    )
+
+    def webhook_secret_list(self) -> list[str]:
+        return [s.strip() for s in self.webhook_secrets.get_secret_value().split(",") if s.strip()]
 
     # -- supervision ------------------------------------------------------------------
     role_restart_base_s: float = Field(

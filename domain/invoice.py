@@ -1,22 +1,102 @@
-"""The ``Invoice`` aggregate: one customer's invoice in one currency for one period.
+"""The ``Invoice`` aggregate: one customer's invoice in one currency for one period,
+from its first line to its payment.
 
-It is opened when its draft exists in Stripe (the pushers create the draft on first
-need, with an idempotency key derived from the invoice's id, and record its Stripe
-id here); its lines (``domain.invoice_line``) are the items on it.
+Its life, as events (the transition table ``ALLOWED_FROM`` is data, checked by every
+method like the transaction's lifecycle)::
+
+    Opened ──> Closed ──> FinalizeStarted ──> Finalized ──> Paid
+      │  LineAdded   │  Adjusted    │  FinalizeFailed   │  PaymentFailed ──> Paid
+      │  DraftCreated│              │                   │  MarkedUncollectible ──> Paid
+      │              └──> NothingDue                    └──> Voided
+      └ (ingest)                                 CreditRequested, Credited (once final)
+
+* **Opened** by ingest with its first line; **LineAdded** names every later line. A
+  new line of a period always records one of them on its invoice, in the same save,
+  so closing (which records on the invoice) and a new line racing it are settled by
+  the event store's version check: no line can join an invoice after it closed.
+* **DraftCreated** when the pushers made its draft in Stripe (key from the id).
+* **Closed** at the period's end plus the grace (or early, by an operator): every line
+  is frozen in the same save (``InvoiceLine.Frozen``), so usage that arrives later goes
+  to a late line of an open period (``domain.metering``). **Adjusted**: a line of a
+  closed invoice lost a transaction (a reversal or compensation before finalizing).
+* **FinalizeStarted** once every line's final total is in Stripe: from here a reversal
+  is a credit note, not a lower total. **Finalized** records Stripe's number and total
+  (from the finalize call or from the ``invoice.finalized`` webhook, whichever comes
+  first); **FinalizeFailed** a failed attempt and when the next is due.
+* **NothingDue**: closed with nothing billed and no draft in Stripe.
+* **PaymentFailed**, **Paid**, **MarkedUncollectible**, **Voided** come from Stripe's
+  webhooks, in any order: ``observe`` compares what Stripe says with the state and
+  records only what moves the invoice forward, so a stale or repeated event changes
+  nothing.
+* **CreditRequested** (a reversal after finalizing: the transaction's billed share,
+  ``domain.closing.billed_shares``) and **Credited** (the credit note Stripe issued).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
+from domain.errors import IllegalTransition
 from domain.ids import invoice_id
 from domain.periods import Period
 
-__all__ = ["Invoice"]
+__all__ = ["ALLOWED_FROM", "Invoice", "InvoiceState", "StripeInvoiceView"]
+
+
+class InvoiceState(StrEnum):
+    OPEN = "open"  # its lines take usage
+    CLOSED = "closed"  # lines frozen; their final totals are being pushed
+    FINALIZING = "finalizing"  # every final total is in Stripe; finalize it there
+    FINALIZED = "finalized"  # final in Stripe (number, total): payment due
+    PAYMENT_FAILED = "payment_failed"
+    PAID = "paid"
+    UNCOLLECTIBLE = "uncollectible"
+    VOID = "void"
+    NOTHING_DUE = "nothing_due"  # closed with nothing billed and no draft in Stripe
+
+
+S = InvoiceState
+_FINAL = (S.FINALIZED, S.PAYMENT_FAILED, S.PAID, S.UNCOLLECTIBLE)
+
+ALLOWED_FROM: dict[str, tuple[InvoiceState, ...]] = {
+    "LineAdded": (S.OPEN,),
+    "DraftCreated": (S.OPEN, S.CLOSED),
+    "Closed": (S.OPEN,),
+    "Adjusted": (S.CLOSED,),
+    "NothingDue": (S.CLOSED,),
+    "FinalizeStarted": (S.CLOSED,),
+    "FinalizeFailed": (S.FINALIZING,),
+    "Finalized": (S.FINALIZING,),
+    "PaymentFailed": (S.FINALIZED, S.PAYMENT_FAILED),
+    "Paid": (S.FINALIZED, S.PAYMENT_FAILED, S.UNCOLLECTIBLE),
+    "MarkedUncollectible": (S.FINALIZED, S.PAYMENT_FAILED),
+    "Voided": (S.FINALIZED, S.PAYMENT_FAILED, S.UNCOLLECTIBLE),
+    "CreditRequested": (S.FINALIZING, *_FINAL),
+    "Credited": _FINAL,
+}
+"""Which states each event may be recorded in (its method raises IllegalTransition
+otherwise)."""
+
+
+@dataclass(frozen=True)
+class StripeInvoiceView:
+    """What Stripe says about the invoice (a finalize answer or a webhook's object)."""
+
+    status: str  # draft, open, paid, void, uncollectible
+    number: str | None
+    total: int
+    amount_paid: int
+    attempt_count: int
+    next_payment_attempt: datetime | None
+    at: datetime  # when Stripe says it happened
+    source: str  # "finalize" or the webhook's event id
 
 
 class Invoice(Aggregate):
@@ -27,50 +107,321 @@ class Invoice(Aggregate):
         currency: str
         period_start: datetime
         period_end: datetime
+        first_line: UUID
+
+    class LineAdded(Aggregate.Event):
+        line_id: UUID
+
+    class DraftCreated(Aggregate.Event):
         stripe_invoice_id: str
         stripe_customer_id: str
+
+    class Closed(Aggregate.Event):
+        lines: list[str]
+        reason: str  # "period ended" or an operator's reason
+
+    class Adjusted(Aggregate.Event):
+        line_id: UUID
+        transaction_ids: list[str]
+        reason: str
+
+    class NothingDue(Aggregate.Event):
+        pass
+
+    class FinalizeStarted(Aggregate.Event):
+        lines: list[str]
+        sequences: list[int]
+        expected_total: int
+
+    class FinalizeFailed(Aggregate.Event):
+        attempt: int
+        error_class: str
+        message: str
+        next_attempt_at: datetime
+
+    class Finalized(Aggregate.Event):
+        number: str
+        total: int
+        finalized_at: datetime
+        source: str
+
+    class PaymentFailed(Aggregate.Event):
+        attempt: int
+        next_payment_attempt: datetime | None
+        source: str
+
+    class Paid(Aggregate.Event):
+        amount_paid: int
+        paid_at: datetime
+        source: str
+
+    class MarkedUncollectible(Aggregate.Event):
+        source: str
+
+    class Voided(Aggregate.Event):
+        source: str
+
+    class CreditRequested(Aggregate.Event):
+        transaction_id: UUID
+        amount: int
+        reason: str
+
+    class Credited(Aggregate.Event):
+        transaction_id: UUID | None  # None: a credit note made outside the ledger
+        credit_note_id: str
+        amount: int
+        source: str
 
     @staticmethod
     def create_id(customer_id: str, currency: str, period_start: datetime, **_: Any) -> UUID:
         return invoice_id(customer_id, currency, Period(period_start, period_start).key)
 
     @classmethod
-    def open(
-        cls,
-        customer_id: str,
-        currency: str,
-        period: Period,
-        *,
-        stripe_invoice_id: str,
-        stripe_customer_id: str,
-    ) -> Invoice:
-        """The invoice whose draft ``stripe_invoice_id`` now exists in Stripe."""
+    def open(cls, customer_id: str, currency: str, period: Period, first_line: UUID) -> Invoice:
+        """The invoice of ``period``, opened with its first line."""
         return cls(
             customer_id=customer_id,
             currency=currency,
             period_start=period.start,
             period_end=period.end,
-            stripe_invoice_id=stripe_invoice_id,
-            stripe_customer_id=stripe_customer_id,
+            first_line=first_line,
         )
 
     @event(Opened)
-    def __init__(  # noqa: PLR0917 (the event's fields, applied on every load)
+    def __init__(
         self,
         customer_id: str,
         currency: str,
         period_start: datetime,
         period_end: datetime,
-        stripe_invoice_id: str,
-        stripe_customer_id: str,
+        first_line: UUID,
     ) -> None:
         self.customer_id = customer_id
         self.currency = currency
         self.period_start = period_start
         self.period_end = period_end
-        self.stripe_invoice_id = stripe_invoice_id
-        self.stripe_customer_id = stripe_customer_id
+        self.state = InvoiceState.OPEN
+        self.lines: list[UUID] = [first_line]
+        self.stripe_invoice_id: str | None = None
+        self.stripe_customer_id: str | None = None
+        self.number: str | None = None
+        self.total = 0
+        self.expected_total = 0
+        self.final_sequences: dict[str, int] = {}
+        self.finalize_attempts = 0
+        self.next_attempt_at: datetime | None = None
+        self.last_error: str | None = None
+        self.payment_attempts = 0
+        self.amount_paid = 0
+        self.credits_requested: dict[str, int] = {}  # transaction id -> amount
+        self.credit_reasons: dict[str, str] = {}
+        self.credited: dict[str, str] = {}  # credit note id -> transaction id ("" if none)
+        self.credited_amount = 0
+
+    # -- reading ----------------------------------------------------------------------
 
     @property
     def period(self) -> Period:
         return Period(self.period_start, self.period_end)
+
+    @property
+    def is_closed(self) -> bool:
+        """No usage joins it any more."""
+        return self.state is not InvoiceState.OPEN
+
+    @property
+    def is_final(self) -> bool:
+        """Final in Stripe: changes are credit notes."""
+        return self.state in _FINAL or self.state is InvoiceState.VOID
+
+    def credits_pending(self) -> list[tuple[UUID, int]]:
+        """Credits requested and not yet issued (transaction, amount)."""
+        issued = set(self.credited.values())
+        return [(UUID(t), a) for t, a in self.credits_requested.items() if t not in issued]
+
+    def _require(self, name: str, what: str) -> None:
+        if self.state not in ALLOWED_FROM[name]:
+            raise IllegalTransition(f"invoice {self.id} is {self.state}: cannot {what}")
+
+    # -- lines and the draft ------------------------------------------------------------
+
+    def add_line(self, line_id: UUID) -> None:
+        if line_id in self.lines:
+            return
+        self._require("LineAdded", "add a line")
+        self._line_added(line_id)
+
+    @event(LineAdded)
+    def _line_added(self, line_id: UUID) -> None:
+        self.lines.append(line_id)
+
+    def record_draft(self, stripe_invoice_id: str, stripe_customer_id: str) -> None:
+        """The draft exists in Stripe (recorded once)."""
+        if self.stripe_invoice_id is not None:
+            return
+        self._require("DraftCreated", "record its draft")
+        self._draft_created(stripe_invoice_id, stripe_customer_id)
+
+    @event(DraftCreated)
+    def _draft_created(self, stripe_invoice_id: str, stripe_customer_id: str) -> None:
+        self.stripe_invoice_id = stripe_invoice_id
+        self.stripe_customer_id = stripe_customer_id
+
+    # -- closing and finalizing ---------------------------------------------------------
+
+    def close(self, reason: str) -> None:
+        """No usage joins it any more (its lines are frozen in the same save)."""
+        self._require("Closed", "close")
+        self._closed([str(line) for line in self.lines], reason)
+
+    @event(Closed)
+    def _closed(self, lines: list[str], reason: str) -> None:
+        self.state = InvoiceState.CLOSED
+
+    def adjust(self, line_id: UUID, transaction_ids: Sequence[UUID], reason: str) -> None:
+        """A line of this closed invoice lost transactions before finalizing."""
+        self._require("Adjusted", "adjust a line")
+        self._adjusted(line_id, [str(t) for t in transaction_ids], reason)
+
+    @event(Adjusted)
+    def _adjusted(self, line_id: UUID, transaction_ids: list[str], reason: str) -> None:
+        pass
+
+    def nothing_due(self) -> None:
+        self._require("NothingDue", "close with nothing due")
+        self._nothing_due()
+
+    @event(NothingDue)
+    def _nothing_due(self) -> None:
+        self.state = InvoiceState.NOTHING_DUE
+
+    def start_finalizing(self, final: Sequence[tuple[UUID, int, int]]) -> None:
+        """Every line's final total is in Stripe: (line, sequence, billed) for each."""
+        self._require("FinalizeStarted", "start finalizing")
+        if {line for line, _, _ in final} != set(self.lines):
+            raise ValueError(f"invoice {self.id}: finalizing needs every line's final total")
+        self._finalize_started(
+            [str(line) for line, _, _ in final],
+            [sequence for _, sequence, _ in final],
+            sum(billed for _, _, billed in final),
+        )
+
+    @event(FinalizeStarted)
+    def _finalize_started(
+        self, lines: list[str], sequences: list[int], expected_total: int
+    ) -> None:
+        self.state = InvoiceState.FINALIZING
+        self.final_sequences = dict(zip(lines, sequences, strict=True))
+        self.expected_total = expected_total
+
+    def record_finalize_failure(
+        self, error_class: str, message: str, next_attempt_at: datetime
+    ) -> None:
+        self._require("FinalizeFailed", "record a failed finalize")
+        self._finalize_failed(self.finalize_attempts + 1, error_class, message, next_attempt_at)
+
+    @event(FinalizeFailed)
+    def _finalize_failed(
+        self, attempt: int, error_class: str, message: str, next_attempt_at: datetime
+    ) -> None:
+        self.finalize_attempts = attempt
+        self.last_error = f"{error_class}: {message}"
+        self.next_attempt_at = next_attempt_at
+
+    @event(Finalized)
+    def _finalized(self, number: str, total: int, finalized_at: datetime, source: str) -> None:
+        self.state = InvoiceState.FINALIZED
+        self.number = number
+        self.total = total
+        self.next_attempt_at = None
+
+    # -- what Stripe says -----------------------------------------------------------------
+
+    def observe(self, view: StripeInvoiceView) -> bool:
+        """Record what ``view`` shows that this invoice has not recorded yet, in order;
+        whether anything was recorded. A draft, a stale or a repeated view records
+        nothing; so does a view of an invoice this ledger is not finalizing (one
+        finalized outside it is left for an operator: it never takes usage back)."""
+        before = len(self.pending_events)
+        if view.status == "draft" or self.state in (
+            S.OPEN,
+            S.CLOSED,
+            S.NOTHING_DUE,
+            S.VOID,
+            S.PAID,
+        ):
+            return False
+        if self.state is S.FINALIZING:
+            self._finalized(view.number or "", view.total, view.at, view.source)
+        if view.status == "open" and self.state in ALLOWED_FROM["PaymentFailed"]:
+            if view.attempt_count > self.payment_attempts:
+                self._payment_failed(view.attempt_count, view.next_payment_attempt, view.source)
+        elif view.status == "paid" and self.state in ALLOWED_FROM["Paid"]:
+            self._paid(view.amount_paid, view.at, view.source)
+        elif view.status == "uncollectible" and self.state in ALLOWED_FROM["MarkedUncollectible"]:
+            self._uncollectible(view.source)
+        elif view.status == "void" and self.state in ALLOWED_FROM["Voided"]:
+            self._voided(view.source)
+        return len(self.pending_events) > before
+
+    @event(PaymentFailed)
+    def _payment_failed(
+        self, attempt: int, next_payment_attempt: datetime | None, source: str
+    ) -> None:
+        self.state = InvoiceState.PAYMENT_FAILED
+        self.payment_attempts = attempt
+
+    @event(Paid)
+    def _paid(self, amount_paid: int, paid_at: datetime, source: str) -> None:
+        self.state = InvoiceState.PAID
+        self.amount_paid = amount_paid
+
+    @event(MarkedUncollectible)
+    def _uncollectible(self, source: str) -> None:
+        self.state = InvoiceState.UNCOLLECTIBLE
+
+    @event(Voided)
+    def _voided(self, source: str) -> None:
+        self.state = InvoiceState.VOID
+
+    # -- credits ----------------------------------------------------------------------
+
+    def request_credit(self, transaction_id: UUID, amount: int, reason: str) -> None:
+        """A reversal after finalizing: credit ``amount`` (the transaction's billed share)."""
+        self._require("CreditRequested", "request a credit")
+        if str(transaction_id) in self.credits_requested:
+            raise IllegalTransition(f"invoice {self.id}: {transaction_id} is credited already")
+        if amount < 0:
+            raise ValueError(f"a credit cannot be negative: {amount}")
+        if self.credit_total_requested + amount > self.expected_total:
+            raise ValueError(
+                f"invoice {self.id}: credits of {self.credit_total_requested + amount}"
+                f" would exceed its total of {self.expected_total}"
+            )
+        self._credit_requested(transaction_id, amount, reason)
+
+    @property
+    def credit_total_requested(self) -> int:
+        return sum(self.credits_requested.values())
+
+    @event(CreditRequested)
+    def _credit_requested(self, transaction_id: UUID, amount: int, reason: str) -> None:
+        self.credits_requested[str(transaction_id)] = amount
+        self.credit_reasons[str(transaction_id)] = reason
+
+    def record_credit(
+        self, transaction_id: UUID | None, credit_note_id: str, amount: int, source: str
+    ) -> bool:
+        """Stripe issued ``credit_note_id``; whether it was new to this invoice."""
+        if credit_note_id in self.credited:
+            return False
+        self._require("Credited", "record a credit note")
+        self._credited(transaction_id, credit_note_id, amount, source)
+        return True
+
+    @event(Credited)
+    def _credited(
+        self, transaction_id: UUID | None, credit_note_id: str, amount: int, source: str
+    ) -> None:
+        self.credited[credit_note_id] = str(transaction_id) if transaction_id else ""
+        self.credited_amount += amount

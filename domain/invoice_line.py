@@ -29,7 +29,8 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
-from domain.ids import line_id, line_push_id
+from domain.errors import IllegalTransition
+from domain.ids import invoice_id, line_id, line_push_id
 from domain.money import add_exact, canonical, round_minor
 from domain.periods import Period
 
@@ -45,6 +46,7 @@ class InvoiceLine(Aggregate):
         meter: str
         period_start: datetime
         period_end: datetime
+        late_of_start: datetime | None  # a late line: the start of the period it occurred in
 
     class Settled(Aggregate.Event):
         transaction_ids: list[str]
@@ -61,39 +63,66 @@ class InvoiceLine(Aggregate):
         billed: int
         transactions: int
 
+    class Frozen(Aggregate.Event):
+        """Its invoice closed: no usage joins it any more (removals still may, until the
+        invoice starts finalizing)."""
+
+        invoice_id: UUID
+
     @staticmethod
     def create_id(
-        customer_id: str, currency: str, meter: str, period_start: datetime, **_: Any
+        customer_id: str,
+        currency: str,
+        meter: str,
+        period_start: datetime,
+        late_of_start: datetime | None = None,
+        **_: Any,
     ) -> UUID:
-        return line_id(customer_id, currency, meter, Period(period_start, period_start).key)
+        key = Period(period_start, period_start).key
+        if late_of_start is not None:
+            key += "~late~" + Period(late_of_start, late_of_start).key
+        return line_id(customer_id, currency, meter, key)
 
     @classmethod
-    def open(cls, customer_id: str, currency: str, meter: str, period: Period) -> InvoiceLine:
+    def open(
+        cls,
+        customer_id: str,
+        currency: str,
+        meter: str,
+        period: Period,
+        late_of: Period | None = None,
+    ) -> InvoiceLine:
+        """The line of ``meter`` on ``period``'s invoice; ``late_of``: a late line, of usage
+        that occurred in that earlier period after its invoice had closed."""
         return cls(
             customer_id=customer_id,
             currency=currency,
             meter=meter,
             period_start=period.start,
             period_end=period.end,
+            late_of_start=late_of.start if late_of is not None else None,
         )
 
     @event(Opened)
-    def __init__(
+    def __init__(  # noqa: PLR0917 (the event's fields, applied on every load)
         self,
         customer_id: str,
         currency: str,
         meter: str,
         period_start: datetime,
         period_end: datetime,
+        late_of_start: datetime | None,
     ) -> None:
         self.customer_id = customer_id
         self.currency = currency
         self.meter = meter
         self.period_start = period_start
         self.period_end = period_end
+        self.late_of_start = late_of_start
         self.exact_total = Decimal(0)
         self.billed = 0
         self.transactions = 0
+        self.frozen = False
 
     @property
     def sequence(self) -> int:
@@ -104,10 +133,26 @@ class InvoiceLine(Aggregate):
     def period(self) -> Period:
         return Period(self.period_start, self.period_end)
 
+    @property
+    def invoice_id(self) -> UUID:
+        """The invoice this line is on (its customer, currency and period)."""
+        return invoice_id(self.customer_id, self.currency, self.period.key)
+
+    def freeze(self) -> None:
+        """Its invoice closed (recorded in the same save as ``Invoice.Closed``)."""
+        if not self.frozen:
+            self._frozen(self.invoice_id)
+
+    @event(Frozen)
+    def _frozen(self, invoice_id: UUID) -> None:
+        self.frozen = True
+
     def settle(self, entries: Sequence[tuple[UUID, Decimal]]) -> None:
         """Add transactions (id, exact amount) to the line, in one event."""
         if not entries:
             return
+        if self.frozen:
+            raise IllegalTransition(f"line {self.id} is frozen: its invoice has closed")
         total = self.exact_total
         for _, amount in entries:
             if amount < 0:

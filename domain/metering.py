@@ -7,7 +7,15 @@ already recorded are skipped without a write; a reservation the spend limit refu
 becomes a Compensated transaction with the reason. Every reserved transaction joins
 the invoice line of its customer, currency, meter and period (the period its usage
 occurred in), in one ``Settled`` event per line per batch, and its ``Reserved``
-names that line and the line's version: all in the batch's one save.
+names that line and the line's version: all in the batch's one save. A new line is
+added to its invoice (``Invoice.Opened`` or ``LineAdded``) in the same save.
+
+**Late usage.** Usage whose period's invoice has closed (its line frozen, or the invoice
+closed before the line existed) is never dropped and never changes a closed invoice: it
+goes to a *late* line of the customer's open period (the period of ``now``, or the one
+after the usage's own if that is later), marked with the period it occurred in; if that
+invoice has closed too (closed early by an operator), to the next period's. ``LineBook``
+is that rule, shared by both forms below and by the pushers' adoption of older history.
 
 Two forms of the same decision:
 
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 from functools import cached_property
 from uuid import UUID
@@ -32,8 +41,9 @@ from uuid import UUID
 from eventsourcing.utils import get_topic
 
 from domain.account import CustomerAccount
-from domain.errors import InvalidUsage
+from domain.errors import IllegalTransition, InvalidUsage
 from domain.ids import transaction_id
+from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine
 from domain.periods import Period, PeriodPolicy
 from domain.pricing import PriceList
@@ -41,6 +51,7 @@ from domain.transaction import BillingTransaction, Source, TxnState
 from domain.usage import UsageRecord
 
 __all__ = [
+    "LineBook",
     "MeteredBatch",
     "Metering",
     "MeteringDecision",
@@ -50,7 +61,10 @@ __all__ = [
 ]
 
 AccountLoader = Callable[[str, str], CustomerAccount | None]
-LineLoader = Callable[[str, str, str, Period], InvoiceLine | None]
+LineLoader = Callable[[UUID], InvoiceLine | None]
+InvoiceLoader = Callable[[UUID], Invoice | None]
+
+MAX_LATE_HOPS = 1000  # periods tried after a closed one (each closed early by hand)
 
 _TXN_TOPIC = get_topic(BillingTransaction)
 
@@ -75,6 +89,7 @@ class MeteringDecision:
     transactions: list[BillingTransaction] = field(default_factory=list)
     accounts: list[CustomerAccount] = field(default_factory=list)
     lines: list[InvoiceLine] = field(default_factory=list)
+    invoices: list[Invoice] = field(default_factory=list)  # opened or given a new line
     duplicates: list[Metering] = field(default_factory=list)
     rejected: list[tuple[Metering, str]] = field(default_factory=list)
 
@@ -84,8 +99,8 @@ class MeteringDecision:
         return [t for t in self.transactions if t.compensation_reason is not None]
 
     @property
-    def aggregates(self) -> list[CustomerAccount | InvoiceLine | BillingTransaction]:
-        return [*self.accounts, *self.lines, *self.transactions]
+    def aggregates(self) -> list[CustomerAccount | InvoiceLine | Invoice | BillingTransaction]:
+        return [*self.accounts, *self.lines, *self.invoices, *self.transactions]
 
 
 def meter_batch(
@@ -94,7 +109,9 @@ def meter_batch(
     *,
     load_account: AccountLoader,
     load_line: LineLoader,
+    load_invoice: InvoiceLoader,
     periods: PeriodPolicy,
+    now: datetime,
     already_recorded: Collection[UUID] = (),
 ) -> MeteringDecision:
     """Decide the events for ``batch`` (see the module docstring)."""
@@ -118,28 +135,100 @@ def meter_batch(
     for (customer_id, currency), txns in by_account.items():
         account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
         granted = account.reserve_all([(t.id, t.amount) for t in txns])
-        by_line: dict[tuple[str, Period], list[BillingTransaction]] = {}
+        book = LineBook(customer_id, currency, load_line, load_invoice, periods, now)
+        by_line: dict[UUID, list[BillingTransaction]] = {}
         for txn, ok in zip(txns, granted, strict=True):
             if ok:
-                by_line.setdefault((txn.meter, periods.period_of(txn.occurred_at)), []).append(txn)
+                line = book.line_for(txn.meter, periods.period_of(txn.occurred_at))
+                by_line.setdefault(line.id, []).append(txn)
             else:
                 txn.compensate(_refusal(account, txn.amount))
-        for (meter, period), members in by_line.items():
-            line = _line(load_line, customer_id, currency, meter, period)
+        for line_id, members in by_line.items():
+            line = book.lines[line_id]
             line.settle([(t.id, t.amount) for t in members])
             for txn in members:
                 txn.reserve(account.id, line.id, line.sequence)
             decision.lines.append(line)
+        decision.invoices.extend(book.touched_invoices())
         decision.accounts.append(account)
     return decision
 
 
-def _line(
-    load_line: LineLoader, customer_id: str, currency: str, meter: str, period: Period
-) -> InvoiceLine:
-    return load_line(customer_id, currency, meter, period) or InvoiceLine.open(
-        customer_id, currency, meter, period
-    )
+class LineBook:
+    """Which line a customer's usage in one currency joins (see the module docstring's
+    late usage), loading each line and invoice once; the lines and invoices it opens
+    or changes are the caller's to save with the usage."""
+
+    def __init__(  # noqa: PLR0917
+        self,
+        customer_id: str,
+        currency: str,
+        load_line: LineLoader,
+        load_invoice: InvoiceLoader,
+        periods: PeriodPolicy,
+        now: datetime,
+    ) -> None:
+        self.customer_id = customer_id
+        self.currency = currency
+        self.load_line = load_line
+        self.load_invoice = load_invoice
+        self.periods = periods
+        self.now = now
+        self.lines: dict[UUID, InvoiceLine] = {}
+        self.invoices: dict[UUID, Invoice | None] = {}
+
+    def line_for(self, meter: str, occurred: Period) -> InvoiceLine:
+        """The line usage of ``meter`` that occurred in ``occurred`` joins."""
+        found = self._usable(meter, occurred, None)
+        if found is not None:
+            return found
+        period = max(self.periods.period_of(self.now), self.periods.next(occurred))
+        for _ in range(MAX_LATE_HOPS):
+            found = self._usable(meter, period, occurred)
+            if found is not None:
+                return found
+            period = self.periods.next(period)
+        # Every one of them closed early by hand: not this record's fault, nor a reason to
+        # stop billing (the ingest worker sets the record aside with this reason).
+        raise IllegalTransition(
+            f"no open invoice within {MAX_LATE_HOPS} periods after {occurred.key}"
+        )
+
+    def touched_invoices(self) -> list[Invoice]:
+        return [i for i in self.invoices.values() if i is not None and i.pending_events]
+
+    def _usable(self, meter: str, period: Period, late_of: Period | None) -> InvoiceLine | None:
+        """The line of ``meter`` on ``period``'s invoice if it takes usage, opened (and
+        added to its invoice) when new; None when that invoice has closed."""
+        line_id = InvoiceLine.create_id(
+            self.customer_id, self.currency, meter, period.start,
+            late_of.start if late_of is not None else None,
+        )  # fmt: skip
+        if line_id not in self.lines:
+            loaded = self.load_line(line_id)
+            if loaded is not None:
+                self.lines[line_id] = loaded
+        line = self.lines.get(line_id)
+        if line is not None:
+            return None if line.frozen else line
+        invoice = self._invoice(period)
+        if invoice is not None and invoice.is_closed:
+            return None
+        line = InvoiceLine.open(self.customer_id, self.currency, meter, period, late_of)
+        if invoice is None:
+            self.invoices[line.invoice_id] = Invoice.open(
+                self.customer_id, self.currency, period, line.id
+            )
+        else:
+            invoice.add_line(line.id)
+        self.lines[line_id] = line
+        return line
+
+    def _invoice(self, period: Period) -> Invoice | None:
+        key = Invoice.create_id(self.customer_id, self.currency, period.start)
+        if key not in self.invoices:
+            self.invoices[key] = self.load_invoice(key)
+        return self.invoices[key]
 
 
 # -- the same decision, as events --------------------------------------------------------
@@ -175,6 +264,7 @@ class MeteredBatch:
     transactions: list[NewTransaction] = field(default_factory=list)
     accounts: list[CustomerAccount] = field(default_factory=list)
     lines: list[InvoiceLine] = field(default_factory=list)
+    invoices: list[Invoice] = field(default_factory=list)  # opened or given a new line
     duplicates: list[Metering] = field(default_factory=list)
     rejected: list[tuple[Metering, str]] = field(default_factory=list)
 
@@ -195,7 +285,9 @@ def meter_batch_events(
     *,
     load_account: AccountLoader,
     load_line: LineLoader,
+    load_invoice: InvoiceLoader,
     periods: PeriodPolicy,
+    now: datetime,
     already_recorded: Collection[UUID] = (),
 ) -> MeteredBatch:
     """``meter_batch``'s decision as the events it records (see the module docstring)."""
@@ -221,19 +313,21 @@ def meter_batch_events(
     for (customer_id, currency), events in by_account.items():
         account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
         granted = account.reserve_all([(e.originator_id, e.amount) for e in events])
-        by_line: dict[tuple[str, Period], list[BillingTransaction.Metered]] = {}
+        book = LineBook(customer_id, currency, load_line, load_invoice, periods, now)
+        by_line: dict[UUID, list[BillingTransaction.Metered]] = {}
         for event, ok in zip(events, granted, strict=True):
             if ok:
-                key = (event.meter, periods.period_of(event.occurred_at))
-                by_line.setdefault(key, []).append(event)
+                line = book.line_for(event.meter, periods.period_of(event.occurred_at))
+                by_line.setdefault(line.id, []).append(event)
             else:
                 then[event.originator_id] = _compensated(event, account)
-        for (meter, period), members in by_line.items():
-            line = _line(load_line, customer_id, currency, meter, period)
+        for line_id, members in by_line.items():
+            line = book.lines[line_id]
             line.settle([(e.originator_id, e.amount) for e in members])
             for event in members:
                 then[event.originator_id] = _reserved(event, account.id, line)
             result.lines.append(line)
+        result.invoices.extend(book.touched_invoices())
         result.accounts.append(account)
     result.transactions = [NewTransaction(m, then[m.originator_id]) for m in metered]
     return result

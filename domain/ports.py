@@ -3,9 +3,9 @@
 Each outside thing is a small Protocol with one real adapter and one hand-written fake:
 
 * ``PaymentGateway``: Stripe (``adapters.stripe.client.StripeGateway``): customers, a
-  draft invoice per customer, currency and period, and the items of invoice lines;
-  failures come back as ``domain.saga.ChargeFailure`` values, never as the SDK's
-  exceptions;
+  draft invoice per customer, currency and period, the items of invoice lines,
+  finalizing an invoice and issuing credit notes; failures come back as
+  ``domain.saga.ChargeFailure`` values, never as the SDK's exceptions;
 * ``DeadLetterSink``: where unbillable usage records are kept with their reason
   (``store.dead_letters.DeadLetterStore``).
 """
@@ -18,11 +18,19 @@ from datetime import datetime
 from typing import Protocol
 from uuid import UUID
 
+from domain.invoice import StripeInvoiceView
 from domain.periods import Period
 from domain.pushing import PushPlan
 from domain.saga import ChargeFailure
 
-__all__ = ["DeadLetter", "DeadLetterSink", "DraftInvoice", "LineItems", "PaymentGateway"]
+__all__ = [
+    "CreditNote",
+    "DeadLetter",
+    "DeadLetterSink",
+    "DraftInvoice",
+    "LineItems",
+    "PaymentGateway",
+]
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,18 @@ class LineItems:
     look_first: bool  # creation keys may have expired: look for planned items first
 
 
+@dataclass(frozen=True)
+class CreditNote:
+    """A credit note for one reversed transaction of a final invoice."""
+
+    invoice_id: UUID  # the ledger's invoice
+    stripe_invoice_id: str
+    transaction_id: UUID  # the key's origin: ``credit:{transaction_id}``
+    amount: int  # minor units, above 0: the transaction's billed share
+    after_payment: bool  # the invoice is paid: credit the customer's balance
+    memo: str
+
+
 class PaymentGateway(Protocol):
     """Stripe, as the pushers need it. Every call either answers or returns the
     failure (retryable or not); none raises. Each create has an idempotency key
@@ -95,6 +115,17 @@ class PaymentGateway(Protocol):
 
     def set_line_items(self, items: LineItems) -> list[str] | ChargeFailure:
         """Create or update the line's items to the plan's amounts; their ids, in order."""
+        ...
+
+    def finalize_invoice(
+        self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool
+    ) -> StripeInvoiceView | ChargeFailure:
+        """Finalize the draft (key from ``invoice_id``); Stripe's view of the invoice.
+        ``look_first``: an earlier attempt may have finalized it (read it first)."""
+        ...
+
+    def credit_note(self, note: CreditNote) -> str | ChargeFailure:
+        """Issue the credit note (once: the key is the transaction's); its Stripe id."""
         ...
 
     def delete_item(self, item_id: str, key: str) -> ChargeFailure | None:

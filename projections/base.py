@@ -23,6 +23,7 @@ import psycopg
 from eventsourcing.persistence import StoredEvent
 
 from domain.account import CustomerAccount
+from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.transaction import BillingTransaction, TxnState
 from domain.usage import CUSTOMER_ID_MAX_LENGTH, CUSTOMER_ID_PATTERN
@@ -100,7 +101,7 @@ class History:
         """Keep the facts of a first event seen in the log."""
         if isinstance(event, BillingTransaction.Metered):
             facts = Facts(event.customer_id, event.currency, event.amount, event.timestamp)
-        elif isinstance(event, CustomerAccount.Opened | InvoiceLine.Opened):
+        elif isinstance(event, CustomerAccount.Opened | InvoiceLine.Opened | Invoice.Opened):
             facts = Facts(event.customer_id, event.currency, Decimal(0), event.timestamp)
         elif isinstance(event, LinePush.Opened):
             self._push_lines[event.originator_id] = event.line_id

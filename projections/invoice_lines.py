@@ -64,9 +64,11 @@ LINE_COLUMNS = (
     "oldest_unsent_at",
     "stripe_requests",
     "updated_at",
+    "frozen",
+    "late_of_start",
 )
 
-_LINE_EVENTS = (InvoiceLine.Opened, InvoiceLine.Settled, InvoiceLine.Removed)
+_LINE_EVENTS = (InvoiceLine.Opened, InvoiceLine.Settled, InvoiceLine.Removed, InvoiceLine.Frozen)
 _PUSH_EVENTS = (LinePush.Pushed, LinePush.PushFailed, LinePush.ChargesRecorded)
 
 
@@ -134,6 +136,8 @@ def _fold(rows: dict[UUID, dict[str, Any]], event: Any, line: UUID) -> None:
             "push_attempts": 0,
             "stripe_requests": 0,
             "updated_at": at,
+            "frozen": False,
+            "late_of_start": event.late_of_start,
             "_new": True,
             "_unsent_lookup": False,
         }
@@ -176,6 +180,8 @@ def _fold(rows: dict[UUID, dict[str, Any]], event: Any, line: UUID) -> None:
         )
     elif isinstance(event, LinePush.ChargesRecorded):
         row["charged_through"] = event.through
+    elif isinstance(event, InvoiceLine.Frozen):
+        row["frozen"] = True
 
 
 def _store(conn: psycopg.Connection[Any], target: sql.Identifier, rows: Any) -> None:

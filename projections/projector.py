@@ -36,6 +36,7 @@ from projections.balances import BalancesProjection
 from projections.base import SCHEMA, Decode, History, Projection, UnknownProjection
 from projections.charge_attempts import ChargeAttemptsProjection
 from projections.invoice_lines import InvoiceLinesProjection, LinePushesProjection
+from projections.invoices import InvoiceEventsProjection, InvoicesProjection
 from projections.transactions import TransactionsProjection
 from store.connections import Database
 from store.eventlog import START, Position, follow, read_after
@@ -51,6 +52,8 @@ PROJECTIONS: tuple[Projection, ...] = (
     ChargeAttemptsProjection(),
     InvoiceLinesProjection(),
     LinePushesProjection(),
+    InvoicesProjection(),
+    InvoiceEventsProjection(),
 )
 
 

@@ -47,14 +47,16 @@ def write_settings(
     reconcile_interval_s: float,
     stale_after_s: float,
     heartbeat_timeout_s: float,
+    invoice_grace_s: float = 3600.0,
 ) -> None:
     """Record the deadlines ``billing.queue_health`` judges by (one row: the last writer
     wins). DML only: the row exists from migration 1 on."""
     conn.execute(
         "UPDATE billing.health_settings SET retry_horizon_s = %s, reconcile_interval_s = %s,"
-        " stale_after_s = %s, heartbeat_timeout_s = %s WHERE id = 1",
-        (retry_horizon_s, reconcile_interval_s, stale_after_s, heartbeat_timeout_s),
-    )
+        " stale_after_s = %s, heartbeat_timeout_s = %s, invoice_grace_s = %s WHERE id = 1",
+        (retry_horizon_s, reconcile_interval_s, stale_after_s, heartbeat_timeout_s,
+         invoice_grace_s),
+    )  # fmt: skip
 
 
 def read_health(conn: psycopg.Connection[Any]) -> dict[str, Any]:

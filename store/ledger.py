@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, ClassVar, cast
 from uuid import UUID
 
@@ -86,12 +87,14 @@ class BillingLedger(Application[UUID]):
                 batch,
                 self.prices,
                 load_account=self._load_account,
-                load_line=self.line,
+                load_line=self.line_or_none,
+                load_invoice=self.invoice_by_id,
                 periods=self.periods,
+                now=datetime.now(UTC),
                 already_recorded=recorded,
             )
             events = decision.transaction_events
-            touched = [*decision.accounts, *decision.lines]
+            touched = [*decision.accounts, *decision.lines, *decision.invoices]
             events_count = len(events) + sum(len(a.pending_events) for a in touched)
             try:
                 # Nothing reads this save's notification ids, so the recorder may skip them.
@@ -158,7 +161,10 @@ class BillingLedger(Application[UUID]):
         self, customer_id: str, currency: str, meter: str, period: Period
     ) -> InvoiceLine | None:
         """The invoice line, or None if no usage joined it yet."""
-        found = self._get(line_id(customer_id, currency, meter, period.key))
+        return self.line_or_none(line_id(customer_id, currency, meter, period.key))
+
+    def line_or_none(self, line: UUID) -> InvoiceLine | None:
+        found = self._get(line)
         return found if isinstance(found, InvoiceLine) else None
 
     def line_by_id(self, line: UUID) -> InvoiceLine:
@@ -172,8 +178,11 @@ class BillingLedger(Application[UUID]):
         return found if isinstance(found, LinePush) else None
 
     def invoice(self, customer_id: str, currency: str, period: Period) -> Invoice | None:
-        """The invoice, or None before its draft exists in Stripe."""
-        found = self._get(invoice_id(customer_id, currency, period.key))
+        """The invoice, or None before its first line."""
+        return self.invoice_by_id(invoice_id(customer_id, currency, period.key))
+
+    def invoice_by_id(self, invoice: UUID) -> Invoice | None:
+        found = self._get(invoice)
         return found if isinstance(found, Invoice) else None
 
     def customer_link(self, customer_id: str) -> CustomerLink | None:

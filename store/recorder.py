@@ -52,6 +52,7 @@ from psycopg.rows import DictRow
 from psycopg.sql import SQL, Identifier
 
 from domain.chain import GENESIS, event_hash
+from store.webhooks import WebhookReceipt, insert_receipt
 
 __all__ = [
     "ConsumerPosition",
@@ -244,13 +245,19 @@ class LedgerRecorder(PostgresApplicationRecorder):
         stored_events: Sequence[StoredEvent],
         *,
         positions: Sequence[ConsumerPosition] = (),
+        webhook: WebhookReceipt | None = None,
         **kwargs: Any,
     ) -> None:
-        """Record Kafka consumer positions in the same transaction as the events.
+        """Record Kafka consumer positions, or a Stripe event's receipt, in the same
+        transaction as the events.
 
         A process manager passes ``save(..., positions=[...])``: what it records and
-        how far it has consumed commit together, or not at all.
+        how far it has consumed commit together, or not at all. The webhook handler
+        passes ``save(..., webhook=receipt)``: a Stripe event id already recorded
+        raises ``AlreadyReceived`` and the effect is rolled back with it.
         """
+        if webhook is not None:
+            insert_receipt(curs, webhook)
         if positions:
             curs.execute(
                 "INSERT INTO billing.consumer_positions (group_name, topic, partition, next_offset)"

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from eventsourcing.persistence import IntegrityError
@@ -31,10 +32,12 @@ from adapters.errors import PaymentFailed
 from adapters.observability import telemetry
 from adapters.observability.logs import step_fields
 from adapters.observability.metrics import metrics
+from domain.closing import billed_shares
 from domain.customer import CustomerLink
 from domain.errors import IllegalTransition
-from domain.invoice import Invoice
+from domain.invoice import Invoice, InvoiceState
 from domain.invoice_line import InvoiceLine, LinePush
+from domain.metering import LineBook
 from domain.ports import DraftInvoice, LineItems, PaymentGateway
 from domain.pushing import (
     PushPlan,
@@ -122,7 +125,7 @@ class LinePusher:
                     charged = self._record_charges(line, push)
                     return PushReport(StepResult.CHARGED, push.pushed_sequence, requests, charged)
                 plan = plan_push(line, push)
-                if plan is None:
+                if plan is None or self._finalizing(line):
                     return PushReport(StepResult.NOTHING, push.pushed_sequence, requests)
                 if push.next_attempt_at is not None and push.next_attempt_at > self.clock():
                     return PushReport(
@@ -143,6 +146,14 @@ class LinePusher:
             except (IntegrityError, IllegalTransition):
                 continue  # another writer recorded first: reload and look again
         return PushReport(StepResult.RACED, 0, requests)
+
+    def _finalizing(self, line: InvoiceLine) -> bool:
+        """A frozen line's invoice may be final in Stripe: its items are then frozen
+        too (a change after that is a credit note, never a push)."""
+        if not line.frozen:
+            return False
+        state = self._the_invoice(line).state
+        return state not in (InvoiceState.OPEN, InvoiceState.CLOSED)
 
     # -- Stripe ----------------------------------------------------------------------
 
@@ -196,11 +207,12 @@ class LinePusher:
         return found, 1
 
     def _invoice(self, line: InvoiceLine, customer: str) -> tuple[str | ChargeFailure, int]:
-        invoice = self.ledger.invoice(line.customer_id, line.currency, line.period)
-        if invoice is not None:
+        """The Stripe draft of the line's invoice, created and recorded on first need."""
+        invoice = self._the_invoice(line)
+        if invoice.stripe_invoice_id is not None:
             return invoice.stripe_invoice_id, 0
         draft = DraftInvoice(
-            invoice_id=Invoice.create_id(line.customer_id, line.currency, line.period_start),
+            invoice_id=invoice.id,
             customer_id=line.customer_id,
             stripe_customer_id=customer,
             currency=line.currency,
@@ -208,16 +220,21 @@ class LinePusher:
         )
         created = self.gateway.draft_invoice(draft, look_first=False)
         if isinstance(created, str):
-            opened = Invoice.open(
-                line.customer_id,
-                line.currency,
-                line.period,
-                stripe_invoice_id=created,
-                stripe_customer_id=customer,
-            )
-            with contextlib.suppress(IntegrityError):  # the same key made the same draft
-                self.ledger.save(opened)
+            for _ in range(self.max_races):  # ingest may add a line meanwhile: record again
+                invoice = self._the_invoice(line)
+                invoice.record_draft(created, customer)
+                try:
+                    self.ledger.save(invoice)
+                    break
+                except IntegrityError:
+                    continue
         return created, 1
+
+    def _the_invoice(self, line: InvoiceLine) -> Invoice:
+        invoice = self.ledger.invoice_by_id(line.invoice_id)
+        if invoice is None:  # every line is opened with its invoice (domain.metering)
+            raise IllegalTransition(f"line {line.id} has no invoice {line.invoice_id}")
+        return invoice
 
     # -- recording -------------------------------------------------------------------
 
@@ -230,8 +247,7 @@ class LinePusher:
         requests: int,
     ) -> int:
         """``Pushed`` and the first charges it makes due, in one save; the rest after."""
-        invoice = self.ledger.invoice(line.customer_id, line.currency, line.period)
-        stripe_invoice = invoice.stripe_invoice_id if invoice is not None else ""
+        stripe_invoice = self._the_invoice(line).stripe_invoice_id or ""
         push.record_pushed(
             plan.sequence, plan.billed, plan.amounts, item_ids, stripe_invoice, requests
         )
@@ -322,8 +338,13 @@ class LinePusher:
                 txn.compensate(reason)
                 account.release(txn.id, txn.amount)
             line.remove([(t.id, t.amount) for t in txns], reason)
+            touched: list[Any] = [line, account, *txns]
+            if line.frozen:  # its invoice closed: say so on it (finalizing waits for it)
+                invoice = self._the_invoice(line)
+                invoice.adjust(line.id, [t.id for t in txns], reason)
+                touched.append(invoice)
             try:
-                self.ledger.save(line, account, *txns)
+                self.ledger.save(*touched)
             except IntegrityError:
                 continue
             return True
@@ -340,22 +361,28 @@ class LinePusher:
                 TxnState.CHARGE_FAILED,
             ):
                 return StepResult.NOTHING
-            period = self.ledger.periods.period_of(txn.occurred_at)
-            line = self.ledger.line(txn.customer_id, txn.currency, txn.meter, period)
-            line = line or InvoiceLine.open(txn.customer_id, txn.currency, txn.meter, period)
+            book = LineBook(
+                txn.customer_id, txn.currency, self.ledger.line_or_none,
+                self.ledger.invoice_by_id, self.ledger.periods, self.clock(),
+            )  # fmt: skip
+            line = book.line_for(txn.meter, self.ledger.periods.period_of(txn.occurred_at))
             line.settle([(txn.id, txn.amount)])
             txn.settle(line.id, line.sequence)
             try:
-                self.ledger.save(line, txn)
+                self.ledger.save(line, txn, *book.touched_invoices())
             except IntegrityError:
                 continue
             return StepResult.SETTLED
         return StepResult.RACED
 
     def reverse(self, txn_id: UUID, reason: str) -> StepResult:
-        """Operator reversal: the transaction is Compensated and its line's total drops
-        (the next push sets the lower amount in Stripe); a charge from before lines has
-        its own invoice item deleted."""
+        """Operator reversal: the transaction is Compensated and its hold released, and
+        Stripe follows: while its invoice is open or closing, its line's total drops
+        (the next push sets the lower amount; ``Adjusted`` on a closed invoice); once the
+        invoice is finalizing or final, a credit note of its billed share is requested
+        on the invoice (``domain.closing.billed_shares``; issued by the closer, key
+        ``credit:{transaction}``); a void invoice or a share of 0 needs nothing. A charge
+        from before lines has its own invoice item deleted."""
         for _ in range(self.max_races):
             txn = self.ledger.transaction(txn_id)
             if txn.state is not TxnState.CHARGED and not (
@@ -364,29 +391,47 @@ class LinePusher:
                 raise IllegalTransition(f"transaction {txn_id} is {txn.state}, not charged")
             account = self.ledger.account(txn.customer_id, txn.currency)
             assert account is not None
-            touched: list[object] = [txn, account]
+            touched: list[Any] = [txn, account]
             if txn.line_id is None:  # a charge from before lines: its own item
                 assert txn.stripe_object_id is not None
                 self._delete_legacy_item(txn)
                 reversal = f"deleted:{txn.stripe_object_id}"
             else:
-                line = self.ledger.line_by_id(txn.line_id)
-                line.remove([(txn.id, txn.amount)], reason)
-                reversal = f"line:{line.id}@{line.sequence}"
-                touched.append(line)
+                reversal, changed = self._reverse_on_line(txn.line_id, txn.id, reason)
+                touched += changed
             charged = txn.state is TxnState.CHARGED
             txn.compensate(reason, stripe_reversal_id=reversal if charged else None)
             account.release(txn.id, txn.amount)
             try:
-                self.ledger.save(*touched)  # type: ignore[arg-type]
-            except IntegrityError:
+                self.ledger.save(*touched)
+            except (IntegrityError, IllegalTransition):
                 continue
             log.info(
                 "charge reversed",
-                extra=step_fields("reverse", "reversed", transaction_id=txn.id, reason=reason),
-            )
+                extra=step_fields("reverse", "reversed", transaction_id=txn.id, reason=reason,
+                                  reversal=reversal),
+            )  # fmt: skip
             return StepResult.REVERSED
         return StepResult.RACED
+
+    def _reverse_on_line(self, line_id: UUID, txn_id: UUID, reason: str) -> tuple[str, list[Any]]:
+        """How a reversal reaches Stripe for a transaction on ``line_id``, and the
+        aggregates that record it."""
+        line = self.ledger.line_by_id(line_id)
+        invoice = self._the_invoice(line)
+        if invoice.state in (InvoiceState.OPEN, InvoiceState.CLOSED):
+            line.remove([(txn_id, self.ledger.transaction(txn_id).amount)], reason)
+            if invoice.state is InvoiceState.CLOSED:
+                invoice.adjust(line.id, [txn_id], reason)
+                return f"line:{line.id}@{line.sequence}", [line, invoice]
+            return f"line:{line.id}@{line.sequence}", [line]
+        if invoice.state in (InvoiceState.VOID, InvoiceState.NOTHING_DUE):
+            return f"invoice {invoice.state}: nothing to credit", []
+        share = billed_shares(self.ledger.line_changes(line.id, 0, line.sequence)).get(txn_id, 0)
+        if share == 0:
+            return "billed share 0: nothing to credit", []
+        invoice.request_credit(txn_id, share, reason)
+        return f"credit:{txn_id}", [invoice]
 
     def _delete_legacy_item(self, txn: BillingTransaction) -> None:
         assert txn.stripe_object_id is not None

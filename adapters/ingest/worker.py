@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -228,9 +229,10 @@ class IngestWorker:
             try:
                 decision = meter_batch_events(
                     [metering], ledger.prices, load_account=ledger.account,
-                    load_line=ledger.line, periods=ledger.periods,
+                    load_line=ledger.line_or_none, load_invoice=ledger.invoice_by_id,
+                    periods=ledger.periods, now=datetime.now(UTC),
                 )  # fmt: skip
-                touched = [*decision.accounts, *decision.lines]
+                touched = [*decision.accounts, *decision.lines, *decision.invoices]
                 events = [e for a in touched for e in a.collect_events()]
                 for event in [*decision.transaction_events, *events]:
                     ledger.mapper.to_stored_event(event)

@@ -32,6 +32,11 @@ test checks it names only these):
 ``billing_lines_unsent``, ``billing_lines_failing``     invoice lines waiting for Stripe
 ``billing_oldest_unsent_age_seconds``                   the oldest change Stripe has not seen
 ``billing_role_restarts_total{role}``                   roles restarted after a failure
+``billing_invoice_steps_total{step}``                   invoices closed, finalized,
+                                                        finalize_failed, credited
+``billing_webhooks_total{outcome,type}``                Stripe webhook requests: applied,
+                                                        duplicate, stale, unknown_invoice,
+                                                        ignored_type, bad_signature, ...
 ======================================================  ===================================
 """
 
@@ -104,6 +109,14 @@ class Metrics:
             description="from Metered to Charged",
             explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
         )
+        self.invoices = meter.create_counter(
+            "billing.invoice.steps", unit="{step}",
+            description="invoice steps: closed, finalized, finalize_failed, credited",
+        )  # fmt: skip
+        self.webhooks = meter.create_counter(
+            "billing.webhooks", unit="{request}",
+            description="Stripe webhook requests by outcome",
+        )  # fmt: skip
         self.role_restarts = meter.create_counter(
             "billing.role.restarts", unit="{restart}",
             description="worker roles restarted after a failure",

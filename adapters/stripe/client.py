@@ -4,7 +4,9 @@
 customer, one draft invoice per customer, currency and period (``auto_advance=false``:
 it never finalizes by itself), and per invoice line one invoice item on that invoice
 (more when the line's total is above Stripe's largest item amount) whose amount is
-*set* to the line's billed total. Every create has an idempotency key derived from
+*set* to the line's billed total; at the period's close it finalizes the invoice
+(``invoice-finalize:{invoice id}``), and a reversal after that is a credit note
+(``credit:{transaction id}``). Every create has an idempotency key derived from
 the ledger's ids (``customer:{id}``, ``invoice:{invoice id}``, ``line-item:{line}:{n}``)
 and always the same parameters; every update a key derived from the line, the item
 and the sequence (``line-push:{line}:{n}:{sequence}``). Past Stripe's key window
@@ -31,7 +33,9 @@ from adapters.observability import telemetry
 from adapters.settings import StripeSettings
 from adapters.stripe.errors import classify
 from adapters.stripe.pressure import Pressure
-from domain.ports import DraftInvoice, LineItems
+from adapters.stripe.views import invoice_view
+from domain.invoice import StripeInvoiceView
+from domain.ports import CreditNote, DraftInvoice, LineItems
 from domain.pushing import ItemStep, item_key, push_key
 from domain.saga import ChargeFailure, idempotency_key
 
@@ -64,6 +68,14 @@ class StripeGateway:
 
     def set_line_items(self, items: LineItems) -> list[str] | ChargeFailure:
         return _answer(lambda: self.push_line(items))
+
+    def finalize_invoice(
+        self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool
+    ) -> StripeInvoiceView | ChargeFailure:
+        return _answer(lambda: self.finalize(stripe_invoice_id, invoice_id, look_first=look_first))
+
+    def credit_note(self, note: CreditNote) -> str | ChargeFailure:
+        return _answer(lambda: self.create_credit_note(note))
 
     def delete_item(self, item_id: str, key: str) -> ChargeFailure | None:
         failure = _answer(lambda: self.delete_invoice_item(item_id, key))
@@ -135,6 +147,62 @@ class StripeGateway:
             ),
         )
         return str(found.data[0].id) if found.data else None
+
+    def finalize(
+        self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool = False
+    ) -> StripeInvoiceView:
+        """Finalize the draft with key ``invoice-finalize:{invoice_id}``; an invoice that
+        is no longer a draft (an earlier attempt finalized it, its answer lost) is read
+        instead, so finalizing twice records it once."""
+        if look_first:
+            found = self.retrieve_invoice(stripe_invoice_id)
+            if found["status"] != "draft":
+                return invoice_view(found, "finalize")
+        try:
+            done = self._call(
+                "invoices.finalize",
+                lambda: self.client.v1.invoices.finalize_invoice(
+                    stripe_invoice_id,
+                    params={"auto_advance": True},
+                    options={"idempotency_key": idempotency_key("invoice-finalize", invoice_id)},
+                ),
+            )
+        except stripe.InvalidRequestError as exc:
+            if exc.http_status != 400:
+                raise
+            found = self.retrieve_invoice(stripe_invoice_id)
+            if found["status"] == "draft":
+                raise
+            return invoice_view(found, "finalize")
+        return invoice_view(done.to_dict(), "finalize")
+
+    def retrieve_invoice(self, stripe_invoice_id: str) -> dict[str, Any]:
+        found = self._call(
+            "invoices.retrieve", lambda: self.client.v1.invoices.retrieve(stripe_invoice_id)
+        )
+        return found.to_dict()
+
+    def create_credit_note(self, note: CreditNote) -> str:
+        """A credit note of ``note.amount`` on the invoice, once (key from the transaction)."""
+        params: dict[str, Any] = {
+            "invoice": note.stripe_invoice_id,
+            "amount": note.amount,
+            "memo": note.memo[:500],
+            "metadata": {
+                "invoice_id": str(note.invoice_id),
+                "transaction_id": str(note.transaction_id),
+            },
+        }
+        if note.after_payment:
+            params["credit_amount"] = note.amount  # to the customer's balance
+        created = self._call(
+            "credit_notes.create",
+            lambda: self.client.v1.credit_notes.create(
+                params=params,  # type: ignore[arg-type]
+                options={"idempotency_key": idempotency_key("credit", note.transaction_id)},
+            ),
+        )
+        return str(created.id)
 
     def push_line(self, items: LineItems) -> list[str]:
         """Set the line's items to the plan's amounts; their ids in chunk order."""

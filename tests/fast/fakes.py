@@ -16,8 +16,9 @@ from typing import Any
 from uuid import UUID
 
 from adapters.settings import Settings
+from domain.invoice import StripeInvoiceView
 from domain.metering import Metering
-from domain.ports import DeadLetter, DraftInvoice, LineItems
+from domain.ports import CreditNote, DeadLetter, DraftInvoice, LineItems
 from domain.pricing import Price, PriceList
 from domain.pushing import item_key
 from domain.saga import ChargeFailure
@@ -96,6 +97,8 @@ class FakeGateway:
     keys: dict[str, tuple[Any, str]] = field(default_factory=dict)  # key -> (params, id)
     calls: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    finalized: dict[str, StripeInvoiceView] = field(default_factory=dict)  # invoice -> view
+    credit_notes: dict[str, CreditNote] = field(default_factory=dict)  # id -> note
 
     def _fail(self) -> ChargeFailure | None:
         return self.failures.pop(0) if self.failures else None
@@ -144,7 +147,12 @@ class FakeGateway:
                     return made
                 item_id = made
                 self.items.setdefault(
-                    item_id, {"amount": step.create_amount, "line": items.line_id}
+                    item_id,
+                    {
+                        "amount": step.create_amount,
+                        "line": items.line_id,
+                        "invoice": items.stripe_invoice_id,
+                    },
                 )
             if step.update:
                 self.calls.append("update")
@@ -155,6 +163,40 @@ class FakeGateway:
                 self.items[item_id]["sequence"] = items.plan.sequence
             ids.append(item_id)
         return ids
+
+    def finalize_invoice(
+        self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool
+    ) -> StripeInvoiceView | ChargeFailure:
+        """Finalize (number and total from the items on it); a second call answers the
+        finalized invoice, as the real gateway does."""
+        self.calls.append("finalize")
+        failed = self._fail()
+        if failed:
+            return failed
+        if stripe_invoice_id not in self.finalized:
+            total = sum(
+                i["amount"] for i in self.items.values() if i.get("invoice") == stripe_invoice_id
+            )
+            self.finalized[stripe_invoice_id] = StripeInvoiceView(
+                status="open", number=f"FAKE-{len(self.finalized) + 1:04d}", total=total,
+                amount_paid=0, attempt_count=0, next_payment_attempt=None, at=T0,
+                source="finalize",
+            )  # fmt: skip
+        return self.finalized[stripe_invoice_id]
+
+    def credit_note(self, note: CreditNote) -> str | ChargeFailure:
+        self.calls.append("credit_note")
+        failed = self._fail()
+        if failed:
+            return failed
+        made = self._keyed(
+            f"credit:{note.transaction_id}",
+            (note.stripe_invoice_id, note.amount),
+            lambda: f"cn_{len(self.credit_notes) + 1}",
+        )
+        if isinstance(made, str):
+            self.credit_notes[made] = note
+        return made
 
     def delete_item(self, item_id: str, key: str) -> ChargeFailure | None:
         self.calls.append("delete")

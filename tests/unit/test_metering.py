@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
+from uuid import UUID
 
 from domain.account import CustomerAccount
 from domain.ids import account_id, transaction_id
 from domain.invoice_line import InvoiceLine
 from domain.metering import Metering, MeteringDecision, meter_batch
-from domain.periods import Period, PeriodPolicy
+from domain.periods import PeriodPolicy
 from domain.pricing import Price, PriceList
 from domain.transaction import BillingTransaction, Source, TxnState
 from domain.usage import UsageRecord
@@ -24,9 +25,10 @@ PRICES = PriceList(
 )
 AT = datetime(2026, 12, 2, 10, 15, tzinfo=UTC)
 MONTHLY = PeriodPolicy()
+NOW = AT
 
 
-def NO_LINES(customer: str, currency: str, meter: str, period: Period) -> InvoiceLine | None:
+def NO_LINES(line_id: UUID) -> InvoiceLine | None:
     """No line exists yet: each batch opens the lines it needs."""
     return None
 
@@ -79,7 +81,9 @@ def _meter(
         PRICES,
         load_account=(accounts or Accounts()).load,
         load_line=NO_LINES,
+        load_invoice=lambda invoice_id: None,
         periods=MONTHLY,
+        now=NOW,
         already_recorded={m.transaction_id for m in already_recorded},
     )
 
@@ -110,10 +114,16 @@ def test_new_records_become_metered_and_reserved_transactions_on_a_new_account()
     assert (decision.duplicates, decision.rejected, decision.refused) == ([], [], [])
 
 
-def test_the_decision_lists_accounts_lines_then_transactions_as_its_aggregates() -> None:
+def test_the_decision_lists_accounts_lines_invoices_then_transactions_as_its_aggregates() -> None:
     decision = _meter([_usage("req-1")])
-    assert decision.aggregates == [*decision.accounts, *decision.lines, *decision.transactions]
-    assert len(decision.aggregates) == 3
+    assert decision.aggregates == [
+        *decision.accounts,
+        *decision.lines,
+        *decision.invoices,
+        *decision.transactions,
+    ]
+    assert len(decision.invoices) == 1  # the line's invoice, opened with it
+    assert len(decision.aggregates) == 4
 
 
 def test_reserved_transactions_join_the_line_of_their_meter_and_period_in_one_event() -> None:
@@ -189,7 +199,9 @@ def test_a_batch_of_only_recorded_records_changes_nothing_and_loads_no_account()
         PRICES,
         load_account=accounts.load,
         load_line=NO_LINES,
+        load_invoice=lambda invoice_id: None,
         periods=MONTHLY,
+        now=NOW,
         already_recorded={m.transaction_id for m in batch},
     )
     assert (decision.transactions, decision.accounts, decision.aggregates) == ([], [], [])

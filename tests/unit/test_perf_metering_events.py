@@ -32,7 +32,12 @@ PRICES = PriceList(
 )
 AT = datetime(2026, 12, 2, 10, 15, tzinfo=UTC)
 # No line exists yet: each batch opens the lines it needs (monthly periods).
-LINES: dict[str, Any] = {"load_line": lambda *key: None, "periods": PeriodPolicy()}
+LINES: dict[str, Any] = {
+    "load_line": lambda line_id: None,
+    "load_invoice": lambda invoice_id: None,
+    "periods": PeriodPolicy(),
+    "now": datetime(2026, 12, 15, tzinfo=UTC),
+}
 
 
 def _usage(

@@ -1,0 +1,100 @@
+"""Stripe's webhook events as this ledger received them: ``billing.webhook_events``
+(one row per Stripe event id, written by the recorder in the same database
+transaction as the event's effect) and ``billing.webhook_counts`` (requests answered
+without an effect, per hour and outcome: bad signatures, bodies too large or too
+slow, unreadable envelopes).
+
+A redelivery finds its event id and is a no-op: ``seen`` answers that before any work
+is done, and the row's primary key settles a redelivery racing the first delivery
+(the second insert finds the row and its whole transaction, effect included, is
+rolled back with ``AlreadyReceived``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg import Cursor
+
+from store.connections import Database
+
+__all__ = ["AlreadyReceived", "WebhookReceipt", "WebhookStore", "insert_receipt"]
+
+
+class AlreadyReceived(Exception):
+    """This Stripe event id was recorded already (its effect with it)."""
+
+
+@dataclass(frozen=True)
+class WebhookReceipt:
+    """One Stripe event, recorded with its effect."""
+
+    event_id: str
+    type: str
+    invoice_id: UUID | None
+    outcome: str  # applied, stale, unknown_invoice, ignored, unreadable
+    created_at: datetime | None
+
+
+_INSERT = (
+    "INSERT INTO billing.webhook_events (event_id, type, invoice_id, outcome, created_at)"
+    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
+)
+
+
+def insert_receipt(curs: Cursor[Any], receipt: WebhookReceipt) -> None:
+    """Record ``receipt`` in the caller's transaction; ``AlreadyReceived`` if it was."""
+    curs.execute(
+        _INSERT,
+        (receipt.event_id, receipt.type, receipt.invoice_id, receipt.outcome, receipt.created_at),
+    )
+    if curs.fetchone() is None:
+        raise AlreadyReceived(receipt.event_id)
+
+
+class WebhookStore:
+    """Reads of the receipts and the counts of requests without an effect."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def seen(self, event_id: str) -> bool:
+        with self.db.connection() as conn:
+            row = conn.execute(
+                "SELECT 1 FROM billing.webhook_events WHERE event_id = %s", (event_id,)
+            ).fetchone()
+        return row is not None
+
+    def count(self, outcome: str) -> None:
+        """One more request answered ``outcome`` in this hour."""
+        with self.db.connection() as conn:
+            conn.execute(
+                "INSERT INTO billing.webhook_counts (hour, outcome, requests)"
+                " VALUES (date_trunc('hour', now()), %s, 1)"
+                " ON CONFLICT (hour, outcome) DO UPDATE"
+                " SET requests = billing.webhook_counts.requests + 1",
+                (outcome,),
+            )
+
+    def receipts(self, *, invoice_id: UUID | None = None) -> list[dict[str, Any]]:
+        """Every receipt (of one invoice), oldest first."""
+        sql = "SELECT * FROM billing.webhook_events"
+        args: tuple[Any, ...] = ()
+        if invoice_id is not None:
+            sql += " WHERE invoice_id = %s"
+            args = (invoice_id,)
+        with self.db.connection() as conn, conn.cursor() as curs:
+            curs.execute(sql + " ORDER BY received_at, event_id", args)
+            names = [c.name for c in curs.description or ()]
+            return [dict(zip(names, row, strict=True)) for row in curs.fetchall()]
+
+    def counts(self) -> dict[str, int]:
+        """Requests without an effect, by outcome, over all hours."""
+        with self.db.connection() as conn:
+            rows = conn.execute(
+                "SELECT outcome, sum(requests)::bigint FROM billing.webhook_counts GROUP BY 1"
+            ).fetchall()
+        return {outcome: int(n) for outcome, n in rows}
