@@ -446,3 +446,32 @@ def test_uuid_text_reads_every_stored_form(value: Any) -> None:
 
 def test_uuid_text_of_nothing_is_nothing() -> None:
     assert uuid_text(None) is None
+
+
+def test_a_compensation_without_any_reason_is_a_problem() -> None:
+    txn = _reserved(_metered())
+    txn.apply("Compensated", {"reason": None, "from_state": "reserved"}, 3)
+    assert txn.problems == ("v3: Compensated without a reason",)
+
+
+def test_every_problem_of_a_transaction_is_kept() -> None:
+    txn = _metered()
+    txn.apply("Charged", {"stripe_object_id": "ii_1"}, 2)
+    txn.apply("Metered", {}, 3)
+    txn.apply("Reserved", {}, 4)
+    assert txn.problems == (
+        "v2: Charged after metered (illegal transition)",
+        "v3: Metered is not a transaction event after Metered",
+        "v4: Reserved after charged (illegal transition)",
+    )
+
+
+def test_the_stripe_check_goes_on_past_line_items_and_line_charges() -> None:
+    in_line = _charged(_reserved(_metered("a", "12"), LINE, 3), "line-item", sequence=4)
+    lost = _charged_before_lines("b")
+    items = [InvoiceItem("ii_line", None, 99, "usd", line_id=str(LINE)), _item("ii_x", "nobody")]
+    foreign = "Stripe has a charge of 12 USD the ledger does not (metadata txn_id nobody)"
+    assert check_stripe(items, {"a": in_line, "b": lost}) == [
+        Finding("stripe", "ii_x", foreign),
+        Finding("stripe", "b", "charged as ii_1, which Stripe does not hold"),
+    ]
