@@ -422,3 +422,12 @@ def test_line_items_are_reported_in_line_order() -> None:
     items = [_item("ii_a", 1), _item("ii_q", 2, first)]
     found = check_line_items(items, pushes, lines)
     assert [f.subject for f in found] == [first, LINE]
+
+
+def test_a_push_whose_items_and_amounts_disagree_is_not_compared_in_part() -> None:
+    """Read in part, {"ii_a": 99_999_999} would agree with Stripe's one item."""
+    pushes, lines = _stripe_side()
+    push = next(iter(pushes.values()))
+    push.amounts = [99_999_999]
+    with pytest.raises(ValueError, match="shorter"):
+        check_line_items([_item("ii_a", 99_999_999)], pushes, lines)

@@ -3,6 +3,7 @@ Stripe, and each transaction's billed share of a rounded line."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from uuid import UUID
@@ -109,3 +110,9 @@ def test_no_changes_no_shares() -> None:
 def test_a_single_transaction_bills_its_amount_rounded_half_up(amount: str) -> None:
     (share,) = billed_shares([_settled([0], [amount])]).values()
     assert share == int(Decimal(amount).quantize(Decimal(1), rounding="ROUND_HALF_UP"))
+
+
+def test_a_change_whose_ids_and_amounts_disagree_is_refused_not_read_in_part() -> None:
+    malformed = dataclasses.replace(_settled([0, 1], ["0.6", "0.6"]), amounts=["0.6"])
+    with pytest.raises(ValueError, match="shorter"):
+        billed_shares([malformed])

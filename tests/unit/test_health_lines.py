@@ -83,3 +83,10 @@ def test_a_role_is_hung_only_past_the_loop_age_limit(age: float, hung: bool) -> 
     status, reasons = assess(figures(workers=[busy]))
     assert reasons == (["worker w1: charge has not gone round for 301 s"] if hung else [])
     assert status == (DEGRADED if hung else OK)
+
+
+def test_figures_from_before_workers_and_lines_were_reported_are_ok() -> None:
+    """Figures of an older projection: no ``workers`` list and no line figures at all."""
+    old = figures()
+    del old["workers"]
+    assert assess(old, Thresholds(max_unsent_age_s=0.5)) == (OK, [])

@@ -365,3 +365,18 @@ def test_the_transition_table_is_what_the_commands_enforce() -> None:
         S.PAID,
         S.UNCOLLECTIBLE,
     )
+
+
+def test_the_final_states_record_when_and_from_which_stripe_event() -> None:
+    paid_at = AT + timedelta(hours=5)
+    paid = _final()
+    paid.observe(_view("paid", amount_paid=650, at=paid_at, source="evt_paid"))
+    [event] = paid.collect_events()
+    assert isinstance(event, Invoice.Paid)
+    assert (event.amount_paid, event.paid_at, event.source) == (650, paid_at, "evt_paid")
+    lost = _final()
+    lost.observe(_view("uncollectible", source="evt_lost"))
+    lost.observe(_view("void", source="evt_void"))
+    marked, voided = lost.collect_events()
+    assert isinstance(marked, Invoice.MarkedUncollectible) and marked.source == "evt_lost"
+    assert isinstance(voided, Invoice.Voided) and voided.source == "evt_void"

@@ -8,10 +8,12 @@ from decimal import Decimal
 
 import pytest
 
+from domain.errors import InvalidUsage
 from domain.money import (
     MAX_LINE_MINOR,
     add_exact,
     canonical,
+    exact_minor,
     format_exact,
     format_minor,
     round_minor,
@@ -147,3 +149,8 @@ def test_split_for_items_refuses_a_negative_total() -> None:
     with pytest.raises(ValueError) as raised:
         split_for_items(-1)
     assert str(raised.value) == "a billed total cannot be negative: -1"
+
+
+def test_an_amount_the_exact_context_cannot_compute_is_refused_as_too_large() -> None:
+    with pytest.raises(InvalidUsage, match=r"^amount_too_large: Infinity x 0 / 1$"):
+        exact_minor(Decimal("Infinity"), Decimal(0), 1, "USD")
