@@ -1,6 +1,7 @@
 # The two commands a newcomer needs:
 #   make demo   set up, then run the whole pipeline on the embedded default
 #   make test   set up, then lint, type-check and run every test
+#   make mutate mutation testing of domain/ against the unit and fast tests (not in test)
 # Nothing needs to be installed first but Python 3.11 (no Docker, no services).
 
 PYTHON ?= python3
@@ -8,7 +9,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench mutate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +30,17 @@ lint: setup
 test: lint
 	$(BIN)/pytest -q
 
+# From scratch each time (mutmut keeps results between runs, which a changed test does not
+# reset); 2 workers: the machine is shared. tools/mutation_report.py judges the results.
+MUTATE_CHILDREN ?= 2
+
+mutate: setup
+	rm -rf mutants
+	$(BIN)/mutmut run --max-children $(MUTATE_CHILDREN) > /dev/null
+	$(BIN)/python -m tools.mutation_report
+
 bench: setup
 	$(BIN)/billing-ledger bench ingest
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache mutants

@@ -404,7 +404,8 @@ def render_summary(summary: dict[str, Any]) -> str:
             lines.append(
                 f"{inv['customer_id']:<10} {cur:<4} {inv['period_start']:<17} {inv['state']:<11}"
                 f" {inv['number'] or '-':<14} {inv['lines']:>5}"
-                f" {format_minor(inv['total'], cur):>12} {format_minor(inv['amount_paid'], cur):>12}"
+                f" {format_minor(inv['total'], cur):>12}"
+                f" {format_minor(inv['amount_paid'], cur):>12}"
                 f" {inv['payment_attempts']:>6}"
             )
         received = summary["invoices"][0]["webhooks"]

@@ -256,3 +256,12 @@ def test_the_account_rebuilt_from_its_events_equals_the_original() -> None:
     assert rebuilt == account
     # reserved 60 + 30 - 60 - 30 = 0; charged 60 - 10 = 50; limit 200
     assert (rebuilt.reserved, rebuilt.charged, rebuilt.spend_limit) == (0, 50, 200)
+
+
+@pytest.mark.parametrize("limit", [-1, MAX_SPEND_LIMIT_MINOR + 1])
+def test_an_account_cannot_be_opened_with_a_limit_out_of_range(limit: int) -> None:
+    with pytest.raises(ValueError, match=f"got {limit:,}$"):
+        CustomerAccount.open("acme", "USD", limit)
+    assert CustomerAccount.open("acme", "USD", MAX_SPEND_LIMIT_MINOR).spend_limit == (
+        MAX_SPEND_LIMIT_MINOR
+    )

@@ -74,3 +74,17 @@ def test_a_row_without_hashes_is_reported() -> None:
     links = _chain(2)
     links[1] = replace(links[1], hash=None)
     assert [b.problem for b in check_chain(links)] == ["no hash stored"]
+
+
+def test_the_problems_are_worded_for_the_operator() -> None:
+    edited = _chain(3)
+    edited[1] = replace(edited[1], state=b'{"amount":999}')
+    assert [b.problem for b in check_chain(edited)] == ["content does not match its hash (edited)"]
+    relinked = _chain(3)
+    state = b'{"amount":999}'
+    relinked[1] = replace(
+        relinked[1], state=state, hash=event_hash(relinked[0].hash or b"", AGG, 2, "t.E2", state)
+    )
+    assert [str(b) for b in check_chain(relinked)] == [
+        f"{AGG} v3: does not link to the previous event (a previous event was changed or replaced)"
+    ]

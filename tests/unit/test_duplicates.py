@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from domain.duplicates import CONFLICT_PREFIX, Recorded, canonical_body, conflict, differences
+from domain.pricing import Price, PriceList
+from domain.transaction import BillingTransaction, Source
 from domain.usage import UsageRecord, decode_usage
 
 FIRST: dict[str, Any] = {
@@ -111,3 +113,21 @@ def test_the_canonical_body_is_the_same_for_every_spelling_of_the_same_record() 
 def test_every_spelling_of_zero_is_one_canonical_quantity(zero: str) -> None:
     body = canonical_body(Recorded(**{**vars(RECORDED), "quantity": Decimal(zero)}))
     assert json.loads(body)["quantity"] == "0"
+
+
+def test_what_was_recorded_is_read_from_the_metered_event() -> None:
+    record = decode_usage(
+        json.dumps({**FIRST, "customer_id": "acme-9", "usage_id": "req-77"}).encode()
+    )
+    prices = PriceList({"api.requests": Price(Decimal("0.001"), "USD")})
+    txn = BillingTransaction.from_usage(record, prices, Source("usage", 1, 5))
+    metered = txn.pending_events[0]
+    assert isinstance(metered, BillingTransaction.Metered)
+    assert Recorded.of(metered) == Recorded(
+        customer_id="acme-9",
+        usage_id="req-77",
+        meter="api.requests",
+        quantity=Decimal(1520),
+        occurred_at=datetime(2026, 12, 2, 10, 15, tzinfo=UTC),
+        currency="USD",
+    )

@@ -202,3 +202,24 @@ def test_price_of_an_unknown_meter_raises_unknown_meter_which_is_invalid_usage()
     with pytest.raises(UnknownMeter, match=r"unknown meter 'gpt-5\.tokens'") as caught:
         prices.price_of("gpt-5.tokens")
     assert isinstance(caught.value, InvalidUsage)
+
+
+def test_a_free_meter_is_a_valid_price() -> None:
+    prices = PriceList.from_toml(_toml('unit_price = 0\ncurrency = "EUR"\n'))
+    assert prices.prices["m"] == Price(Decimal(0), "EUR")
+
+
+def test_only_the_rate_of_one_unit_must_be_exact() -> None:
+    """38 significant digits for one unit; two units would need 39 (a record of two
+    units is refused on its own, not the whole price list)."""
+    unit_price = "0." + "9" * 38
+    price = PriceList.from_toml(_toml(f'unit_price = "{unit_price}"\ncurrency = "USD"\n'))
+    assert price.prices["m"].exact_amount(Decimal(1)) == Decimal("99." + "9" * 36)
+    with pytest.raises(InvalidUsage, match="amount_not_exact"):
+        price.prices["m"].exact_amount(Decimal(2))
+
+
+@pytest.mark.parametrize("text", ["", "[meters]\n", "[other]\nx = 1\n"])
+def test_a_price_list_without_meters_is_refused_saying_what_it_needs(text: str) -> None:
+    with pytest.raises(PriceListError, match=r"^price list has no \[meters\.NAME\] tables$"):
+        PriceList.from_toml(text)

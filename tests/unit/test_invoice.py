@@ -1,0 +1,382 @@
+"""``domain.invoice.Invoice``: each command's decision, state by state, without services
+(the pushers and the closer drive it in ``tests/fast/test_invoices_through_ports.py``)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+import pytest
+
+from domain.errors import IllegalTransition
+from domain.ids import invoice_id
+from domain.invoice import ALLOWED_FROM, Invoice, InvoiceState, StripeInvoiceView
+from domain.periods import Period
+
+S = InvoiceState
+START = datetime(2026, 12, 1, tzinfo=UTC)
+PERIOD = Period(START, datetime(2027, 1, 1, tzinfo=UTC))
+L1, L2, L3 = UUID(int=1), UUID(int=2), UUID(int=3)
+T1, T2 = UUID(int=0x71), UUID(int=0x72)
+AT = datetime(2027, 1, 2, tzinfo=UTC)
+
+
+def _events(invoice: Invoice) -> list[str]:
+    return [type(e).__name__ for e in invoice.collect_events()]
+
+
+def _open() -> Invoice:
+    invoice = Invoice.open("acme", "USD", PERIOD, L1)
+    invoice.collect_events()
+    return invoice
+
+
+def _closed(*extra: UUID) -> Invoice:
+    invoice = _open()
+    for line in extra:
+        invoice.add_line(line)
+    invoice.close("period ended")
+    invoice.collect_events()
+    return invoice
+
+
+def _finalizing(total: int = 700) -> Invoice:
+    invoice = _closed(L2)
+    invoice.start_finalizing([(L1, 4, total - 200), (L2, 2, 200)])
+    invoice.collect_events()
+    return invoice
+
+
+def _view(status: str, **changes: object) -> StripeInvoiceView:
+    fields: dict[str, object] = {
+        "status": status,
+        "number": "INV-7",
+        "total": 700,
+        "amount_paid": 0,
+        "attempt_count": 0,
+        "next_payment_attempt": None,
+        "at": AT,
+        "source": "evt_1",
+    }
+    fields.update(changes)
+    return StripeInvoiceView(**fields)  # type: ignore[arg-type]
+
+
+def _final(state: InvoiceState = S.FINALIZED) -> Invoice:
+    invoice = _finalizing()
+    invoice.observe(_view("open"))
+    if state is S.PAYMENT_FAILED:
+        invoice.observe(_view("open", attempt_count=1))
+    elif state is S.UNCOLLECTIBLE:
+        invoice.observe(_view("uncollectible"))
+    invoice.collect_events()
+    assert invoice.state is state
+    return invoice
+
+
+def test_opening_names_the_invoice_after_its_customer_currency_and_period() -> None:
+    invoice = Invoice.open("acme", "USD", PERIOD, L1)
+    assert invoice.id == invoice_id("acme", "USD", PERIOD.key)
+    assert invoice.id != Invoice.open("acme", "EUR", PERIOD, L1).id
+    assert (invoice.customer_id, invoice.currency, invoice.period, invoice.lines) == (
+        "acme",
+        "USD",
+        PERIOD,
+        [L1],
+    )
+    assert (invoice.state, invoice.is_closed, invoice.is_final) == (S.OPEN, False, False)
+    assert _events(invoice) == ["Opened"]
+
+
+def test_a_line_is_added_once() -> None:
+    invoice = _open()
+    invoice.add_line(L2)
+    invoice.add_line(L2)
+    invoice.add_line(L1)
+    assert (invoice.lines, _events(invoice)) == ([L1, L2], ["LineAdded"])
+
+
+def test_no_line_joins_a_closed_invoice() -> None:
+    invoice = _closed()
+    with pytest.raises(IllegalTransition, match="is closed: cannot add a line"):
+        invoice.add_line(L2)
+    invoice.add_line(L1)  # one it has: nothing to do
+    assert invoice.lines == [L1]
+
+
+def test_the_draft_is_recorded_once_and_never_once_final() -> None:
+    invoice = _open()
+    invoice.record_draft("in_1", "cus_1")
+    invoice.record_draft("in_2", "cus_2")
+    assert (invoice.stripe_invoice_id, invoice.stripe_customer_id) == ("in_1", "cus_1")
+    assert _events(invoice) == ["DraftCreated"]
+    closed = _closed()
+    closed.record_draft("in_3", "cus_3")
+    assert closed.stripe_invoice_id == "in_3"
+    finalizing = _finalizing()
+    with pytest.raises(IllegalTransition, match="cannot record its draft"):
+        finalizing.record_draft("in_4", "cus_4")
+
+
+def test_closing_freezes_the_list_of_lines_and_happens_once() -> None:
+    invoice = _open()
+    invoice.add_line(L2)
+    invoice.collect_events()
+    invoice.close("by hand")
+    (closed,) = invoice.collect_events()
+    assert isinstance(closed, Invoice.Closed)
+    assert (closed.lines, closed.reason) == ([str(L1), str(L2)], "by hand")
+    assert (invoice.state, invoice.is_closed, invoice.is_final) == (S.CLOSED, True, False)
+    with pytest.raises(IllegalTransition, match="cannot close"):
+        invoice.close("again")
+
+
+def test_a_closed_invoice_records_adjustments_until_it_finalizes() -> None:
+    invoice = _closed()
+    invoice.adjust(L1, [T1, T2], "refund")
+    (adjusted,) = invoice.collect_events()
+    assert isinstance(adjusted, Invoice.Adjusted)
+    assert (adjusted.line_id, adjusted.transaction_ids, adjusted.reason) == (
+        L1,
+        [str(T1), str(T2)],
+        "refund",
+    )
+    with pytest.raises(IllegalTransition, match="cannot adjust a line"):
+        _open().adjust(L1, [T1], "refund")
+
+
+def test_nothing_due_only_from_closed() -> None:
+    invoice = _closed()
+    invoice.nothing_due()
+    assert (invoice.state, _events(invoice)) == (S.NOTHING_DUE, ["NothingDue"])
+    with pytest.raises(IllegalTransition, match="cannot close with nothing due"):
+        _open().nothing_due()
+
+
+def test_finalizing_needs_every_lines_final_total_and_records_their_sum() -> None:
+    invoice = _closed(L2)
+    with pytest.raises(ValueError, match="needs every line's final total"):
+        invoice.start_finalizing([(L1, 4, 500)])
+    with pytest.raises(ValueError, match="needs every line's final total"):
+        invoice.start_finalizing([(L1, 4, 500), (L2, 2, 200), (L3, 1, 1)])
+    invoice.start_finalizing([(L2, 2, 200), (L1, 4, 503)])
+    (started,) = invoice.collect_events()
+    assert isinstance(started, Invoice.FinalizeStarted)
+    assert (started.lines, started.sequences, started.expected_total) == (
+        [str(L2), str(L1)],
+        [2, 4],
+        703,
+    )
+    assert (invoice.state, invoice.final_sequences, invoice.expected_total) == (
+        S.FINALIZING,
+        {str(L2): 2, str(L1): 4},
+        703,
+    )
+    assert (invoice.is_closed, invoice.is_final) == (True, False)
+    with pytest.raises(IllegalTransition, match="cannot start finalizing"):
+        _open().start_finalizing([(L1, 1, 0)])
+
+
+def test_failed_finalizes_count_from_one_with_the_last_error_and_due_time() -> None:
+    invoice = _finalizing()
+    invoice.record_finalize_failure("Timeout", "slow", AT)
+    invoice.record_finalize_failure("RateLimited", "busy", AT + timedelta(minutes=5))
+    first, second = invoice.collect_events()
+    assert isinstance(first, Invoice.FinalizeFailed)
+    assert isinstance(second, Invoice.FinalizeFailed)
+    assert (first.attempt, second.attempt) == (1, 2)
+    assert (second.error_class, second.message) == ("RateLimited", "busy")
+    assert (invoice.finalize_attempts, invoice.last_error, invoice.next_attempt_at) == (
+        2,
+        "RateLimited: busy",
+        AT + timedelta(minutes=5),
+    )
+    with pytest.raises(IllegalTransition, match="cannot record a failed finalize"):
+        _closed().record_finalize_failure("Timeout", "slow", AT)
+
+
+# -- what Stripe says ---------------------------------------------------------------------
+
+
+def test_an_open_view_finalizes_with_stripes_number_and_total() -> None:
+    invoice = _finalizing()
+    invoice.record_finalize_failure("Timeout", "slow", AT)
+    invoice.collect_events()
+    assert invoice.observe(_view("open", number="INV-9", total=703)) is True
+    (finalized,) = invoice.collect_events()
+    assert isinstance(finalized, Invoice.Finalized)
+    assert (finalized.number, finalized.total, finalized.finalized_at, finalized.source) == (
+        "INV-9",
+        703,
+        AT,
+        "evt_1",
+    )
+    assert (invoice.state, invoice.number, invoice.total, invoice.next_attempt_at) == (
+        S.FINALIZED,
+        "INV-9",
+        703,
+        None,
+    )
+    assert invoice.is_final is True
+    assert invoice.observe(_view("open", number="INV-9", total=703)) is False
+
+
+def test_a_view_without_a_number_finalizes_with_an_empty_one() -> None:
+    invoice = _finalizing()
+    invoice.observe(_view("open", number=None))
+    assert invoice.number == ""
+
+
+@pytest.mark.parametrize("state", [S.OPEN, S.CLOSED, S.NOTHING_DUE, S.VOID, S.PAID])
+def test_views_of_an_invoice_not_being_finalized_or_done_record_nothing(
+    state: InvoiceState,
+) -> None:
+    invoice = _closed()
+    invoice.state = state
+    for status in ("open", "paid", "void", "uncollectible"):
+        assert invoice.observe(_view(status, attempt_count=3, amount_paid=700)) is False
+    assert invoice.collect_events() == []
+
+
+def test_a_draft_view_records_nothing() -> None:
+    invoice = _finalizing()
+    assert invoice.observe(_view("draft")) is False
+    assert invoice.state is S.FINALIZING
+
+
+def test_payment_failures_are_recorded_when_stripe_counts_more_attempts() -> None:
+    invoice = _final()
+    assert invoice.observe(_view("open", attempt_count=2, next_payment_attempt=AT)) is True
+    (failed,) = invoice.collect_events()
+    assert isinstance(failed, Invoice.PaymentFailed)
+    assert (failed.attempt, failed.next_payment_attempt, failed.source) == (2, AT, "evt_1")
+    assert (invoice.state, invoice.payment_attempts) == (S.PAYMENT_FAILED, 2)
+    assert invoice.observe(_view("open", attempt_count=2)) is False
+    assert invoice.observe(_view("open", attempt_count=1)) is False
+    assert invoice.observe(_view("open", attempt_count=3)) is True
+
+
+def test_paid_records_the_amount_from_a_final_state() -> None:
+    for state in (S.FINALIZED, S.PAYMENT_FAILED, S.UNCOLLECTIBLE):
+        invoice = _final(state)
+        assert invoice.observe(_view("paid", amount_paid=650)) is True
+        assert _events(invoice) == ["Paid"]
+        assert (invoice.state, invoice.amount_paid) == (S.PAID, 650)
+        assert invoice.is_final is True
+
+
+def test_paid_before_finalized_records_both_in_order() -> None:
+    invoice = _finalizing()
+    assert invoice.observe(_view("paid", amount_paid=700)) is True
+    assert _events(invoice) == ["Finalized", "Paid"]
+
+
+def test_uncollectible_then_void() -> None:
+    invoice = _final(S.PAYMENT_FAILED)
+    assert invoice.observe(_view("uncollectible")) is True
+    assert invoice.observe(_view("uncollectible")) is False
+    assert invoice.observe(_view("void")) is True
+    assert _events(invoice) == ["MarkedUncollectible", "Voided"]
+    assert (invoice.state, invoice.is_final) == (S.VOID, True)
+
+
+def test_an_unknown_status_records_only_the_finalize_it_implies() -> None:
+    invoice = _finalizing()
+    assert invoice.observe(_view("deleted")) is True
+    assert _events(invoice) == ["Finalized"]
+    assert invoice.observe(_view("deleted")) is False
+
+
+# -- credits --------------------------------------------------------------------------
+
+
+def test_credits_are_requested_once_per_transaction_up_to_the_total() -> None:
+    invoice = _final()
+    invoice.request_credit(T1, 300, "refund")
+    with pytest.raises(IllegalTransition, match="is credited already"):
+        invoice.request_credit(T1, 1, "again")
+    with pytest.raises(ValueError, match="credits of 701 would exceed its total of 700"):
+        invoice.request_credit(T2, 401, "too much")
+    invoice.request_credit(T2, 400, "the rest")
+    assert invoice.credit_total_requested == 700
+    assert invoice.credits_requested == {str(T1): 300, str(T2): 400}
+    assert invoice.credit_reasons == {str(T1): "refund", str(T2): "the rest"}
+    assert invoice.credits_pending() == [(T1, 300), (T2, 400)]
+    requested = invoice.collect_events()
+    assert [(e.transaction_id, e.amount, e.reason) for e in requested] == [  # type: ignore[attr-defined]
+        (T1, 300, "refund"),
+        (T2, 400, "the rest"),
+    ]
+
+
+def test_a_credit_cannot_be_negative_and_zero_is_allowed() -> None:
+    invoice = _final()
+    with pytest.raises(ValueError, match="cannot be negative: -1"):
+        invoice.request_credit(T1, -1, "refund")
+    invoice.request_credit(T1, 0, "nothing billed")
+    assert invoice.credits_requested == {str(T1): 0}
+
+
+def test_credits_are_requested_from_finalizing_on_not_before() -> None:
+    _finalizing().request_credit(T1, 5, "refund")
+    for invoice in (_open(), _closed()):
+        with pytest.raises(IllegalTransition, match="cannot request a credit"):
+            invoice.request_credit(T1, 5, "refund")
+
+
+def test_a_credit_note_is_recorded_once_and_settles_its_request() -> None:
+    invoice = _final()
+    invoice.request_credit(T1, 300, "refund")
+    invoice.request_credit(T2, 100, "refund")
+    assert invoice.record_credit(T1, "cn_1", 300, "evt_9") is True
+    assert invoice.record_credit(T1, "cn_1", 300, "evt_9") is False
+    assert invoice.record_credit(None, "cn_x", 50, "evt_10") is True  # made outside
+    assert invoice.credited == {"cn_1": str(T1), "cn_x": ""}
+    assert invoice.credited_amount == 350
+    assert invoice.credits_pending() == [(T2, 100)]
+    events = invoice.collect_events()
+    assert [type(e).__name__ for e in events] == [
+        "CreditRequested",
+        "CreditRequested",
+        "Credited",
+        "Credited",
+    ]
+    note = events[2]
+    assert isinstance(note, Invoice.Credited)
+    assert (note.transaction_id, note.credit_note_id, note.amount, note.source) == (
+        T1,
+        "cn_1",
+        300,
+        "evt_9",
+    )
+
+
+def test_credit_notes_are_recorded_only_once_final() -> None:
+    with pytest.raises(IllegalTransition, match="cannot record a credit note"):
+        _finalizing().record_credit(T1, "cn_1", 5, "evt")
+
+
+def test_the_transition_table_is_what_the_commands_enforce() -> None:
+    assert ALLOWED_FROM["Credited"] == (S.FINALIZED, S.PAYMENT_FAILED, S.PAID, S.UNCOLLECTIBLE)
+    assert ALLOWED_FROM["CreditRequested"] == (
+        S.FINALIZING,
+        S.FINALIZED,
+        S.PAYMENT_FAILED,
+        S.PAID,
+        S.UNCOLLECTIBLE,
+    )
+
+
+def test_the_final_states_record_when_and_from_which_stripe_event() -> None:
+    paid_at = AT + timedelta(hours=5)
+    paid = _final()
+    paid.observe(_view("paid", amount_paid=650, at=paid_at, source="evt_paid"))
+    [event] = paid.collect_events()
+    assert isinstance(event, Invoice.Paid)
+    assert (event.amount_paid, event.paid_at, event.source) == (650, paid_at, "evt_paid")
+    lost = _final()
+    lost.observe(_view("uncollectible", source="evt_lost"))
+    lost.observe(_view("void", source="evt_void"))
+    marked, voided = lost.collect_events()
+    assert isinstance(marked, Invoice.MarkedUncollectible) and marked.source == "evt_lost"
+    assert isinstance(voided, Invoice.Voided) and voided.source == "evt_void"
