@@ -45,6 +45,7 @@ from projections.projector import projector_behind
 from projections.transactions import open_transactions
 from store.dead_letters import DeadLetterStore
 from store.ledger import BillingLedger
+from store.roles import AUDITOR, WRITER
 from tools.summary import Balances
 
 __all__ = ["render_summary", "run_demo", "summarize"]
@@ -63,8 +64,13 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
     started = time.monotonic()
     step("starting embedded PostgreSQL and the Tansu broker")
     with EmbeddedPostgres() as pg, TansuBroker() as broker:
+        # No superuser: migrate as the schema owner, everything else as the writer, the
+        # audit as the auditor (README "Security").
         settings = Settings(
-            database_url=pg.url, kafka_bootstrap=broker.bootstrap, ingest_group="demo-ingest"
+            database_url=pg.role_url(WRITER),
+            migrate_database_url=pg.owner_url,
+            kafka_bootstrap=broker.bootstrap,
+            ingest_group="demo-ingest",
         )
         migrate(settings)
         prepare(settings)
@@ -122,7 +128,9 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
                 summary = summarize(ledger, settings, produced)
                 summary["health"] = _health(charging, ledger)
                 summary["lines"] = _lines(charging)
-                summary["audit"] = _audit(charging)
+                summary["audit"] = _audit(
+                    charging.model_copy(update={"database_url": pg.role_url(AUDITOR)})
+                )
                 items = stripe.live_invoice_items()
                 summary["stripe"] = {
                     "live_invoice_items": len(items),

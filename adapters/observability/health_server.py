@@ -60,8 +60,13 @@ class HealthProbe:
     def __init__(self, settings: Settings, *, cache_s: float = 1.0) -> None:
         self.settings = settings
         # Its own connections, quick to give up: a probe answers even when workers wait.
+        password = settings.database_password.get_secret_value() or None
         self.database = Database(
-            settings.database_url, pool_size=0, connect_timeout_s=3, statement_timeout_ms=3000
+            settings.database_url,
+            pool_size=0,
+            connect_timeout_s=3,
+            statement_timeout_ms=3000,
+            password=password,
         )
         self.limits = Thresholds(max_consumer_lag=settings.health_max_consumer_lag)
         self.cache_s = cache_s
