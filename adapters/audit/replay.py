@@ -15,6 +15,7 @@ import gc
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -33,6 +34,7 @@ from domain.audit import (
 from domain.audit_lines import LineAudit, PushAudit
 from domain.chain import GENESIS, ChainBreak, ChainLink, link_hash, link_problem, topic_header
 from domain.invoice_line import InvoiceLine, LinePush
+from domain.money import add_exact
 from domain.transaction import BillingTransaction
 from store.schema import EVENTS_TABLE
 
@@ -40,6 +42,7 @@ __all__ = [
     "ACCOUNT_TOPICS",
     "HISTORY_COPY",
     "TXN_TOPICS",
+    "Overdrawn",
     "Replay",
     "Row",
     "Scope",
@@ -89,6 +92,17 @@ class Scope:
         )
 
 
+@dataclass(frozen=True)
+class Overdrawn:
+    """A reservation that took an account past the spend limit in force at that event
+    (a forged snapshot, or a rule broken): the account, its version, the figures."""
+
+    account: tuple[str, str]
+    version: int
+    committed: Decimal
+    limit: int
+
+
 @dataclass
 class Replay:
     """What the history says: every transaction, every spend limit, every chain break."""
@@ -100,6 +114,10 @@ class Replay:
     lines: dict[str, LineAudit] = field(default_factory=dict)
     pushes: dict[str, PushAudit] = field(default_factory=dict)
     breaks: list[ChainBreak] = field(default_factory=list)
+    # What each account has committed (reserved + charged), as its own events say, and
+    # every reservation that took it past the limit in force at that event.
+    committed: dict[tuple[str, str], Decimal] = field(default_factory=dict)
+    overdrawn: list[Overdrawn] = field(default_factory=list)
 
     def balances(self) -> dict[tuple[str, str], Balance]:
         return balances_of(self.transactions.values(), self.limits)
@@ -193,7 +211,13 @@ def _replay(rows: Iterable[Row], scope: Scope, tick: Callable[[int], None] | Non
             _chain_break(out, agg, row)
         agg.expected, agg.prev = version + 1, digest or GENESIS
         if kind in _ALWAYS or (
-            kind != _SKIP and (agg.txn is not None or agg.line is not None or agg.push is not None)
+            kind != _SKIP
+            and (
+                agg.txn is not None
+                or agg.line is not None
+                or agg.push is not None
+                or agg.account is not None
+            )
         ):
             _route(out, agg, kind, version, state, scope)
         if tick is not None and events % _PROGRESS_EVERY == 0:
@@ -216,11 +240,13 @@ def _kind(topic: str) -> str:
         return "metered" if name == "Metered" else name
     if topic in (ACCOUNT_TOPICS + "Opened", ACCOUNT_TOPICS + "LimitSet"):
         return topic[len(ACCOUNT_TOPICS) :]
+    if topic.startswith(ACCOUNT_TOPICS):
+        return "account:" + topic[len(ACCOUNT_TOPICS) :]
     if topic.startswith(LINE_TOPICS):
         return "line:" + topic[len(LINE_TOPICS) :]
     if topic.startswith(PUSH_TOPICS) and not topic.endswith(".ItemPlanned"):
         return "push:" + topic[len(PUSH_TOPICS) :]
-    return _SKIP  # an account's reservations, planned items: nothing to recompute
+    return _SKIP  # planned items: nothing to recompute
 
 
 def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
@@ -243,11 +269,34 @@ def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
         if scope.customer in (None, data["customer_id"]):
             agg.account = (data["customer_id"], data["currency"])
             out.limits[agg.account] = data["spend_limit"]
-    elif kind == "LimitSet":
+    elif kind == "LimitSet" or kind.startswith("account:"):
         if agg.account is not None:
-            out.limits[agg.account] = data["spend_limit"]
+            _account_event(out, agg.account, kind.removeprefix("account:"), version, data)
     elif agg.txn is not None:
         agg.txn.apply(kind, data, version)
+
+
+# How each account event moves what counts against the limit (reserved + charged).
+_COMMITS = {"AmountsReserved": 1, "ReservationReleased": -1, "ChargeReversed": -1}
+
+
+def _account_event(
+    out: Replay, account: tuple[str, str], name: str, version: int, data: dict[str, Any]
+) -> None:
+    if name == "LimitSet":
+        out.limits[account] = data["spend_limit"]
+        return
+    sign = _COMMITS.get(name)
+    if sign is None:  # settled: moves reserved to charged, the sum is the same
+        return
+    amounts = data["amounts"] if name == "AmountsReserved" else [unwrap(data["amount"])]
+    committed = out.committed.get(account, Decimal(0))
+    for amount in amounts:
+        committed = add_exact(committed, sign * Decimal(amount))
+    out.committed[account] = committed
+    limit = out.limits.get(account)
+    if sign > 0 and limit is not None and committed > limit:
+        out.overdrawn.append(Overdrawn(account, version, committed, limit))
 
 
 def _route_line(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)

@@ -179,6 +179,15 @@ def _history_findings(
     findings = [
         Finding("chain", f"{b.originator_id} v{b.version}", b.problem) for b in result.breaks
     ]
+    findings += [
+        Finding(
+            "limit_exceeded",
+            f"{o.account[0]}/{o.account[1]} v{o.version}",
+            f"a reservation took what is committed to {o.committed:f} minor units, past the"
+            f" spend limit of {o.limit} in force at that event",
+        )
+        for o in result.overdrawn
+    ]
     failing = {p.line_id for p in result.pushes.values() if p.failing}
     findings += check_transactions(
         result.transactions.values(), now=datetime.now(UTC), horizon=horizon, failing_lines=failing

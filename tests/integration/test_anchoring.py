@@ -13,6 +13,7 @@ from uuid import UUID
 import orjson
 import psycopg
 import pytest
+from eventsourcing.domain import Snapshot
 from pydantic import SecretStr
 
 from adapters.audit.anchor import anchor_once, anchors, load_checkpoints
@@ -215,3 +216,26 @@ def test_the_writer_cannot_place_a_row_in_the_anchored_past(history: Settings) -
             " (originator_id, originator_version, topic, state, xid)"
             " VALUES (gen_random_uuid(), 1, 'x', '\\x00', '3'::xid8)"
         )
+
+
+def test_a_forged_account_snapshot_that_lifts_the_limit_is_reported_limit_exceeded(
+    roles_settings: Settings, server: str, tmp_path: Path
+) -> None:
+    """The reproduction, with the writer's own login: a snapshot of the account with no
+    limit (the writer may INSERT snapshots: the ledger takes them), then usage the limit
+    refused before is reserved; the audit re-checks every reservation against the limit
+    in force at its event."""
+    migrate(roles_settings)
+    with open_ledger(roles_settings) as ledger:
+        ledger.set_spend_limit("capped", "USD", 800)  # 8.00 USD
+        account = ledger.account("capped", "USD")
+        assert account is not None and ledger.snapshots is not None
+        account.spend_limit = None  # forged
+        ledger.snapshots.put([Snapshot.take(account)])
+    with open_ledger(roles_settings) as ledger, build_projector(roles_settings, ledger) as proj:
+        record(ledger, "capped", ["c-1", "c-2", "c-3"])  # 5.00 USD each: 15.00 reserved
+        proj.pump_all()
+    report = _audit(_auditor(roles_settings, server, tmp_path / "a.jsonl"), tmp_path / "none")
+    exceeded = [f for f in report.findings if f.kind == "limit_exceeded"]
+    assert [f.subject for f in exceeded] == ["capped/USD v2"], report.findings
+    assert "past the spend limit of 800" in exceeded[0].detail
