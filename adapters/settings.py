@@ -216,6 +216,10 @@ class Settings(BaseSettings):
     health_port: int = Field(
         9464, ge=0, le=65535, description="port of /healthz /readyz /health /metrics (0: off)"
     )
+    http_token: SecretStr = Field(
+        SecretStr(""),
+        description="bearer token of /balances and /transactions (empty: they answer 401)",
+    )
     heartbeat_interval_s: float = Field(
         5.0, gt=0, description="how often workers record heartbeat, breaker state and lag"
     )
