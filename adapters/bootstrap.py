@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
-from adapters.broker import ensure_topics, make_consumer, make_producer
+from adapters.broker import ensure_topics, make_consumer, make_producer, use_security
 from adapters.charging.closer import InvoiceCloser
 from adapters.charging.process_manager import ChargeWorker
 from adapters.charging.pusher import LinePusher
@@ -147,6 +147,12 @@ def prepare(settings: Settings, *, topics: bool = True) -> None:
     records its deadlines in ``billing.health_settings`` (one row: the last process to
     start wins) and creates the topics if they are missing.
     """
+    use_security(
+        settings.kafka_security_protocol,
+        settings.kafka_sasl_mechanism,
+        settings.kafka_sasl_username,
+        settings.kafka_sasl_password.get_secret_value(),
+    )
     db = login(settings)
 
     def status() -> SchemaStatus:
