@@ -154,7 +154,13 @@ def test_passwords_from_the_settings_become_scram_verifiers(
 ) -> None:
     from pydantic import SecretStr
 
-    migrate(roles_settings.model_copy(update={"auditor_password": SecretStr("audit-pw")}))
+    # As the cluster's superuser: on PostgreSQL 16+ only a role's creator (or a
+    # superuser) may alter it, and another test's migrate may have made it first.
+    migrate(
+        roles_settings.model_copy(
+            update={"auditor_password": SecretStr("audit-pw"), "migrate_database_url": server}
+        )
+    )
     with psycopg.connect(server) as conn:
         row = conn.execute(
             "SELECT rolpassword FROM pg_authid WHERE rolname = %s", (AUDITOR,)
