@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
-from adapters.broker import ensure_topics, make_consumer, make_producer
+from adapters.broker import ensure_topics, make_consumer, make_producer, use_security
 from adapters.charging.closer import InvoiceCloser
 from adapters.charging.process_manager import ChargeWorker
 from adapters.charging.pusher import LinePusher
@@ -51,6 +51,7 @@ from store.migrations import AppliedMigration, SchemaStatus, wait_until_current
 from store.migrations import migrate as apply_migrations
 from store.migrations import schema_status as read_schema_status
 from store.recorder import postgres_env
+from store.roles import AUDITOR, READER, WRITER, check_roles, set_passwords
 from store.webhooks import WebhookStore
 
 __all__ = [
@@ -70,8 +71,10 @@ __all__ = [
     "database",
     "drive_invoices",
     "install_drill",
+    "login",
     "migrate",
     "open_ledger",
+    "owner_database",
     "prepare",
     "restart_policy",
     "run_roles",
@@ -90,26 +93,54 @@ def database(settings: Settings, *, pool_size: int | None = None) -> Database:
     setting) opened on first use, or with 0 a fresh connection each time (nothing to
     close: for one-off commands and parts built on their own)."""
     size = settings.db_pool_size if pool_size is None else pool_size
-    return Database(settings.database_url, pool_size=size)
+    return login(settings, pool_size=size)
+
+
+def login(settings: Settings, **kwargs: Any) -> Database:
+    """This process's login (``DATABASE_URL`` and ``DATABASE_PASSWORD``: a worker's is
+    ``billing_writer``), with the ``Database`` options given."""
+    password = settings.database_password.get_secret_value() or None
+    return Database(settings.database_url, password=password, **kwargs)
+
+
+def owner_database(settings: Settings) -> Database:
+    """The schema owner's login (``MIGRATE_DATABASE_URL``, else ``DATABASE_URL``): the
+    only one that runs DDL, for ``migrate`` and ``rebuild``."""
+    if settings.migrate_database_url is None:
+        return login(settings)
+    password = settings.migrate_database_password.get_secret_value() or None
+    return Database(settings.migrate_database_url, password=password)
 
 
 def migrate(
     settings: Settings, *, on_applied: Callable[[AppliedMigration], None] = lambda m: None
 ) -> list[AppliedMigration]:
-    """Apply the schema's pending migrations, each once (``store.migrations``); returns
-    those this call applied. The one place where DDL runs; safe to run concurrently."""
-    with Database(settings.database_url).dedicated(autocommit=True) as conn:
-        return apply_migrations(
+    """Apply the schema's pending migrations, each once (``store.migrations``), as the
+    schema owner; then check the billing roles (``store.roles``: none may be more than
+    its grants) and give them the passwords of the settings. Returns the migrations this
+    call applied. The one place where DDL runs; safe to run concurrently."""
+    with owner_database(settings).dedicated(autocommit=True) as conn:
+        applied = apply_migrations(
             conn,
             lock_timeout_s=settings.migrate_lock_timeout_s,
             attempts=settings.migrate_attempts,
             on_applied=on_applied,
         )
+        set_passwords(
+            conn,
+            {
+                WRITER: settings.writer_password.get_secret_value(),
+                READER: settings.reader_password.get_secret_value(),
+                AUDITOR: settings.auditor_password.get_secret_value(),
+            },
+        )
+        check_roles(conn)
+        return applied
 
 
 def schema_status(settings: Settings) -> SchemaStatus:
     """This build's migrations beside what the database has applied (reads only)."""
-    with Database(settings.database_url).dedicated(autocommit=True) as conn:
+    with login(settings).dedicated(autocommit=True) as conn:
         return read_schema_status(conn)
 
 
@@ -122,7 +153,13 @@ def prepare(settings: Settings, *, topics: bool = True) -> None:
     records its deadlines in ``billing.health_settings`` (one row: the last process to
     start wins) and creates the topics if they are missing.
     """
-    db = Database(settings.database_url)
+    use_security(
+        settings.kafka_security_protocol,
+        settings.kafka_sasl_mechanism,
+        settings.kafka_sasl_username,
+        settings.kafka_sasl_password.get_secret_value(),
+    )
+    db = login(settings)
 
     def status() -> SchemaStatus:
         with db.connection() as conn:
@@ -156,6 +193,8 @@ def open_ledger(settings: Settings) -> BillingLedger:
     (``CREATE_TABLE=n``): the schema is the migrations' (``prepare`` waits for it)."""
     env = postgres_env(settings.database_url, pool_size=settings.db_pool_size)
     env["CREATE_TABLE"] = "n"
+    if settings.database_password.get_secret_value():
+        env["POSTGRES_PASSWORD"] = settings.database_password.get_secret_value()
     return BillingLedger(settings.load_prices(), env=env, periods=settings.periods())
 
 
@@ -430,7 +469,7 @@ def _run_roles(
     supervised: list[Supervisor] = []  # the heartbeat reports the supervisor's status
     heartbeat = Heartbeat(
         settings,
-        Database(settings.database_url, pool_size=0, connect_timeout_s=5),
+        login(settings, pool_size=0, connect_timeout_s=5),
         roles,
         breakers=breakers,
         stats=lambda: {

@@ -31,6 +31,7 @@ __all__ = [
     "ensure_topics",
     "make_consumer",
     "make_producer",
+    "use_security",
 ]
 
 GROUP_TIMINGS: dict[str, Any] = {
@@ -38,6 +39,25 @@ GROUP_TIMINGS: dict[str, Any] = {
     "heartbeat_interval_ms": 1000,
     "max_poll_interval_ms": 300_000,
 }
+
+
+# The client settings of SASL (kafka-python's names), for every client this process
+# makes: set once at start by ``use_security`` (``adapters.bootstrap.prepare``).
+_SECURITY: dict[str, Any] = {}
+
+
+def use_security(
+    protocol: str, mechanism: str = "SCRAM-SHA-512", username: str = "", password: str = ""
+) -> None:
+    """Every Kafka client of this process authenticates so (``PLAINTEXT``: no SASL)."""
+    _SECURITY.clear()
+    if protocol == "PLAINTEXT":
+        return
+    _SECURITY["security_protocol"] = protocol
+    if protocol.startswith("SASL"):
+        _SECURITY.update(
+            sasl_mechanism=mechanism, sasl_plain_username=username, sasl_plain_password=password
+        )
 
 
 def make_consumer(
@@ -54,6 +74,7 @@ def make_consumer(
     ``listener`` hears partition assignments (subscribed once, before any poll).
     """
     consumer = KafkaConsumer(
+        **_SECURITY,
         bootstrap_servers=bootstrap,
         group_id=group,
         enable_auto_commit=False,
@@ -70,6 +91,7 @@ def make_consumer(
 def make_producer(bootstrap: str, **extra: Any) -> KafkaProducer:
     """A producer that waits for the broker to store each batch."""
     return KafkaProducer(
+        **_SECURITY,
         bootstrap_servers=bootstrap,
         acks="all",
         linger_ms=5,
@@ -81,7 +103,7 @@ def make_producer(bootstrap: str, **extra: Any) -> KafkaProducer:
 
 def ensure_topics(bootstrap: str, topics: Iterable[tuple[str, int]]) -> None:
     """Create the named topics (name, partitions) if they do not exist."""
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **_SECURITY)
     try:
         existing = set(admin.list_topics())
         new = [NewTopic(name, parts, 1) for name, parts in topics if name not in existing]
@@ -119,9 +141,12 @@ class LagProbe:
     (so any thread may use it while the workers' consumers poll)."""
 
     def __init__(self, bootstrap: str, timeout_ms: int = 5000) -> None:
-        self.admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+        self.admin = KafkaAdminClient(
+            bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms, **_SECURITY
+        )
         try:
             self.consumer = KafkaConsumer(
+        **_SECURITY,
                 bootstrap_servers=bootstrap, enable_auto_commit=False,
                 max_poll_records=100_000, request_timeout_ms=timeout_ms,
             )  # fmt: skip

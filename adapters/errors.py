@@ -9,6 +9,7 @@
      +-- PaymentFailed           Stripe refused an operator's command, or was unreachable
      +-- BrokerUnreachable       no Kafka bootstrap server accepts a connection
      +-- WorkerFailed           a worker role stopped on an error, or on its own
+     +-- AnchorError            the anchor cannot sign (no key, short key, bad file)
 
 Errors of the other layers have their own trees: ``domain.errors`` (a rule is
 broken), ``store.errors`` (the event store), ``projections.base`` (a read model's
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 __all__ = [
     "AdapterError",
+    "AnchorError",
     "BreakerOpen",
     "BrokerUnreachable",
     "CallRefused",
@@ -56,3 +58,8 @@ class BrokerUnreachable(AdapterError, ConnectionError):
 
 class WorkerFailed(AdapterError):
     """Raised when a worker role stopped on an error or returned on its own."""
+
+
+class AnchorError(AdapterError):
+    """Raised when the anchor cannot sign: no key or path, a short key, or a checkpoint
+    file whose lines do not verify under the key."""

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SecretsSettingsSource,
+    SettingsConfigDict,
+)
 
 from domain.periods import PeriodPolicy
 from domain.pricing import PriceList
@@ -16,14 +22,17 @@ from domain.saga import RetryPolicy
 from domain.usage import DEFAULT_MAX_RECORD_BYTES
 from store.schema import DEFAULT_DLQ_TOPIC, DEFAULT_EVENTS_TOPIC, DEFAULT_USAGE_TOPIC
 
-__all__ = ["DEFAULT_PRICE_LIST", "Settings", "StripeSettings"]
+__all__ = ["DEFAULT_PRICE_LIST", "SECRETS_DIR_ENV", "Settings", "StripeSettings"]
 
 DEFAULT_PRICE_LIST = Path(__file__).resolve().parent.parent / "infra" / "prices.example.toml"
+# A directory of files named after settings (``billing_ledger_database_password``, ...):
+# Docker secrets (``/run/secrets``). Read when Settings() is made, never at import.
+SECRETS_DIR_ENV = "BILLING_LEDGER_SECRETS_DIR"
 
 
 @dataclass(frozen=True)
 class StripeSettings:
-    api_key: str = "sk_test_billing_ledger"
+    api_key: str = field(default="sk_test_billing_ledger", repr=False)
     api_base: str = "https://api.stripe.com"
     rate_per_s: int = 25
     max_concurrency: int = 8
@@ -35,15 +44,62 @@ class StripeSettings:
 
 
 class Settings(BaseSettings):
-    """Where the services are and how the workers behave."""
+    """Where the services are and how the workers behave.
+
+    Secrets (the database and role passwords, the Stripe key, the webhook secrets, the
+    HTTP token, the anchor key, the Kafka password) are ``SecretStr``: ``repr`` shows
+    ``**********``. The URLs are left out of ``repr`` (one may hold a password). Each
+    can also be a file in ``$BILLING_LEDGER_SECRETS_DIR`` named after it in lower case
+    (``billing_ledger_database_password``): how Docker secrets arrive.
+    """
 
     model_config = SettingsConfigDict(env_prefix="BILLING_LEDGER_", extra="ignore")
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        secrets_dir = os.environ.get(SECRETS_DIR_ENV)
+        if not secrets_dir:
+            return init_settings, env_settings, dotenv_settings
+        files = SecretsSettingsSource(settings_cls, secrets_dir=secrets_dir)
+        return init_settings, env_settings, dotenv_settings, files
+
     database_url: str = Field(
         "postgresql://postgres@127.0.0.1:5432/postgres",
-        description="libpq URI of the PostgreSQL database that holds the event store",
+        description="libpq URI of this process's login (workers: billing_writer)",
+        repr=False,
+    )
+    database_password: SecretStr = Field(
+        SecretStr(""), description="its password, when not in the URL (e.g. a Docker secret)"
+    )
+    migrate_database_url: str | None = Field(
+        None,
+        description="the schema owner's login, for migrate and rebuild (default: DATABASE_URL)",
+        repr=False,
+    )
+    migrate_database_password: SecretStr = Field(SecretStr(""), description="its password")
+    writer_password: SecretStr = Field(
+        SecretStr(""), description="migrate sets billing_writer's password to this (empty: kept)"
+    )
+    reader_password: SecretStr = Field(
+        SecretStr(""), description="migrate sets billing_reader's password to this (empty: kept)"
+    )
+    auditor_password: SecretStr = Field(
+        SecretStr(""), description="migrate sets billing_auditor's password to this (empty: kept)"
     )
     kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers")
+    kafka_security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"] = Field(
+        "PLAINTEXT", description="how clients talk to the brokers (SASL_SSL in production)"
+    )
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    kafka_sasl_username: str = Field("", description="this process's Kafka principal")
+    kafka_sasl_password: SecretStr = Field(SecretStr(""), description="its password")
     usage_topic: str = DEFAULT_USAGE_TOPIC
     dlq_topic: str = DEFAULT_DLQ_TOPIC
     usage_partitions: int = Field(4, ge=1, description="partitions when creating the topic")
@@ -84,7 +140,7 @@ class Settings(BaseSettings):
     events_partitions: int = Field(4, ge=1)
     charge_group: str = "billing-ledger-charge"
     stripe_api_base: str = "http://127.0.0.1:12111"
-    stripe_api_key: str = "sk_test_billing_ledger"
+    stripe_api_key: SecretStr = SecretStr("sk_test_billing_ledger")
     stripe_rate_per_s: int = Field(25, ge=1, description="Stripe requests per second, at most")
     stripe_max_concurrency: int = Field(8, ge=1)
     stripe_timeout_s: float = Field(10.0, gt=0)
@@ -130,6 +186,21 @@ class Settings(BaseSettings):
     def webhook_secret_list(self) -> list[str]:
         return [s.strip() for s in self.webhook_secrets.get_secret_value().split(",") if s.strip()]
 
+    # -- anchoring (billing-ledger anchor; audit verifies) ------------------------------
+    anchor_path: Path | None = Field(
+        None,
+        description="the append-only file of signed checkpoints, outside the database"
+        " (unset: nothing anchored, audit checks no checkpoint)",
+    )
+    anchor_key: SecretStr = Field(
+        SecretStr(""),
+        description="HMAC-SHA256 key of the checkpoints (32+ bytes); the anchor job's and"
+        " the auditor's only, never the database's",
+    )
+    anchor_interval_s: float = Field(
+        60.0, gt=0, description="anchor --every: seconds between checkpoints"
+    )
+
     # -- supervision ------------------------------------------------------------------
     role_restart_base_s: float = Field(
         1.0, gt=0, description="first pause before a failed role restarts (then doubling)"
@@ -144,6 +215,10 @@ class Settings(BaseSettings):
     health_host: str = Field("127.0.0.1", description="address the health server listens on")
     health_port: int = Field(
         9464, ge=0, le=65535, description="port of /healthz /readyz /health /metrics (0: off)"
+    )
+    http_token: SecretStr = Field(
+        SecretStr(""),
+        description="bearer token of /balances and /transactions (empty: they answer 401)",
     )
     heartbeat_interval_s: float = Field(
         5.0, gt=0, description="how often workers record heartbeat, breaker state and lag"
@@ -186,7 +261,7 @@ class Settings(BaseSettings):
 
     def stripe(self) -> StripeSettings:
         return StripeSettings(
-            api_key=self.stripe_api_key,
+            api_key=self.stripe_api_key.get_secret_value(),
             api_base=self.stripe_api_base,
             rate_per_s=self.stripe_rate_per_s,
             max_concurrency=self.stripe_max_concurrency,

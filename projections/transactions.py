@@ -9,7 +9,10 @@ Its table is made by the migrations (``store/migrations/``), never here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import base64
+import binascii
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -18,12 +21,20 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from domain.transaction import BillingTransaction, TxnState
-from projections.base import SCHEMA, History, check_customer, check_limit, check_state
+from projections.base import (
+    SCHEMA,
+    History,
+    InvalidFilter,
+    check_customer,
+    check_limit,
+    check_state,
+)
 
 __all__ = [
     "COLUMNS",
     "TransactionsProjection",
     "open_transactions",
+    "page_cursor",
     "transactions",
     "unlined_transaction_ids",
 ]
@@ -173,8 +184,11 @@ def transactions(
     state: str | None = None,
     customer: str | None = None,
     limit: int = 50,
+    after: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The most recently updated transactions, filtered (raises InvalidFilter).
+    """The most recently updated transactions, filtered (raises InvalidFilter); ``after``:
+    the cursor of the last row of the previous page (``page_cursor``: keyset paging, so a
+    page costs the same wherever it is).
 
     Every filter is validated first and reaches SQL only as a bound parameter.
     """
@@ -183,19 +197,42 @@ def transactions(
     checked_limit = check_limit(limit)
     where: list[sql.Composable] = []
     params: list[Any] = []
+    if after is not None:
+        where.append(sql.SQL("(updated_at, transaction_id) < (%s, %s)"))
+        params += _parse_cursor(after)
     if checked_state is not None:
         where.append(sql.SQL("state = %s"))
         params.append(str(checked_state))
     if checked_customer is not None:
         where.append(sql.SQL("customer_id = %s"))
         params.append(checked_customer)
-    query = sql.SQL("SELECT {} FROM {}{} ORDER BY updated_at DESC, transaction_id LIMIT %s").format(
+    query = sql.SQL(
+        "SELECT {} FROM {}{} ORDER BY updated_at DESC, transaction_id DESC LIMIT %s"
+    ).format(
         sql.SQL(", ").join(map(sql.Identifier, COLUMNS)),
         sql.Identifier(SCHEMA, TransactionsProjection.name),
         sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""),
     )
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query, [*params, checked_limit]).fetchall()
+
+
+def page_cursor(row: Mapping[str, Any]) -> str:
+    """The cursor that continues after ``row`` (its ``updated_at`` and id, URL-safe)."""
+    text = f"{row['updated_at'].isoformat()}_{row['transaction_id']}"
+    return base64.urlsafe_b64encode(text.encode()).decode()
+
+
+def _parse_cursor(cursor: str) -> list[Any]:
+    try:
+        text = base64.urlsafe_b64decode(cursor.encode()).decode()
+        at, _, txn = text.rpartition("_")
+        parsed = datetime.fromisoformat(at)
+        if parsed.tzinfo is None:
+            raise ValueError("no time zone")
+        return [parsed, UUID(txn)]
+    except (ValueError, binascii.Error):
+        raise InvalidFilter(f"invalid after {cursor[:80]!r}: a cursor from X-Next-After") from None
 
 
 _UNLINED = sql.SQL(

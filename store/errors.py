@@ -10,6 +10,7 @@
           +-- SchemaAhead        the database has migrations this build does not know
           +-- SchemaNotReady     a worker waited longer than allowed for ``migrate``
           +-- MigrationLocked    a migration could not take its locks in its attempts
+          +-- RolesUnsafe        a billing role is missing or holds more than its grants
 
 A lost race itself is eventsourcing's ``IntegrityError`` (the
 ``(originator_id, originator_version)`` constraint), which callers catch to reload
@@ -33,6 +34,7 @@ __all__ = [
     "MigrationChanged",
     "MigrationLocked",
     "MigrationsInvalid",
+    "RolesUnsafe",
     "SchemaAhead",
     "SchemaError",
     "SchemaNotReady",
@@ -72,3 +74,8 @@ class SchemaNotReady(SchemaError):
 
 class MigrationLocked(SchemaError):
     """Raised when a migration could not take the locks it needs within its attempts."""
+
+
+class RolesUnsafe(SchemaError):
+    """Raised when a billing role is missing or holds more power than least privilege
+    allows (a superuser, CREATEROLE, ...): its logins could skip every grant."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -27,6 +27,7 @@ __all__ = [
     "START",
     "LogRow",
     "Position",
+    "copy_log",
     "follow",
     "read_after",
     "read_created",
@@ -121,3 +122,28 @@ def follow(
             continue
         if done == 0:
             stop.wait(idle_wait_s)
+
+
+_COPY_LOG = sql.SQL(
+    "COPY (SELECT uuid_send(originator_id), originator_version, topic, state,"
+    " xid::text::bigint AS xid_number, notification_id FROM {}"
+    " WHERE (xid, notification_id) > (%s::text::xid8, %s) {}"
+    " ORDER BY xid, notification_id) TO STDOUT (FORMAT BINARY)"
+)
+_COPY_LOG_TYPES = ["bytea", "int8", "text", "bytea", "int8", "int8"]
+
+
+def copy_log(
+    conn: psycopg.Connection[Any], after: tuple[int, int] = (0, 0), *, gap_free: bool = True
+) -> Iterator[tuple[bytes, int, str, bytes, int, int]]:
+    """The log after ``after`` (an ``(xid, notification_id)``) in commit order, as one
+    binary COPY: ``(id bytes, version, topic, state, xid, notification_id)`` rows.
+
+    ``gap_free``: only rows older than every open transaction (what the anchor signs:
+    no row can commit before them later); else every row the snapshot sees (the audit).
+    """
+    horizon = sql.SQL("AND xid < pg_snapshot_xmin(pg_current_snapshot())" if gap_free else "")
+    query = _COPY_LOG.format(sql.Identifier(EVENTS_TABLE), horizon)
+    with conn.cursor() as cur, cur.copy(query, (str(after[0]), after[1])) as copy:
+        copy.set_types(_COPY_LOG_TYPES)
+        yield from copy.rows()

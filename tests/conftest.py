@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import Link, SpanKind, TraceState
 from opentelemetry.util.types import Attributes
 from psycopg import sql
+from pydantic import SecretStr
 
 from adapters.settings import Settings
 from infra.embedded import EmbeddedPostgres, TansuBroker
@@ -104,7 +105,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """The environment a ``billing-ledger`` subprocess needs to use ``settings``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BILLING_LEDGER_")}
     for key, value in settings.model_dump().items():
-        env[f"BILLING_LEDGER_{key.upper()}"] = str(value)
+        if value is not None:
+            shown = value.get_secret_value() if isinstance(value, SecretStr) else value
+            env[f"BILLING_LEDGER_{key.upper()}"] = str(shown)
     return env
 
 

@@ -53,6 +53,7 @@ from projections.projector import projector_behind
 from projections.transactions import open_transactions
 from store.dead_letters import DeadLetterStore
 from store.ledger import BillingLedger
+from store.roles import AUDITOR, WRITER
 from tools.summary import Balances
 
 __all__ = ["render_summary", "run_demo", "summarize"]
@@ -71,8 +72,11 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
     started = time.monotonic()
     step("starting embedded PostgreSQL and the Tansu broker")
     with EmbeddedPostgres() as pg, TansuBroker() as broker:
+        # No superuser: migrate as the schema owner, everything else as the writer, the
+        # audit as the auditor (README "Security").
         settings = Settings(
-            database_url=pg.url,
+            database_url=pg.role_url(WRITER),
+            migrate_database_url=pg.owner_url,
             kafka_bootstrap=broker.bootstrap,
             ingest_group="demo-ingest",
             billing_period="hour",  # the usage spans 2026-12-01 00:00 to 01:23: two periods
@@ -120,7 +124,9 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
                     f"after {timeout:.0f}s"
                 )
             reserved = worker.stats.transactions - worker.stats.refused
-            summary = _charge_and_invoice(settings, ledger, produced, reserved, timeout)
+            summary = _charge_and_invoice(
+                settings, ledger, produced, reserved, timeout, auditor_url=pg.role_url(AUDITOR)
+            )
     summary["seconds"] = round(time.monotonic() - started, 2)
     return summary
 
@@ -131,8 +137,11 @@ def _charge_and_invoice(
     produced: list[Produced],
     reserved: int,
     timeout: float,
+    *,
+    auditor_url: str,
 ) -> dict[str, Any]:
-    """Charge, close, finalize and collect through the emulator; the summary."""
+    """Charge, close, finalize and collect through the emulator; the summary (audited
+    with the auditor's login)."""
     with StripeEmulator(port=0) as stripe:
         # The emulator is local: allow more than Stripe test mode's 25 requests/s.
         secret = "whsec_demo_" + secrets.token_hex(16)
@@ -155,7 +164,7 @@ def _charge_and_invoice(
         summary["invoices"] = _invoices(charging)
         summary["health"] = _health(charging, ledger)
         summary["lines"] = _lines(charging)
-        summary["audit"] = _audit(charging)
+        summary["audit"] = _audit(charging.model_copy(update={"database_url": auditor_url}))
         items = stripe.live_invoice_items()
         summary["stripe"] = {
             "live_invoice_items": len(items),

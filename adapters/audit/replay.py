@@ -15,6 +15,7 @@ import gc
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -35,6 +36,7 @@ from domain.audit_lines import LineAudit, PushAudit
 from domain.chain import GENESIS, ChainBreak, ChainLink, link_hash, link_problem, topic_header
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
+from domain.money import add_exact
 from domain.transaction import BillingTransaction
 from store.schema import EVENTS_TABLE
 
@@ -42,6 +44,7 @@ __all__ = [
     "ACCOUNT_TOPICS",
     "HISTORY_COPY",
     "TXN_TOPICS",
+    "Overdrawn",
     "Replay",
     "Row",
     "Scope",
@@ -92,6 +95,17 @@ class Scope:
         )
 
 
+@dataclass(frozen=True)
+class Overdrawn:
+    """A reservation that took an account past the spend limit in force at that event
+    (a forged snapshot, or a rule broken): the account, its version, the figures."""
+
+    account: tuple[str, str]
+    version: int
+    committed: Decimal
+    limit: int
+
+
 @dataclass
 class Replay:
     """What the history says: every transaction, every spend limit, every chain break."""
@@ -104,6 +118,10 @@ class Replay:
     invoices: dict[str, InvoiceAudit] = field(default_factory=dict)
     pushes: dict[str, PushAudit] = field(default_factory=dict)
     breaks: list[ChainBreak] = field(default_factory=list)
+    # What each account has committed (reserved + charged), as its own events say, and
+    # every reservation that took it past the limit in force at that event.
+    committed: dict[tuple[str, str], Decimal] = field(default_factory=dict)
+    overdrawn: list[Overdrawn] = field(default_factory=list)
 
     def balances(self) -> dict[tuple[str, str], Balance]:
         return balances_of(self.transactions.values(), self.limits)
@@ -213,6 +231,7 @@ def _replay(rows: Iterable[Row], scope: Scope, tick: Callable[[int], None] | Non
                 or agg.line is not None
                 or agg.push is not None
                 or agg.invoice is not None
+                or agg.account is not None
             )
         ):
             _route(out, agg, kind, version, state, scope)
@@ -236,13 +255,15 @@ def _kind(topic: str) -> str:
         return "metered" if name == "Metered" else name
     if topic in (ACCOUNT_TOPICS + "Opened", ACCOUNT_TOPICS + "LimitSet"):
         return topic[len(ACCOUNT_TOPICS) :]
+    if topic.startswith(ACCOUNT_TOPICS):
+        return "account:" + topic[len(ACCOUNT_TOPICS) :]
     if topic.startswith(LINE_TOPICS):
         return "line:" + topic[len(LINE_TOPICS) :]
     if topic.startswith(INVOICE_TOPICS):
         return "invoice:" + topic[len(INVOICE_TOPICS) :]
     if topic.startswith(PUSH_TOPICS) and not topic.endswith(".ItemPlanned"):
         return "push:" + topic[len(PUSH_TOPICS) :]
-    return _SKIP  # an account's reservations, planned items: nothing to recompute
+    return _SKIP  # planned items: nothing to recompute
 
 
 def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
@@ -265,11 +286,34 @@ def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
         if scope.customer in (None, data["customer_id"]):
             agg.account = (data["customer_id"], data["currency"])
             out.limits[agg.account] = data["spend_limit"]
-    elif kind == "LimitSet":
+    elif kind == "LimitSet" or kind.startswith("account:"):
         if agg.account is not None:
-            out.limits[agg.account] = data["spend_limit"]
+            _account_event(out, agg.account, kind.removeprefix("account:"), version, data)
     elif agg.txn is not None:
         agg.txn.apply(kind, data, version)
+
+
+# How each account event moves what counts against the limit (reserved + charged).
+_COMMITS = {"AmountsReserved": 1, "ReservationReleased": -1, "ChargeReversed": -1}
+
+
+def _account_event(
+    out: Replay, account: tuple[str, str], name: str, version: int, data: dict[str, Any]
+) -> None:
+    if name == "LimitSet":
+        out.limits[account] = data["spend_limit"]
+        return
+    sign = _COMMITS.get(name)
+    if sign is None:  # settled: moves reserved to charged, the sum is the same
+        return
+    amounts = data["amounts"] if name == "AmountsReserved" else [unwrap(data["amount"])]
+    committed = out.committed.get(account, Decimal(0))
+    for amount in amounts:
+        committed = add_exact(committed, sign * Decimal(amount))
+    out.committed[account] = committed
+    limit = out.limits.get(account)
+    if sign > 0 and limit is not None and committed > limit:
+        out.overdrawn.append(Overdrawn(account, version, committed, limit))
 
 
 def _route_line(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)

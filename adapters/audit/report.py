@@ -24,6 +24,7 @@ from adapters.audit.replay import Replay, Scope, history_size, read_history, rep
 from adapters.progress import Progress
 from adapters.settings import StripeSettings
 from adapters.stripe.client import StripeGateway
+from domain.anchor import AnchorCheck, Checkpoint
 from domain.audit import (
     Balance,
     Finding,
@@ -37,12 +38,15 @@ from domain.audit_invoices import check_invoices, credited_transactions
 from domain.audit_lines import check_line_items, check_lines
 from projections.transactions import COLUMNS as TXN_COLUMNS
 from store.connections import Database
+from store.eventlog import copy_log
 from store.schema import EVENTS_TABLE
 
 __all__ = [
     "BALANCE_COLUMNS",
+    "Anchors",
     "AuditReport",
     "audit",
+    "check_anchors",
     "compare_balances",
     "compare_invoices",
     "compare_lines",
@@ -50,6 +54,16 @@ __all__ = [
     "render",
     "stripe_invoice_items",
 ]
+
+
+@dataclass(frozen=True)
+class Anchors:
+    """The signed checkpoints to verify the history against (``adapters.audit.anchor``):
+    those that verified, and a problem for each line that did not."""
+
+    source: str  # where they were read (the checkpoint file)
+    checkpoints: list[Checkpoint]
+    unverified: list[str]
 
 
 @dataclass
@@ -64,6 +78,7 @@ class AuditReport:
     stripe_items: int | None
     seconds: float
     findings: list[Finding]
+    anchor: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -80,9 +95,12 @@ def audit(
     horizon: timedelta,
     stripe_items: Callable[[], list[InvoiceItem]] | None = None,
     progress: bool = True,
+    anchors: Anchors | None = None,
 ) -> AuditReport:
-    """Replay, check every invariant, compare with the read models (and Stripe)."""
+    """Replay, check every invariant, compare with the read models (and Stripe); with
+    ``anchors``, verify the whole log against the signed checkpoints."""
     started = time.perf_counter()
+    anchor: dict[str, Any] | None = None
     with database.dedicated() as conn:
         conn.read_only = True
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
@@ -90,6 +108,9 @@ def audit(
             result = _replay_with_progress(conn, scope, progress)
             balances = result.balances()
             findings = _history_findings(result, balances, horizon)
+            if anchors is not None:
+                anchor, found = check_anchors(conn, anchors)
+                findings += found
             findings += projection_lag(conn)
             findings += compare_transactions(conn, result.transactions, scope)
             if not scope.partial:
@@ -119,7 +140,34 @@ def audit(
         stripe_items=None if items is None else len(items),
         seconds=round(time.perf_counter() - started, 3),
         findings=findings,
+        anchor=anchor,
     )
+
+
+def check_anchors(
+    conn: psycopg.Connection[Any], anchors: Anchors
+) -> tuple[dict[str, Any], list[Finding]]:
+    """Fold the whole log in commit order against the checkpoints: a summary, and a
+    finding for a checkpoint the history no longer matches, for every line that does
+    not verify, and for a file without a checkpoint (deleted, or never anchored)."""
+    findings = [Finding("anchor_signature", anchors.source, p) for p in anchors.unverified]
+    check = AnchorCheck(anchors.checkpoints).run(copy_log(conn, gap_free=False))
+    if check.finding is not None:
+        findings.append(Finding("anchor", check.finding.subject, check.finding.detail))
+    if not anchors.checkpoints:
+        findings.append(
+            Finding("anchor_missing", anchors.source, "no signed checkpoint: nothing anchored")
+        )
+    latest = max(anchors.checkpoints, key=lambda c: c.position) if anchors.checkpoints else None
+    summary = {
+        "source": anchors.source,
+        "checkpoints": len(anchors.checkpoints),
+        "latest_at": latest.at if latest else None,
+        "anchored_events": latest.events if latest else 0,
+        "unanchored_events": check.unanchored,
+        "holds": check.finding is None and not anchors.unverified,
+    }
+    return summary, findings
 
 
 def _replay_with_progress(conn: psycopg.Connection[Any], scope: Scope, progress: bool) -> Replay:
@@ -137,6 +185,15 @@ def _history_findings(
 ) -> list[Finding]:
     findings = [
         Finding("chain", f"{b.originator_id} v{b.version}", b.problem) for b in result.breaks
+    ]
+    findings += [
+        Finding(
+            "limit_exceeded",
+            f"{o.account[0]}/{o.account[1]} v{o.version}",
+            f"a reservation took what is committed to {o.committed:f} minor units, past the"
+            f" spend limit of {o.limit} in force at that event",
+        )
+        for o in result.overdrawn
     ]
     failing = {p.line_id for p in result.pushes.values() if p.failing}
     findings += check_transactions(
@@ -405,6 +462,13 @@ def render(report: AuditReport) -> str:
         + (f", {report.stripe_items:,} Stripe items" if report.stripe_items is not None else "")
         + f" in {report.seconds:.1f} s",
     ]
+    if report.anchor is not None:
+        a = report.anchor
+        lines.append(
+            f"anchor: {a['checkpoints']} signed checkpoint(s) in {a['source']}, the latest"
+            f" of {a['latest_at']} over {a['anchored_events']:,} events;"
+            f" {a['unanchored_events']:,} event(s) after it not anchored yet"
+        )
     if report.ok:
         return "\n".join([*lines, "OK: every check holds"])
     rows = [(f.kind, f.subject, f.detail) for f in report.findings]

@@ -1,4 +1,5 @@
-"""The auditor's commands: ``audit``, ``export``, and ``balances --as-of``'s printing."""
+"""The auditor's commands: ``audit``, ``export``, ``anchor``, and ``balances --as-of``'s
+printing."""
 
 from __future__ import annotations
 
@@ -31,8 +32,67 @@ def add_commands(sub: Any) -> None:
     export.add_argument("--to", dest="end", type=timestamp, help="events before")
     export.set_defaults(handler=_export)
 
+    anchor = sub.add_parser(
+        "anchor", help="sign a checkpoint of the whole log into ANCHOR_PATH (outside the DB)"
+    )
+    anchor.add_argument(
+        "--every",
+        type=float,
+        nargs="?",
+        const=-1.0,
+        metavar="SECONDS",
+        help="keep signing, every SECONDS (default: ANCHOR_INTERVAL_S) until Ctrl-C",
+    )
+    anchor.set_defaults(handler=_anchor)
+
+
+def _anchor_settings(settings: Any, *, required: bool) -> tuple[Path, bytes] | None:
+    """``ANCHOR_PATH`` and the key (None when no path is set and none is required)."""
+    from adapters.audit.anchor import anchor_key
+
+    if settings.anchor_path is None:
+        if required:
+            raise CliError("set BILLING_LEDGER_ANCHOR_PATH (and ANCHOR_KEY) to anchor")
+        return None
+    return settings.anchor_path, anchor_key(settings.anchor_key.get_secret_value())
+
+
+def _anchor(args: argparse.Namespace) -> int:
+    import threading
+
+    from adapters.audit.anchor import anchor_once, run_anchor
+    from adapters.bootstrap import database
+    from adapters.settings import Settings
+    from domain.anchor import Checkpoint
+
+    settings = Settings()
+    found = _anchor_settings(settings, required=True)
+    assert found is not None
+    path, key = found
+
+    def say(checkpoint: Checkpoint | None) -> None:
+        if checkpoint is None:
+            print("nothing new to anchor", file=sys.stderr, flush=True)
+        else:
+            print(
+                f"anchored {checkpoint.events:,} events up to (xid {checkpoint.xid},"
+                f" notification {checkpoint.notification_id}) into {path}",
+                flush=True,
+            )
+
+    with database(settings, pool_size=0) as db:
+        if args.every is None:
+            say(anchor_once(db, path, key))
+            return 0
+        every = settings.anchor_interval_s if args.every < 0 else args.every
+        if every <= 0:
+            raise usage("--every needs a number of seconds above 0")
+        run_anchor(db, path, key, every_s=every, stop=threading.Event(), on_checkpoint=say)
+    return 0
+
 
 def _audit(args: argparse.Namespace) -> int:
+    from adapters.audit.anchor import anchors
     from adapters.audit.replay import Scope
     from adapters.audit.report import audit, render, stripe_invoice_items
     from adapters.bootstrap import database
@@ -45,8 +105,15 @@ def _audit(args: argparse.Namespace) -> int:
     items = (
         (lambda: stripe_invoice_items(settings.stripe(), scope.customer)) if args.stripe else None
     )
+    anchored = _anchor_settings(settings, required=False)
     with database(settings, pool_size=0) as db:
-        report = audit(db, scope, horizon=settings.overdue_after(), stripe_items=items)
+        report = audit(
+            db,
+            scope,
+            horizon=settings.overdue_after(),
+            stripe_items=items,
+            anchors=anchors(*anchored) if anchored is not None else None,
+        )
     text = json.dumps(report.as_dict(), indent=2) if args.json else render(report)
     print(text)
     if args.out is not None:
@@ -64,11 +131,20 @@ def _export(args: argparse.Namespace) -> int:
 
     customer = checked_customer(args.customer)
     assert customer is not None  # required by the parser
+    settings = Settings()
     count = 0
-    with database(Settings(), pool_size=0) as db:
+    with database(settings, pool_size=0) as db:
         for line in export_events(db, customer, args.start, args.end):
             sys.stdout.write(json.dumps(line) + "\n")
             count += 1
+    anchored = _anchor_settings(settings, required=False)
+    if anchored is not None:
+        # The latest signed checkpoint, as signed: the auditor verifies it with the key.
+        from adapters.audit.anchor import latest_line
+
+        signed = latest_line(*anchored)
+        if signed is not None:
+            sys.stdout.write(json.dumps({"checkpoint": json.loads(signed)}) + "\n")
     print(f"exported {count} event(s) of {customer}", file=sys.stderr)
     return 0
 

@@ -307,7 +307,7 @@ def _close_invoices(args: argparse.Namespace) -> int:
 
 
 def _rebuild(args: argparse.Namespace) -> int:
-    from adapters.bootstrap import database, open_ledger
+    from adapters.bootstrap import open_ledger, owner_database
     from adapters.settings import Settings
     from projections.base import UnknownProjection
     from projections.projector import PROJECTIONS, projection, rebuild
@@ -319,7 +319,8 @@ def _rebuild(args: argparse.Namespace) -> int:
     except UnknownProjection as exc:
         raise usage(str(exc)) from None
     settings = Settings()
-    with open_ledger(settings) as ledger, database(settings) as db:
+    # The swap is DDL: the schema owner's (MIGRATE_DATABASE_URL), never a worker's.
+    with open_ledger(settings) as ledger, owner_database(settings) as db:
         for name in names:
             report = rebuild(db, name, ledger.mapper.to_domain_event)
             print(f"rebuilt {report.name}: {report.rows} rows from {report.events} events")

@@ -180,7 +180,12 @@ def _run_workers(args: argparse.Namespace, settings: Settings) -> int:
     with contextlib.ExitStack() as stack:
         if health_port:
             stack.enter_context(
-                HealthServer(HealthProbe(settings), settings.health_host, health_port)
+                HealthServer(
+                    HealthProbe(settings),
+                    settings.health_host,
+                    health_port,
+                    token=settings.http_token.get_secret_value(),
+                )
             )
         ledger = stack.enter_context(open_ledger(settings))
         run_roles(settings, ledger, roles, stop, drill=args.drill)

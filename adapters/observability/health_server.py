@@ -20,29 +20,36 @@ minute from a probe and a scraper need nothing more.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import threading
 import time
 from collections.abc import Mapping
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
+import anyio
+import anyio.to_thread
 import psycopg
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from adapters.broker import check_reachable
+from adapters.http.server import HttpLimits, HttpServer
 from adapters.observability.metrics import CONTENT_TYPE, metrics
 from adapters.settings import Settings
 from domain.health import FAILING, Thresholds, assess
 from projections.balances import balances
 from projections.base import InvalidFilter
 from projections.queue_health import read_health
-from projections.transactions import transactions
+from projections.transactions import page_cursor, transactions
 from store.connections import Database
 
-__all__ = ["HealthProbe", "HealthServer", "health_report"]
+__all__ = ["HealthProbe", "HealthServer", "health_app", "health_report"]
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +67,13 @@ class HealthProbe:
     def __init__(self, settings: Settings, *, cache_s: float = 1.0) -> None:
         self.settings = settings
         # Its own connections, quick to give up: a probe answers even when workers wait.
+        password = settings.database_password.get_secret_value() or None
         self.database = Database(
-            settings.database_url, pool_size=0, connect_timeout_s=3, statement_timeout_ms=3000
+            settings.database_url,
+            pool_size=0,
+            connect_timeout_s=3,
+            statement_timeout_ms=3000,
+            password=password,
         )
         self.limits = Thresholds(max_consumer_lag=settings.health_max_consumer_lag)
         self.cache_s = cache_s
@@ -110,51 +122,45 @@ class HealthProbe:
 
 
 class HealthServer:
-    """Serves the endpoints above on ``host:port`` in a daemon thread."""
+    """Serves the endpoints above on ``host:port`` (``adapters.http.server``: uvicorn and
+    Starlette, with its header deadline) from a thread of its own.
 
-    def __init__(self, probe: HealthProbe, host: str, port: int) -> None:
+    Capacity is kept apart: liveness and metrics answer from the event loop without a
+    thread or a query; readiness and health share two worker threads; the data
+    endpoints two others. A flood of slow data requests waits for its own threads and
+    idle or trickling sockets cost the loop nothing but a timer (closed when their head
+    is late), so neither starves ``/healthz``.
+    """
+
+    def __init__(
+        self,
+        probe: HealthProbe,
+        host: str,
+        port: int,
+        *,
+        token: str = "",
+        limits: HttpLimits | None = None,
+    ) -> None:
         self.probe = probe
         metrics().use_figures(probe.figures)
-        handler = type("Handler", (_Handler,), {"probe": probe})
+        chosen = limits or HttpLimits(header_timeout_s=10.0, limit_concurrency=256)
+        self.http = HttpServer(health_app(probe, token), host, port, chosen, name="health")
         try:
-            self.httpd = _BoundedServer((host, port), handler)
+            self.http.start()
         except OSError as exc:
             raise OSError(
                 f"health server cannot listen on {host}:{port}: {exc.strerror}"
                 " (set BILLING_LEDGER_HEALTH_PORT or --health-port; 0 turns it off)"
             ) from None
-        self.port = self.httpd.server_address[1]
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="health", daemon=True)
+        self.port = self.http.port
 
     def __enter__(self) -> HealthServer:
-        self._thread.start()
+        self.http.wait_started()
         log.info("health server listening", extra={"step": "health", "port": self.port})
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-class _BoundedServer(ThreadingHTTPServer):
-    """At most ``MAX_CONCURRENT`` requests at a time (more are closed unanswered), each
-    with a socket timeout: idle or slow clients cannot pile up threads or connections."""
-
-    MAX_CONCURRENT = 8
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        self._slots = threading.BoundedSemaphore(self.MAX_CONCURRENT)
-        super().__init__(address, handler)
-
-    def verify_request(self, request: Any, client_address: Any) -> bool:
-        return self._slots.acquire(blocking=False)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+        self.http.stop()
 
 
 _ROUTES: dict[str, frozenset[str]] = {
@@ -163,72 +169,86 @@ _ROUTES: dict[str, frozenset[str]] = {
     "/health": frozenset(),
     "/metrics": frozenset(),
     "/balances": frozenset({"customer"}),
-    "/transactions": frozenset({"state", "customer", "limit"}),
+    "/transactions": frozenset({"state", "customer", "limit", "after"}),
 }
+_DATA = frozenset({"/balances", "/transactions"})
+_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
 
-class _Handler(BaseHTTPRequestHandler):
-    probe: HealthProbe
-    server_version = "billing-ledger"
-    timeout = 10  # seconds a client may take to send its request or read the answer
+def health_app(probe: HealthProbe, token: str) -> Starlette:
+    """The ASGI app of the health server (see the module docstring)."""
+    probes = anyio.CapacityLimiter(2)  # readiness and health: their own threads
+    data = anyio.CapacityLimiter(2)  # the read models: others
 
-    def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        if url.path not in _ROUTES:
-            self._json(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint {url.path}"})
-            return
-        try:
-            params = _params(url.query, _ROUTES[url.path])
-            status, body, content_type = self._route(url.path, params)
-        except InvalidFilter as exc:
-            self._json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
-            return
-        except Exception as exc:  # a failing backend is a 503 with the reason
-            log.warning("health endpoint %s failed: %s", url.path, _first_line(exc))
-            self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": _first_line(exc)})
-            return
-        self._send(status, body, content_type)
-
-    def _route(self, path: str, params: dict[str, str]) -> tuple[HTTPStatus, bytes, str]:
-        if path == "/metrics":
-            return HTTPStatus.OK, metrics().render(), CONTENT_TYPE
-        body: Any
-        status = HTTPStatus.OK
-        if path == "/healthz":
-            body = {"status": "alive"}
-        elif path == "/readyz":
-            body = self.probe.readiness()
-            if any(v != "ok" for v in body.values()):
-                status = HTTPStatus.SERVICE_UNAVAILABLE
-        elif path == "/health":
-            body = self.probe.report()
-            if body["status"] == FAILING:
-                status = HTTPStatus.SERVICE_UNAVAILABLE
-        else:
-            body = self._read_model(path, params)
-        return status, _dumps(body), "application/json"
-
-    def _read_model(self, path: str, params: dict[str, str]) -> list[dict[str, Any]]:
-        limit = _int_param(params, "limit", 50)
-        with self.probe.database.connection() as conn:
-            if path == "/balances":
-                return balances(conn, customer=params.get("customer"))
-            return transactions(
-                conn, state=params.get("state"), customer=params.get("customer"), limit=limit
+    async def endpoint(request: Request) -> Response:
+        path = request.url.path
+        if path not in _ROUTES:
+            return _json(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint {path}"})
+        if path in _DATA and not _authorized(request.headers.get("authorization"), token):
+            return _json(
+                HTTPStatus.UNAUTHORIZED,
+                {"error": "a bearer token is required (Authorization: Bearer ...)"},
+                {"WWW-Authenticate": 'Bearer realm="billing-ledger"'},
             )
+        try:
+            params = _params(request.url.query, _ROUTES[path])
+            if path == "/healthz":
+                return _json(HTTPStatus.OK, {"status": "alive"})
+            if path == "/metrics":
+                return Response(metrics().render(), headers=_HEADERS, media_type=CONTENT_TYPE)
+            limiter = data if path in _DATA else probes
+            return await anyio.to_thread.run_sync(_answer, probe, path, params, limiter=limiter)
+        except InvalidFilter as exc:
+            return _json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+        except Exception as exc:  # a failing backend is a 503 with the reason
+            log.warning("health endpoint %s failed: %s", path, _first_line(exc))
+            return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": _first_line(exc)})
 
-    def _json(self, status: HTTPStatus, body: Any) -> None:
-        self._send(status, _dumps(body), "application/json")
+    return Starlette(routes=[Route(p, endpoint, methods=["GET"]) for p in _ROUTES])
 
-    def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("health request: " + format, *args)
+def _answer(probe: HealthProbe, path: str, params: dict[str, str]) -> Response:
+    """A probe's or a read model's answer, in a worker thread (they query)."""
+    if path == "/readyz":
+        body: Any = probe.readiness()
+        bad = any(v != "ok" for v in body.values())
+        return _json(HTTPStatus.SERVICE_UNAVAILABLE if bad else HTTPStatus.OK, body)
+    if path == "/health":
+        body = probe.report()
+        failing = body["status"] == FAILING
+        return _json(HTTPStatus.SERVICE_UNAVAILABLE if failing else HTTPStatus.OK, body)
+    limit = _int_param(params, "limit", 50)
+    with probe.database.connection() as conn:
+        if path == "/balances":
+            return _json(HTTPStatus.OK, balances(conn, customer=params.get("customer")))
+        rows = transactions(
+            conn,
+            state=params.get("state"),
+            customer=params.get("customer"),
+            limit=limit,
+            after=params.get("after"),
+        )
+    more = {"X-Next-After": page_cursor(rows[-1])} if len(rows) == limit else {}
+    return _json(HTTPStatus.OK, rows, more)
+
+
+def _authorized(header: str | None, token: str) -> bool:
+    """Whether ``header`` is ``Bearer <token>`` (constant time; no token set: never)."""
+    if not token or header is None:
+        return False
+    scheme, _, given = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    )
+
+
+def _json(status: HTTPStatus, body: Any, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(
+        _dumps(body),
+        status_code=status,
+        headers={**_HEADERS, **(headers or {})},
+        media_type="application/json",
+    )
 
 
 def _params(query: str, allowed: frozenset[str]) -> dict[str, str]:
@@ -254,7 +274,7 @@ def _int_param(params: Mapping[str, str], name: str, default: int) -> int:
 
 
 def _dumps(body: Any) -> bytes:
-    return json.dumps(body, indent=2, default=str).encode()
+    return json.dumps(body, separators=(",", ":"), default=str).encode()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -52,13 +53,26 @@ def ledger(health_settings: Settings) -> Iterator[BillingLedger]:
         yield app
 
 
-def _get(port: int, path: str) -> tuple[int, Any]:
+TOKEN = "test-token-0123456789"
+
+
+def _get(port: int, path: str, token: str | None = TOKEN) -> tuple[int, Any]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
+        with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 (http only)
             status, body, kind = resp.status, resp.read(), resp.headers["Content-Type"]
     except urllib.error.HTTPError as exc:
         status, body, kind = exc.code, exc.read(), exc.headers["Content-Type"]
     return status, json.loads(body) if kind == "application/json" else body.decode()
+
+
+def _headers(port: int, path: str) -> Any:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    request.add_header("Authorization", f"Bearer {TOKEN}")
+    with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 (http only)
+        return resp.headers
 
 
 def _queue_health(url: str) -> dict[str, Any]:
@@ -247,9 +261,17 @@ def test_the_health_server_refuses_bad_parameters_and_reports_an_unreachable_bro
     with psycopg.connect(url) as conn:
         before = conn.execute("SELECT * FROM billing.transactions ORDER BY 1").fetchall()
 
-    with HealthServer(HealthProbe(health_settings), "127.0.0.1", 0) as server:
+    with HealthServer(HealthProbe(health_settings), "127.0.0.1", 0, token=TOKEN) as server:
         status, rows = _get(server.port, "/transactions?customer=acme&state=reserved&limit=2")
         assert status == 200 and len(rows) == 2
+        _, last = _get(server.port, "/transactions?customer=acme&state=reserved&limit=3")
+        assert [r["transaction_id"] for r in last[:2]] == [r["transaction_id"] for r in rows]
+        cursor = _headers(server.port, "/transactions?customer=acme&limit=2")["X-Next-After"]
+        status, rest = _get(server.port, f"/transactions?customer=acme&limit=2&after={cursor}")
+        assert status == 200 and [r["transaction_id"] for r in rest] == [last[2]["transaction_id"]]
+        for path in ("/transactions", "/balances?customer=acme"):
+            assert _get(server.port, path, token=None)[0] == 401
+            assert _get(server.port, path, token="wrong")[0] == 401
         assert {r["usage_id"] for r in rows} <= {"b-0", "b-1", "b-2"}
         status, rows = _get(server.port, "/balances?customer=acme")
         assert status == 200 and [(r["customer_id"], r["in_flight"]) for r in rows] == [
@@ -474,3 +496,27 @@ def test_the_health_command_shows_the_figures_as_a_table_json_and_live(
     assert failing.returncode == 1 and "Traceback" not in failing.stderr
     assert failing.stdout.splitlines()[0] == "status: failing"
     assert failing.stdout.splitlines()[1].startswith("  - database unreachable:")
+
+
+def test_idle_and_trickling_sockets_do_not_stop_healthz(settings: Settings) -> None:
+    """The stdlib server answered 8 requests at a time: 8 idle sockets stopped every
+    probe. Now 16 idle and 8 trickling connections stay open while /healthz answers,
+    with no-store, nosniff, compact JSON and no version in a Server header."""
+    with HealthServer(HealthProbe(settings), "127.0.0.1", 0, token=TOKEN) as server:
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(16)]
+        trickling = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(8)]
+        try:
+            for sock in trickling:
+                sock.sendall(b"GET /health")  # a head that never ends
+            for _ in range(3):
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{server.port}/healthz", timeout=10
+                ) as resp:
+                    assert resp.status == 200
+                    assert resp.read() == b'{"status":"alive"}'
+                    assert resp.headers["Cache-Control"] == "no-store"
+                    assert resp.headers["X-Content-Type-Options"] == "nosniff"
+                    assert resp.headers["Server"] is None
+        finally:
+            for sock in idle + trickling:
+                sock.close()
