@@ -43,6 +43,7 @@ def assess(figures: Mapping[str, Any], limits: Thresholds = Thresholds()) -> tup
     for worker in figures.get("workers", ()):
         degraded += _worker_reasons(worker, limits)
     degraded += _lines_late(figures, limits)
+    degraded += _invoices(figures)
     if figures["retries_overdue"]:
         degraded.append(f"{figures['retries_overdue']} retry(ies) overdue")
     if figures["stale_reserved"]:
@@ -89,6 +90,23 @@ def _lines_late(figures: Mapping[str, Any], limits: Thresholds) -> list[str]:
         reasons.append(
             f"the oldest change Stripe has not seen is {figures['oldest_unsent_age_s']:.0f} s old"
             f" ({figures.get('lines_unsent', 0)} line(s) waiting)"
+        )
+    return reasons
+
+
+def _invoices(figures: Mapping[str, Any]) -> list[str]:
+    """Invoices not closed or finalized by their deadline, and webhooks refused for their
+    signature (a wrong secret, a rotation gone wrong, or someone forging them)."""
+    reasons = []
+    if figures.get("invoices_past_deadline"):
+        reasons.append(
+            f"{figures['invoices_past_deadline']} invoice(s) past their close deadline and"
+            " not finalized"
+        )
+    if figures.get("webhook_signature_failures_1h"):
+        reasons.append(
+            f"{figures['webhook_signature_failures_1h']} webhook(s) with a bad signature in the"
+            " last hour"
         )
     return reasons
 

@@ -218,3 +218,21 @@ def test_pulses_report_how_long_ago_each_role_went_round() -> None:
     assert pulses.ages() == {"charge": 7.2, "relay": 10.2}
     relay()
     assert pulses.ages() == {"charge": 7.2, "relay": 0.0}
+
+
+def test_invoices_past_their_deadline_and_bad_webhook_signatures_degrade_with_their_counts() -> (
+    None
+):
+    base = figures()
+    assert assess(base) == (OK, [])
+    late = {**base, "invoices_past_deadline": 3}
+    assert assess(late) == (
+        DEGRADED, ["3 invoice(s) past their close deadline and not finalized"]
+    )  # fmt: skip
+    forged = {**base, "webhook_signature_failures_1h": 2}
+    assert assess(forged) == (DEGRADED, ["2 webhook(s) with a bad signature in the last hour"])
+    both = {**late, "webhook_signature_failures_1h": 1}
+    assert assess(both)[1] == [
+        "3 invoice(s) past their close deadline and not finalized",
+        "1 webhook(s) with a bad signature in the last hour",
+    ]
