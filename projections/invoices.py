@@ -33,6 +33,7 @@ __all__ = [
     "check_invoice_state",
     "due_invoices",
     "invoices",
+    "unprojected_invoices",
 ]
 
 INVOICE_COLUMNS = (
@@ -244,6 +245,28 @@ _DUE = sql.SQL(
     "  ('0'::xid8, 0::bigint))"
     " AND e.topic LIKE %s"
 )
+
+
+_TAIL = sql.SQL(
+    "SELECT DISTINCT e.originator_id FROM {events} e"
+    " WHERE (e.xid, e.notification_id) > coalesce("
+    "  (SELECT (p.xid, p.notification_id) FROM {positions} p WHERE p.name = %s),"
+    "  ('0'::xid8, 0::bigint))"
+    " AND e.topic LIKE %s"
+)
+
+
+def unprojected_invoices(conn: psycopg.Connection[Any]) -> list[UUID]:
+    """Invoices with events the projection has not applied yet (it may not show them)."""
+    prefix = get_topic(Invoice.Opened).removesuffix("Opened")
+    rows = conn.execute(
+        _TAIL.format(
+            events=sql.Identifier(EVENTS_TABLE),
+            positions=sql.Identifier(SCHEMA, PROJECTION_POSITIONS),
+        ),
+        (InvoicesProjection.name, prefix + "%"),
+    ).fetchall()
+    return [r[0] for r in rows]
 
 
 def due_invoices(conn: psycopg.Connection[Any]) -> list[UUID]:

@@ -277,7 +277,8 @@ def _close_invoices(args: argparse.Namespace) -> int:
     from adapters.bootstrap import build_closer, build_pusher, database, open_ledger
     from adapters.charging.closer import CloseResult
     from adapters.settings import Settings
-    from projections.invoices import invoices
+    from domain.invoice import InvoiceState
+    from projections.invoices import invoices, unprojected_invoices
 
     settings = Settings()
     with database(settings, pool_size=0) as db, db.connection() as conn:
@@ -285,21 +286,32 @@ def _close_invoices(args: argparse.Namespace) -> int:
             conn, customer=args.close_customer, period=args.close_period, state="open",
             limit=10_000,
         )  # fmt: skip
-    if not rows:
-        print("no open invoice in that period")
-        return 0
+        candidates = {r["invoice_id"] for r in rows} | set(unprojected_invoices(conn))
     failed = 0
     with open_ledger(settings) as ledger:
+        chosen = []  # the aggregate decides: open, of that period (and customer)
+        for invoice_id in sorted(candidates):
+            invoice = ledger.invoice_by_id(invoice_id)
+            if (
+                invoice is not None
+                and invoice.state is InvoiceState.OPEN
+                and invoice.period.contains(args.close_period)
+                and args.close_customer in (None, invoice.customer_id)
+            ):
+                chosen.append(invoice)
+        if not chosen:
+            print("no open invoice in that period")
+            return 0
         closer = build_closer(settings, build_pusher(settings, ledger))
-        for n, row in enumerate(rows, 1):
-            step = closer.step(row["invoice_id"], close_now=args.reason)
+        for n, invoice in enumerate(chosen, 1):
+            step = closer.step(invoice.id, close_now=args.reason)
             for _ in range(5):  # closed, lines pushed: finalize
                 if step.result is not CloseResult.WAITING or step.retry_at is not None:
                     break
-                step = closer.step(row["invoice_id"])
+                step = closer.step(invoice.id)
             failed += step.result in (CloseResult.FAILED, CloseResult.RACED)
-            print(f"[{n}/{len(rows)}] {row['customer_id']} {row['currency']}"
-                  f" {row['period_start']:%Y-%m-%d}: {step.state or step.result}"
+            print(f"[{n}/{len(chosen)}] {invoice.customer_id} {invoice.currency}"
+                  f" {invoice.period_start:%Y-%m-%d}: {step.state or step.result}"
                   f" ({step.requests} Stripe requests)")  # fmt: skip
     if failed:
         print(f"{failed} invoice(s) not finalized yet: the workers' close role retries them")

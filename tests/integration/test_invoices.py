@@ -9,6 +9,8 @@ with the audit."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -43,6 +45,7 @@ from projections.projector import Projector
 from store.connections import Database
 from store.ledger import BillingLedger
 from store.webhooks import WebhookStore
+from tests.conftest import settings_env
 from tests.integration.support import record, wait_for
 
 SECRET = "whsec_test_invoices"
@@ -356,4 +359,52 @@ def test_a_reversal_after_finalizing_is_credited_exactly_once_by_racing_closers(
     assert 0 < notes[0]["amount"] <= parts.ledger.transaction(txns[1]).amount + 1
     assert parts.emulator.wait_for_webhooks()
     assert [r["outcome"] for r in parts.store.receipts()] == ["stale"]  # recorded already
+    _audit_clean(parts)
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "adapters.cli", *args],
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_cli_closes_a_period_early_lists_invoices_and_credits_a_reversal(
+    parts: Parts,
+) -> None:
+    txns = record(parts.ledger, "cli", ["k-1", "k-2"], qty=2500)
+    record(parts.ledger, "other", ["o-1"], qty=2500)
+    invoice_id = _invoice_of(parts.ledger, txns[0])
+    for line in parts.invoice(invoice_id).lines:
+        parts.pusher.push(line)
+    closed = _cli(parts.settings, "invoices", "close", "--period", "2026-12-01",
+                  "--customer", "cli")  # fmt: skip
+    assert closed.returncode == 0, closed.stderr
+    assert "[1/1] cli USD 2026-12-01: finalized" in closed.stdout
+    final = parts.invoice(invoice_id)
+    assert final.state is InvoiceState.FINALIZED
+    with (
+        Database(parts.settings.database_url) as db,
+        Projector(db, parts.ledger.mapper.to_domain_event) as projector,
+    ):
+        projector.pump_all()
+    listed = _cli(parts.settings, "invoices", "--state", "finalized", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert [(r["customer_id"], r["number"], r["total"]) for r in rows] == [
+        ("cli", final.number, final.total)
+    ]
+    assert _cli(parts.settings, "invoices", "--state", "nonsense").returncode == 2
+
+    reversed_ = _cli(parts.settings, "reverse", str(txns[0]), "--reason", "refund")
+    assert reversed_.returncode == 0, reversed_.stderr
+    credited = parts.invoice(invoice_id)
+    [(note, txn)] = credited.credited.items()
+    assert txn == str(txns[0])
+    assert f"credit note {note} of {credited.credits_requested[txn]}" in reversed_.stdout
+    assert parts.emulator.credit_notes(str(final.stripe_invoice_id))[0]["id"] == note
     _audit_clean(parts)
