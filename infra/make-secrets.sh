@@ -13,6 +13,9 @@ for f in postgres_superuser_password billing_owner_password billing_writer_passw
   [ -f "$d/$f" ] || rand > "$d/$f"
 done
 [ -f "$d/stripe_api_key" ] || printf 'sk_test_billing_ledger' > "$d/stripe_api_key"
+# Stripe's endpoint signing secret (whsec_...), from the dashboard; comma-separate two
+# during a rotation.
+[ -f "$d/webhook_secrets" ] || printf 'whsec_%s' "$(rand)" > "$d/webhook_secrets"
 admin=$(cat "$d/kafka_admin_password")
 cat > "$d/kafka_server_jaas.conf" <<JAAS
 KafkaServer {

@@ -83,3 +83,15 @@ def test_kafka_takes_sasl_only_with_acls_and_only_the_relay_writes_billing_event
     usage = [w for w in writes if w.endswith("--topic usage")]
     assert events == [w for w in writes if "User:billing-relay" in w]
     assert len(events) == 1 and len(usage) == 1 and "User:billing-producer" in usage[0]
+
+
+def test_the_webhook_listener_runs_alone_with_its_secret_from_a_file_on_loopback() -> None:
+    compose = _compose()
+    webhooks = compose["services"]["webhooks"]
+    assert webhooks["command"] == ["run", "--role", "webhooks"]
+    assert "billing_ledger_webhook_secrets" in webhooks["secrets"]
+    assert "file" in compose["secrets"]["billing_ledger_webhook_secrets"]
+    assert webhooks["ports"] == ["127.0.0.1:9465:9465"]
+    env = _env(webhooks)
+    assert env["BILLING_LEDGER_DATABASE_URL"].startswith("postgresql://billing_writer@")
+    assert "BILLING_LEDGER_WEBHOOK_SECRETS" not in env
