@@ -77,7 +77,9 @@ def invoice_view(obj: Mapping[str, Any], source: str) -> StripeInvoiceView:
     status = obj.get("status")
     if status not in STATUSES:
         raise ValueError(f"invoice status {status!r} is not one of {sorted(STATUSES)}")
-    transitions = obj.get("status_transitions") or {}
+    transitions = obj.get("status_transitions")
+    if not isinstance(transitions, Mapping):
+        transitions = {}
     moment = (
         {
             "paid": transitions.get("paid_at"),

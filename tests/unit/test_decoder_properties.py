@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import store.ledger  # noqa: F401 (imports every aggregate, so their events are known)
 from adapters.charging.messages import EventMessage, MalformedEvent, decode_event
+from adapters.stripe.views import StripeEvent, invoice_view, stripe_event
 from domain.errors import InvalidUsage
 from domain.usage import UsageRecord, decode_usage
 
@@ -205,3 +206,69 @@ def test_decode_event_of_a_message_with_any_field_value_is_a_message_or_a_reason
 def test_the_valid_event_the_properties_start_from_is_read() -> None:
     text = "{" + ",".join(f'"{k}":{v}' for k, v in VALID_EVENT.items()) + "}"
     assert decode_event(text.encode()).event == "Reserved"
+
+
+# -- Stripe's webhooks: the envelope and the invoice object ------------------------------
+
+VALID_WEBHOOK = {
+    "id": '"evt_1"',
+    "type": '"invoice.paid"',
+    "created": "1764547200",
+    "data": '{"object": {"id": "in_1", "status": "paid", "total": 250, "amount_paid": 250,'
+    ' "attempt_count": 1, "number": "A-0001", "metadata": {"invoice_id":'
+    ' "0b1c2d3e-0000-5000-8000-000000000001"}}}',
+}
+
+
+def _check_webhook(raw: bytes) -> None:
+    try:
+        event = stripe_event(raw)
+    except ValueError as exc:
+        assert str(exc) and "\n" not in str(exc)
+        return
+    assert isinstance(event, StripeEvent) and 0 < len(event.id) <= 255
+    try:
+        view = invoice_view(event.obj, event.id)
+    except ValueError as exc:
+        assert str(exc)
+        return
+    assert view.total >= 0 and view.amount_paid >= 0 and view.source == event.id
+    event.metadata_uuid("invoice_id")  # a UUID or None, never an exception
+
+
+@QUICK
+@given(st.binary(max_size=512))
+def test_a_webhook_body_of_any_bytes_is_an_event_or_a_reason(raw: bytes) -> None:
+    _check_webhook(raw)
+
+
+@QUICK
+@given(_json_texts())
+def test_a_webhook_body_of_any_json_is_an_event_or_a_reason(text: str) -> None:
+    _check_webhook(text.encode("utf-8", "surrogatepass"))
+
+
+@QUICK
+@given(_with_one_field_replaced(VALID_WEBHOOK))
+def test_a_webhook_with_any_field_value_is_an_event_or_a_reason(text: str) -> None:
+    _check_webhook(text.encode("utf-8", "surrogatepass"))
+
+
+@QUICK
+@given(_json_texts())
+def test_an_invoice_object_with_any_status_transitions_is_a_view_or_a_reason(text: str) -> None:
+    body = (
+        '{"id": "evt_2", "type": "invoice.paid", "data": {"object": {"status": "paid",'
+        ' "status_transitions": ' + text + "}}}"
+    )
+    _check_webhook(body.encode("utf-8", "surrogatepass"))
+
+
+def test_the_valid_webhook_the_properties_start_from_is_read() -> None:
+    body = ("{" + ", ".join(f'"{k}": {v}' for k, v in VALID_WEBHOOK.items()) + "}").encode()
+    event = stripe_event(body)
+    view = invoice_view(event.obj, event.id)
+    assert (event.id, event.type, view.status, view.total, view.number) == (
+        "evt_1", "invoice.paid", "paid", 250, "A-0001",
+    )  # fmt: skip
+    assert str(event.metadata_uuid("invoice_id")) == "0b1c2d3e-0000-5000-8000-000000000001"
