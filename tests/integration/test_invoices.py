@@ -9,6 +9,7 @@ with the audit."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -408,3 +409,38 @@ def test_the_cli_closes_a_period_early_lists_invoices_and_credits_a_reversal(
     assert f"credit note {note} of {credited.credits_requested[txn]}" in reversed_.stdout
     assert parts.emulator.credit_notes(str(final.stripe_invoice_id))[0]["id"] == note
     _audit_clean(parts)
+
+
+def test_idle_trickling_and_slow_body_clients_are_cut_off_and_others_still_served(
+    parts: Parts,
+) -> None:
+    settings = parts.settings.model_copy(update={"webhook_timeout_s": 0.5, "webhook_port": 0})
+    server = build_webhook_server(settings, parts.ledger)
+    server.start()
+    assert server.wait_started()
+    try:
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(8)]
+        trickling = socket.create_connection(("127.0.0.1", server.port))
+        trickling.sendall(b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\n")  # never ends
+        slow = socket.create_connection(("127.0.0.1", server.port))
+        slow.sendall(b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        for sock in [*idle, trickling]:
+            sock.settimeout(30)
+            assert sock.recv(1024) == b""  # closed by the header deadline
+        slow.settimeout(30)
+        answer = slow.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert b"server:" not in answer.lower()
+        other = {"id": "evt_after", "type": "customer.created", "data": {"object": {}}}
+        body, signature = _signed(other)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}{PATH}", body,
+            {"Stripe-Signature": signature}, method="POST",
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30) as served:  # noqa: S310
+            assert served.status == 200
+        for sock in [*idle, trickling, slow]:
+            sock.close()
+    finally:
+        server.stop()
+    assert parts.store.counts() == {"slow_body": 1}
