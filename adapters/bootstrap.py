@@ -85,7 +85,13 @@ log = logging.getLogger(__name__)
 
 ROLES = ("ingest", "relay", "project", "charge", "reconcile", "webhooks")
 """``all`` runs every role; ``webhooks`` only where ``WEBHOOK_SECRETS`` is set."""
-DRILLS = ("kill_after_save", "kill_after_stripe", "kill_before_stripe", "fail_charge_once")
+DRILLS = (
+    "kill_after_save",
+    "kill_after_stripe",
+    "kill_before_stripe",
+    "kill_after_finalize",
+    "fail_charge_once",
+)
 
 
 def database(settings: Settings, *, pool_size: int | None = None) -> Database:
@@ -343,7 +349,9 @@ def install_drill(drill: str, *, ledger: BillingLedger | None, pusher: LinePushe
     * ``kill_after_save``: after an ingest batch is saved (``ledger``), before its
       offsets commit;
     * ``kill_before_stripe``: as a line push is about to set its items in Stripe;
-    * ``kill_after_stripe``: after Stripe answered a line push, before it is recorded.
+    * ``kill_after_stripe``: after Stripe answered a line push, before it is recorded;
+    * ``kill_after_finalize``: after Stripe answered an invoice's finalize, before the
+      closer records it (the closer shares the pusher's Stripe client).
 
     (``fail_charge_once`` is installed on the charge role as it is built: its first
     poll raises, once per process, so the role fails and is restarted.)
@@ -356,6 +364,8 @@ def install_drill(drill: str, *, ledger: BillingLedger | None, pusher: LinePushe
         _wrap(pusher.gateway, "set_line_items", before=_die)
     elif pusher is not None and drill == "kill_after_stripe":
         _wrap(pusher.gateway, "set_line_items", after=_die)
+    elif pusher is not None and drill == "kill_after_finalize":
+        _wrap(pusher.gateway, "finalize_invoice", after=_die)
 
 
 class DrillFailure(RuntimeError):

@@ -61,6 +61,15 @@ def add_commands(sub: Any) -> None:
     b_out.add_argument("--settle-interval", type=positive_float, default=10.0)
     b_out.add_argument("--json", action="store_true")
     b_out.set_defaults(handler=_bench_load)
+    b_close = bench_sub.add_parser(
+        "close", help="invoices closed/s at Stripe's rate, then webhooks/s vs raw INSERT"
+    )
+    b_close.add_argument("--customers", type=positive_int, default=10_000)
+    b_close.add_argument("--stripe-rate", type=positive_int, default=25, help="requests/s")
+    b_close.add_argument("--concurrency", type=positive_int, default=8, help="closers at a time")
+    b_close.add_argument("--clients", type=positive_int, default=8, help="webhook client threads")
+    b_close.add_argument("--json", action="store_true")
+    b_close.set_defaults(handler=_bench_close)
     b_replay = bench_sub.add_parser("replay", help="audit replay vs the database's own read")
     b_replay.add_argument("--events", type=positive_int, default=1_000_000)
     b_replay.add_argument("--database-url", help="use this PostgreSQL instead of an embedded one")
@@ -113,6 +122,18 @@ def _bench_replay(args: argparse.Namespace) -> int:
     result = bench.run_replay_bench(args.events, database_url=args.database_url)
     print(json.dumps(result, indent=2) if args.json else bench.render_replay(result))
     return 0 if result["audit_ok"] else EXIT_FAILURE
+
+
+def _bench_close(args: argparse.Namespace) -> int:
+    bench = _tool("bench_close")
+    result = bench.run_close(
+        customers=args.customers,
+        stripe_rate=args.stripe_rate,
+        concurrency=args.concurrency,
+        clients=args.clients,
+    )
+    print(json.dumps(result, indent=2) if args.json else bench.render_close(result))
+    return 0 if result["money"]["ok"] and result["finalized"] == args.customers else EXIT_FAILURE
 
 
 def _bench_load(args: argparse.Namespace) -> int:
