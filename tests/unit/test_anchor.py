@@ -13,6 +13,7 @@ from domain.anchor import AnchorCheck, AnchorFinding, BadCheckpoint, Checkpoint,
 from domain.chain import GENESIS, link_hash, topic_header
 
 KEY = b"k" * 32
+SIGNATURE = r"^signature does not verify \(another key, or edited\)$"
 A, B = bytes(range(16)), bytes(range(16, 32))
 LOG = [
     (A, 1, "billing.A", b'{"s":1}', 100, 1),
@@ -102,16 +103,16 @@ def _line(**changes: object) -> str:
 @pytest.mark.parametrize(
     ("line", "key", "message"),
     [
-        (_cp(2, "t").signed_line(KEY), b"x" * 32, "signature does not verify"),
-        (_line(events=3), KEY, "signature does not verify"),
-        (_line(at="u"), KEY, "signature does not verify"),
-        (_line(mac=5), KEY, "signature does not verify"),
-        (_line(v=2), KEY, "unknown checkpoint version"),
-        (_line(xid="x"), KEY, "not a checkpoint: invalid literal"),
-        (_line(mac=None), KEY, "not a checkpoint: 'mac'"),
-        (_line(head=None), KEY, "not a checkpoint: 'head'"),
-        ("[1, 2]", KEY, "not a checkpoint"),
-        ("not json", KEY, "not a checkpoint"),
+        (_cp(2, "t").signed_line(KEY), b"x" * 32, SIGNATURE),
+        (_line(events=3), KEY, SIGNATURE),
+        (_line(at="u"), KEY, SIGNATURE),
+        (_line(mac=5), KEY, SIGNATURE),
+        (_line(v=2), KEY, "^not a checkpoint: unknown checkpoint version$"),
+        (_line(xid="x"), KEY, "^not a checkpoint: invalid literal"),
+        (_line(mac=None), KEY, "^not a checkpoint: 'mac'$"),
+        (_line(head=None), KEY, "^not a checkpoint: 'head'$"),
+        ("[1, 2]", KEY, "^not a checkpoint: "),
+        ("not json", KEY, "^not a checkpoint: "),
     ],
 )
 def test_a_line_not_signed_with_the_key_or_malformed_is_refused(
