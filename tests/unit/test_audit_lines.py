@@ -114,6 +114,20 @@ def test_a_line_sums_exactly_beyond_the_default_precision() -> None:
     assert line.problems == []
 
 
+def test_frozen_starts_a_new_sequence_at_the_same_total_and_reads_no_amounts() -> None:
+    line = _held_line()
+    line.apply("Frozen", {}, 5)  # Frozen carries no transactions, amounts or totals
+    assert (line.exact_total, line.billed, line.transactions, line.sequence) == (
+        Decimal("1.75"),
+        2,
+        3,
+        5,
+    )
+    assert line.billed_at == {1: 0, 2: 1, 3: 2, 5: 2}
+    assert set(line.members) == {"t1", "t2", "t3"}
+    assert line.problems == []
+
+
 def test_removed_takes_the_transaction_out_at_its_amount() -> None:
     line = _held_line()
     line.apply("Removed", _settled(["t3"], ["1.2"], "0.55", 1, 2) | {"reason": "refund"}, 4)
@@ -301,6 +315,20 @@ def test_a_compensated_transaction_must_have_left_its_line() -> None:
     ]
     del lines[LINE].members["t3"]
     assert check_lines(lines, pushes, txns) == []
+
+
+def test_a_transaction_credited_after_finalizing_stays_in_its_final_line() -> None:
+    lines, pushes, txns = _agreeing()
+    txns["t2"].state = txns["t3"].state = TxnState.COMPENSATED
+    # t2 was reversed by a credit note (its line is final); t3 was compensated otherwise
+    assert check_lines(lines, pushes, txns, credited={"t2", "elsewhere"}) == [
+        Finding("line", "t3", f"compensated, but still in line {LINE}")
+    ]
+    assert check_lines(lines, pushes, txns, credited=frozenset({"t2", "t3"})) == []
+    assert check_lines(lines, pushes, txns) == [
+        Finding("line", "t2", f"compensated, but still in line {LINE}"),
+        Finding("line", "t3", f"compensated, but still in line {LINE}"),
+    ]
 
 
 def test_a_transaction_must_be_in_the_line_it_names() -> None:
