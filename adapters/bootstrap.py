@@ -4,9 +4,7 @@
 ``billing-ledger migrate``); ``prepare`` is what a process does at start, with no DDL:
 it waits until the schema is current, records its health deadlines and creates the
 topics it needs; ``open_ledger`` opens the event store; ``build_*`` make one worker
-role each; ``run_roles`` runs a set of roles, each in its own thread under
-``adapters.supervisor`` (a role that fails is rebuilt and restarted; only repeated
-failure ends the process), until stopped, and returns only once every role has ended.
+role each (``adapters.roles`` runs them, supervised, until stopped).
 The CLI, the demo, the benchmarks and the tests build
 processes through these functions only. Fault drills (``DRILLS``) are installed here
 as wrappers around the built parts, never as switches of production constructors.
@@ -17,12 +15,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
-from uuid import UUID
 
 from adapters.broker import ensure_topics, make_consumer, make_producer, use_security
 from adapters.charging.closer import InvoiceCloser
@@ -33,16 +28,12 @@ from adapters.charging.relay import Relay
 from adapters.charging.scheduler import LineScheduler
 from adapters.http.server import HttpLimits, HttpServer
 from adapters.ingest.retention import DeadLetterRetention
-from adapters.ingest.worker import IngestStats, IngestWorker
-from adapters.observability.heartbeat import Heartbeat, Pulses
+from adapters.ingest.worker import IngestWorker
 from adapters.settings import Settings
-from adapters.stripe.breaker import CircuitBreaker
 from adapters.stripe.client import StripeGateway
-from adapters.supervisor import RestartPolicy, RoleFactory, RoleRun, Supervisor
 from adapters.webhooks.app import webhook_server
 from adapters.webhooks.handler import WebhookHandler
 from projections import queue_health
-from projections.invoices import due_invoices
 from projections.projector import Projector
 from store.connections import Database
 from store.dead_letters import DeadLetterStore
@@ -69,15 +60,13 @@ __all__ = [
     "build_webhook_server",
     "close_worker",
     "database",
-    "drive_invoices",
+    "fail_first_call",
     "install_drill",
     "login",
     "migrate",
     "open_ledger",
     "owner_database",
     "prepare",
-    "restart_policy",
-    "run_roles",
     "schema_status",
 ]
 
@@ -372,7 +361,7 @@ class DrillFailure(RuntimeError):
     """Raised on purpose by the ``fail_charge_once`` drill."""
 
 
-def _fail_first_call(obj: object, name: str, armed: list[bool]) -> None:
+def fail_first_call(obj: object, name: str, armed: list[bool]) -> None:
     """Make the next call of ``obj.name`` raise, while ``armed`` (once per process)."""
 
     def fail() -> None:
@@ -403,264 +392,3 @@ def _wrap(
 
 def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-# -- running roles ---------------------------------------------------------------------
-
-
-def run_roles(
-    settings: Settings,
-    ledger: BillingLedger,
-    roles: list[str],
-    stop: threading.Event,
-    *,
-    drill: str = "",
-) -> None:
-    """Run the roles, each supervised (``adapters.supervisor``: a failed role restarts),
-    until ``stop`` is set; return once every role has ended, so the caller may close
-    the ledger. Raises ``WorkerFailed`` when a role failed too often (then ``stop`` is
-    set and every other role has ended too)."""
-    with database(settings) as db:
-        _run_roles(settings, ledger, db, roles, stop, drill=drill)
-    # the pool closes here, after every role's thread has ended
-
-
-def _run_roles(
-    settings: Settings,
-    ledger: BillingLedger,
-    db: Database,
-    roles: list[str],
-    stop: threading.Event,
-    *,
-    drill: str,
-) -> None:
-    if "webhooks" in roles and not settings.webhook_secret_list():
-        log.warning("webhooks role not started: WEBHOOK_SECRETS is not set")
-        roles = [r for r in roles if r != "webhooks"]
-    factories: dict[str, RoleFactory] = {}
-    pulses = Pulses()
-    stats: dict[str, Callable[[], object]] = {}
-    pusher: LinePusher | None = None
-    breakers: list[CircuitBreaker] = []
-    if "ingest" in roles:
-        factories["ingest"], stats["ingest"] = _ingest_role(settings, ledger, db, pulses)
-        retention = build_retention(settings)
-        factories["retention"] = lambda: retention.run
-        stats["retention"] = lambda: {"dead_letters_purged": retention.purged}
-    if "relay" in roles:
-        factories["relay"] = _relay_role(settings, db, pulses)
-    if "project" in roles:
-        factories["project"] = _project_role(settings, ledger, db, pulses)
-    if "charge" in roles or "reconcile" in roles:
-        # One pusher (one Stripe client: breaker, limits) and one schedule across restarts.
-        pusher = build_pusher(settings, ledger)
-        scheduler = build_scheduler(settings, pusher)
-        factories["push"] = lambda: lambda stop: scheduler.run(stop, pulses.of("push"))
-        stats["push"] = lambda: {
-            "pushed": scheduler.pushed,
-            "requests": scheduler.requests,
-            "charged": scheduler.charged,
-            "waiting": scheduler.waiting(),
-        }
-        if isinstance(pusher.gateway, StripeGateway):
-            breakers.append(pusher.gateway.breaker)
-        if "charge" in roles:
-            factories["charge"], stats["charge"] = _charge_role(
-                settings, scheduler, db, pulses, drill
-            )
-        if "reconcile" in roles:
-            factories["reconcile"] = _reconcile_role(settings, pusher, scheduler, db, pulses)
-            closer = build_closer(settings, pusher, scheduler)
-            factories["close"], stats["close"] = _close_role(settings, closer, db, pulses)
-    if "webhooks" in roles:
-        factories["webhooks"] = _webhook_role(settings, ledger, db, pulses)
-    if drill:
-        install_drill(drill, ledger=ledger if "ingest" in roles else None, pusher=pusher)
-    supervised: list[Supervisor] = []  # the heartbeat reports the supervisor's status
-    heartbeat = Heartbeat(
-        settings,
-        login(settings, pool_size=0, connect_timeout_s=5),
-        roles,
-        breakers=breakers,
-        stats=lambda: {
-            **{k: f() for k, f in stats.items()},
-            **(supervised[0].status() if supervised else {}),
-        },
-        pulses=pulses,
-    )
-    factories["heartbeat"] = lambda: heartbeat.run
-    supervised.append(Supervisor(factories, stop, policy=restart_policy(settings)))
-    supervised[0].run()
-
-
-def restart_policy(settings: Settings) -> RestartPolicy:
-    """When a failed role restarts, and when failing ends the process (the settings)."""
-    return RestartPolicy(
-        base_s=settings.role_restart_base_s,
-        max_delay_s=settings.role_restart_max_delay_s,
-        max_failures=settings.role_max_failures,
-        window_s=settings.role_failure_window_s,
-    )
-
-
-def _ingest_role(
-    settings: Settings, ledger: BillingLedger, db: Database, pulses: Pulses
-) -> tuple[RoleFactory, Callable[[], object]]:
-    """The ingest role's factory (a fresh consumer and producer each time, the counters
-    kept) and its heartbeat counters."""
-    totals = IngestStats()
-
-    def build() -> RoleRun:
-        worker = build_ingest_worker(settings, ledger, db)
-        worker.stats = totals
-        worker.pulse = pulses.of("ingest")
-        return lambda stop: _closing(lambda: worker.run(stop), lambda: close_worker(worker))
-
-    return build, lambda: {k: v for k, v in vars(totals).items() if isinstance(v, int)}
-
-
-def _relay_role(settings: Settings, db: Database, pulses: Pulses) -> RoleFactory:
-    def build() -> RoleRun:
-        relay = build_relay(settings, db)
-        relay.pulse = pulses.of("relay")
-        return lambda stop: _closing(lambda: relay.run(stop), relay.producer.close)
-
-    return build
-
-
-def _project_role(
-    settings: Settings, ledger: BillingLedger, db: Database, pulses: Pulses
-) -> RoleFactory:
-    def build() -> RoleRun:
-        projector_ = build_projector(settings, ledger, db)
-        projector_.pulse = pulses.of("project")
-        return projector_.run
-
-    return build
-
-
-def _charge_role(
-    settings: Settings, scheduler: LineScheduler, db: Database, pulses: Pulses, drill: str
-) -> tuple[RoleFactory, Callable[[], object]]:
-    """The process manager's factory (a fresh consumer each time, the counters kept)."""
-    names = ("seen", "scheduled", "set_aside")
-    counts = dict.fromkeys(names, 0)  # of the workers that ended, plus the current one
-    current: list[ChargeWorker] = []
-    armed = [drill == "fail_charge_once"]
-
-    def build() -> RoleRun:
-        for ended in current:
-            for name in names:
-                counts[name] += getattr(ended, name)
-        worker = build_charge_worker(settings, scheduler, db)
-        worker.pulse = pulses.of("charge")
-        if armed[0]:
-            _fail_first_call(worker, "poll_once", armed)
-        current[:] = [worker]
-        return lambda stop: _closing(lambda: worker.run(stop), worker.consumer.close)
-
-    def stats() -> dict[str, int]:
-        live = current[0] if current else None
-        return {name: counts[name] + (getattr(live, name) if live else 0) for name in names}
-
-    return build, stats
-
-
-def _reconcile_role(
-    settings: Settings, pusher: LinePusher, scheduler: LineScheduler, db: Database, pulses: Pulses
-) -> RoleFactory:
-    def build() -> RoleRun:
-        reconciler = build_reconciler(settings, pusher, scheduler, db)
-        return _reconcile_loop(reconciler, settings.reconcile_interval_s, pulses.of("reconcile"))
-
-    return build
-
-
-def _close_role(
-    settings: Settings, closer: InvoiceCloser, db: Database, pulses: Pulses
-) -> tuple[RoleFactory, Callable[[], object]]:
-    """The invoice closer's loop: every ``reconcile_interval_s``, each invoice with a
-    step due (``projections.invoices.due_invoices``) is driven, ``stripe_max_concurrency``
-    at a time; the Stripe client's budget bounds the pressure."""
-    totals: dict[str, int] = {}
-
-    def build() -> RoleRun:
-        pulse = pulses.of("close")
-
-        def loop(stop: threading.Event) -> None:
-            while not stop.is_set():
-                pulse()
-                with db.connection() as conn:
-                    due = due_invoices(conn)
-                if due:
-                    results = drive_invoices(closer, due, stop, settings.stripe_max_concurrency)
-                    for name, n in results.items():
-                        totals[name] = totals.get(name, 0) + n
-                    if set(results) - {"not_due", "waiting", "done"}:
-                        log.info("invoices driven", extra={"step": "close", **results})
-                stop.wait(settings.reconcile_interval_s)
-
-        return loop
-
-    return build, lambda: dict(totals)
-
-
-def _webhook_role(
-    settings: Settings, ledger: BillingLedger, db: Database, pulses: Pulses
-) -> RoleFactory:
-    """The webhook listener: serves until stopped; a server that dies fails the role
-    (and the supervisor starts a new one)."""
-
-    def build() -> RoleRun:
-        server = build_webhook_server(settings, ledger)
-        pulse = pulses.of("webhooks")
-
-        def serve(stop: threading.Event) -> None:
-            server.start()
-            try:
-                if not server.wait_started():
-                    raise RuntimeError("the webhook listener did not start")
-                while not stop.wait(1.0):
-                    pulse()
-                    if not server.alive:
-                        raise RuntimeError("the webhook listener stopped")
-            finally:
-                server.stop()
-
-        return serve
-
-    return build
-
-
-def drive_invoices(
-    closer: InvoiceCloser, invoice_ids: list[UUID], stop: threading.Event, parallel: int
-) -> dict[str, int]:
-    """One ``step`` of each invoice, ``parallel`` at a time, none started once ``stop``
-    is set; how many ended in each result."""
-    counts: dict[str, int] = {}
-    with ThreadPoolExecutor(parallel, thread_name_prefix="close") as pool:
-        for done in pool.map(lambda i: None if stop.is_set() else closer.step(i), invoice_ids):
-            if done is not None:
-                counts[str(done.result)] = counts.get(str(done.result), 0) + 1
-    return counts
-
-
-def _reconcile_loop(
-    reconciler: Reconciler, interval_s: float, pulse: Callable[[], None]
-) -> RoleRun:
-    def loop(stop: threading.Event) -> None:
-        while not stop.is_set():
-            pulse()
-            report = reconciler.pass_once(stop)
-            if report.adopted:
-                log.info("reconciled", extra={"step": "reconcile", **vars(report)})
-            stop.wait(interval_s)
-
-    return loop
-
-
-def _closing(body: Callable[[], None], close: Callable[[], object]) -> None:
-    try:
-        body()
-    finally:
-        close()

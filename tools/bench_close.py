@@ -47,10 +47,11 @@ import psycopg
 from eventsourcing.utils import get_topic
 from pydantic import SecretStr
 
-from adapters.bootstrap import build_closer, build_pusher, drive_invoices, migrate, open_ledger
+from adapters.bootstrap import build_closer, build_pusher, migrate, open_ledger
 from adapters.bootstrap import prepare as prepare_process
 from adapters.observability.logs import configure_logging
 from adapters.progress import step
+from adapters.roles import drive_invoices
 from adapters.settings import Settings
 from adapters.webhooks.app import PATH
 from domain.invoice import Invoice

@@ -34,13 +34,13 @@ from adapters.bootstrap import (
     migrate,
     open_ledger,
     prepare,
-    run_roles,
 )
 from adapters.broker import make_producer
 from adapters.ingest.producer import send_usage
 from adapters.ingest.worker import IngestStats
 from adapters.observability.health_server import health_report
 from adapters.observability.logs import configure_logging
+from adapters.roles import run_roles
 from adapters.settings import Settings
 from domain.health import Thresholds
 from domain.money import format_minor

@@ -165,9 +165,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_workers(args: argparse.Namespace, settings: Settings) -> int:
-    from adapters.bootstrap import ROLES, open_ledger, prepare, run_roles
+    from adapters.bootstrap import ROLES, open_ledger, prepare
     from adapters.observability.health_server import HealthProbe, HealthServer
     from adapters.observability.logs import configure_logging
+    from adapters.roles import run_roles
 
     configure_logging(args.log_level)
     prepare(settings)

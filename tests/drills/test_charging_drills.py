@@ -24,10 +24,10 @@ from adapters.bootstrap import (
     build_reconciler,
     build_relay,
     build_scheduler,
-    run_roles,
 )
 from adapters.charging.process_manager import ChargeWorker
 from adapters.charging.pusher import LinePusher
+from adapters.roles import run_roles
 from adapters.settings import Settings
 from domain.customer import CustomerLink
 from domain.metering import Metering
