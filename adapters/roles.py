@@ -117,7 +117,7 @@ def _run_roles(
             closer = build_closer(settings, pusher, scheduler)
             factories["close"], stats["close"] = _close_role(settings, closer, db, pulses)
     if "webhooks" in roles:
-        factories["webhooks"] = _webhook_role(settings, ledger, db, pulses)
+        factories["webhooks"] = _webhook_role(settings, ledger, pulses)
     if drill:
         install_drill(drill, ledger=ledger if "ingest" in roles else None, pusher=pusher)
     supervised: list[Supervisor] = []  # the heartbeat reports the supervisor's status
@@ -249,9 +249,7 @@ def _close_role(
     return build, lambda: dict(totals)
 
 
-def _webhook_role(
-    settings: Settings, ledger: BillingLedger, db: Database, pulses: Pulses
-) -> RoleFactory:
+def _webhook_role(settings: Settings, ledger: BillingLedger, pulses: Pulses) -> RoleFactory:
     """The webhook listener: serves until stopped; a server that dies fails the role
     (and the supervisor starts a new one)."""
 

@@ -233,20 +233,6 @@ def invoices(
         return cur.execute(query, [*params, check_limit(limit)]).fetchall()
 
 
-_DUE = sql.SQL(
-    "SELECT invoice_id FROM {table}, {settings} s"
-    " WHERE (state = 'open' AND period_end + make_interval(secs => s.invoice_grace_s) <= now())"
-    "    OR state IN ('closed', 'finalizing')"
-    "    OR (credits_pending > 0 AND state IN ('finalized', 'payment_failed', 'paid'))"
-    " UNION "
-    "SELECT DISTINCT e.originator_id FROM {events} e"
-    " WHERE (e.xid, e.notification_id) > coalesce("
-    "  (SELECT (p.xid, p.notification_id) FROM {positions} p WHERE p.name = %s),"
-    "  ('0'::xid8, 0::bigint))"
-    " AND e.topic LIKE %s"
-)
-
-
 _TAIL = sql.SQL(
     "SELECT DISTINCT e.originator_id FROM {events} e"
     " WHERE (e.xid, e.notification_id) > coalesce("
@@ -256,17 +242,27 @@ _TAIL = sql.SQL(
 )
 
 
+def _tail() -> sql.Composed:
+    """Invoices with events past the invoices projection's position."""
+    return _TAIL.format(
+        events=sql.Identifier(EVENTS_TABLE),
+        positions=sql.Identifier(SCHEMA, PROJECTION_POSITIONS),
+    )
+
+
 def unprojected_invoices(conn: psycopg.Connection[Any]) -> list[UUID]:
     """Invoices with events the projection has not applied yet (it may not show them)."""
     prefix = get_topic(Invoice.Opened).removesuffix("Opened")
-    rows = conn.execute(
-        _TAIL.format(
-            events=sql.Identifier(EVENTS_TABLE),
-            positions=sql.Identifier(SCHEMA, PROJECTION_POSITIONS),
-        ),
-        (InvoicesProjection.name, prefix + "%"),
-    ).fetchall()
+    rows = conn.execute(_tail(), (InvoicesProjection.name, prefix + "%")).fetchall()
     return [r[0] for r in rows]
+
+
+_DUE_PROJECTED = sql.SQL(
+    "SELECT invoice_id FROM {table}, {settings} s"
+    " WHERE (state = 'open' AND period_end + make_interval(secs => s.invoice_grace_s) <= now())"
+    "    OR state IN ('closed', 'finalizing')"
+    "    OR (credits_pending > 0 AND state IN ('finalized', 'payment_failed', 'paid'))"
+)
 
 
 def due_invoices(conn: psycopg.Connection[Any]) -> list[UUID]:
@@ -274,15 +270,16 @@ def due_invoices(conn: psycopg.Connection[Any]) -> list[UUID]:
     reached yet are included from the events past its position, so a projector that is
     behind never hides an invoice from the closer (``step`` decides from the aggregate)."""
     prefix = get_topic(Invoice.Opened).removesuffix("Opened")
-    rows = conn.execute(
-        _DUE.format(
-            table=sql.Identifier(SCHEMA, InvoicesProjection.name),
-            settings=sql.Identifier(SCHEMA, "health_settings"),
-            events=sql.Identifier(EVENTS_TABLE),
-            positions=sql.Identifier(SCHEMA, PROJECTION_POSITIONS),
-        ),
-        (InvoicesProjection.name, prefix + "%"),
-    ).fetchall()
+    query = sql.SQL(" UNION ").join(
+        [
+            _DUE_PROJECTED.format(
+                table=sql.Identifier(SCHEMA, InvoicesProjection.name),
+                settings=sql.Identifier(SCHEMA, "health_settings"),
+            ),
+            _tail(),
+        ]
+    )
+    rows = conn.execute(query, (InvoicesProjection.name, prefix + "%")).fetchall()
     return [r[0] for r in rows]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from psycopg import Cursor
+from psycopg.rows import dict_row
 
 from store.connections import Database
 
@@ -86,10 +87,8 @@ class WebhookStore:
         if invoice_id is not None:
             sql += " WHERE invoice_id = %s"
             args = (invoice_id,)
-        with self.db.connection() as conn, conn.cursor() as curs:
-            curs.execute(sql + " ORDER BY received_at, event_id", args)
-            names = [c.name for c in curs.description or ()]
-            return [dict(zip(names, row, strict=True)) for row in curs.fetchall()]
+        with self.db.connection() as conn, conn.cursor(row_factory=dict_row) as curs:
+            return curs.execute(sql + " ORDER BY received_at, event_id", args).fetchall()
 
     def counts(self) -> dict[str, int]:
         """Requests without an effect, by outcome, over all hours."""

@@ -161,7 +161,7 @@ def _charge_and_invoice(
         )  # fmt: skip
         _charge_everything(charging, ledger, reserved, stripe, deadline=time.monotonic() + timeout)
         summary = summarize(ledger, settings, produced)
-        summary["invoices"] = _invoices(charging)
+        summary["invoices"], summary["webhooks"] = _invoices(charging), _webhooks(charging)
         summary["health"] = _health(charging, ledger)
         summary["lines"] = _lines(charging)
         summary["audit"] = _audit(charging.model_copy(update={"database_url": auditor_url}))
@@ -237,14 +237,17 @@ def _invoice_rows(settings: Settings) -> list[dict[str, Any]]:
         return invoices(conn, limit=10_000)
 
 
+def _webhooks(settings: Settings) -> dict[str, int]:
+    """How many webhooks the listener recorded, by Stripe event type."""
+    with database(settings, pool_size=0) as db, db.connection() as conn:
+        rows = conn.execute(
+            "SELECT type, count(*) FROM billing.webhook_events GROUP BY type"
+        ).fetchall()
+    return {str(t): int(n) for t, n in rows}
+
+
 def _invoices(settings: Settings) -> list[dict[str, Any]]:
     """Every invoice: customer, period, state, number, total, paid, payment failures."""
-    with database(settings, pool_size=0) as db, db.connection() as conn:
-        received = dict(
-            conn.execute(
-                "SELECT type, count(*) FROM billing.webhook_events GROUP BY type"
-            ).fetchall()
-        )
     return [
         {
             "customer_id": r["customer_id"],
@@ -256,7 +259,6 @@ def _invoices(settings: Settings) -> list[dict[str, Any]]:
             "total": r["total"],
             "amount_paid": r["amount_paid"],
             "payment_attempts": r["payment_attempts"],
-            "webhooks": received,
         }
         for r in sorted(
             _invoice_rows(settings), key=lambda r: (r["period_start"], r["customer_id"])
@@ -417,7 +419,7 @@ def render_summary(summary: dict[str, Any]) -> str:
                 f" {format_minor(inv['amount_paid'], cur):>12}"
                 f" {inv['payment_attempts']:>6}"
             )
-        received = summary["invoices"][0]["webhooks"]
+        received = summary.get("webhooks", {})
         lines.append(
             "webhooks recorded: " + ", ".join(f"{n} {t}" for t, n in sorted(received.items()))
         )
