@@ -23,7 +23,7 @@ from adapters.errors import PaymentFailed
 from adapters.observability.logs import step_fields
 from domain.closing import billed_shares
 from domain.errors import IllegalTransition
-from domain.invoice import InvoiceState
+from domain.invoice_states import InvoiceState
 from domain.metering import LineBook
 from domain.ports import PaymentGateway
 from domain.saga import ChargeFailure, StepResult

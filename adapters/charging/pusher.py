@@ -33,8 +33,9 @@ from adapters.observability.logs import step_fields
 from adapters.observability.metrics import metrics
 from domain.customer import CustomerLink
 from domain.errors import IllegalTransition
-from domain.invoice import Invoice, InvoiceState
+from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
+from domain.invoice_states import InvoiceState
 from domain.ports import DraftInvoice, LineItems, PaymentGateway
 from domain.pushing import (
     PushPlan,

@@ -277,7 +277,7 @@ def _close_invoices(args: argparse.Namespace) -> int:
     from adapters.bootstrap import build_closer, build_pusher, database, open_ledger
     from adapters.charging.closer import CloseResult
     from adapters.settings import Settings
-    from domain.invoice import InvoiceState
+    from domain.invoice_states import InvoiceState
     from projections.invoices import invoices, unprojected_invoices
 
     settings = Settings()

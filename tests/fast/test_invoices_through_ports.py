@@ -16,7 +16,8 @@ from adapters.charging.corrections import Corrections
 from adapters.charging.pusher import LinePusher
 from domain.closing import billed_shares
 from domain.errors import IllegalTransition
-from domain.invoice import Invoice, InvoiceState, StripeInvoiceView
+from domain.invoice import Invoice
+from domain.invoice_states import InvoiceState, StripeInvoiceView
 from domain.periods import PeriodPolicy
 from domain.saga import ChargeFailure, RetryPolicy, StepResult
 from domain.transaction import TxnState

@@ -42,7 +42,8 @@ from adapters.charging.pusher import LinePusher
 from adapters.http.server import HttpServer
 from adapters.settings import Settings
 from adapters.webhooks.app import PATH
-from domain.invoice import Invoice, InvoiceState
+from domain.invoice import Invoice
+from domain.invoice_states import InvoiceState
 from domain.metering import Metering, Source
 from domain.saga import ChargeFailure
 from domain.usage import UsageRecord
