@@ -39,9 +39,9 @@ from projections.projector import Projector
 from store.connections import Database
 from store.dead_letters import DeadLetterStore
 from store.ledger import BillingLedger
-from store.migrations import AppliedMigration, SchemaStatus, wait_until_current
-from store.migrations import migrate as apply_migrations
-from store.migrations import schema_status as read_schema_status
+from store.migrations.runner import migrate as apply_migrations
+from store.migrations.status import AppliedMigration, SchemaStatus, wait_until_current
+from store.migrations.status import schema_status as read_schema_status
 from store.recorder import postgres_env
 from store.roles import AUDITOR, READER, WRITER, check_roles, set_passwords
 from store.webhooks import WebhookStore
