@@ -21,6 +21,7 @@ from typing import Any
 
 from adapters.broker import ensure_topics, make_consumer, make_producer, use_security
 from adapters.charging.closer import InvoiceCloser
+from adapters.charging.corrections import Corrections
 from adapters.charging.process_manager import ChargeWorker
 from adapters.charging.pusher import LinePusher
 from adapters.charging.reconciler import Reconciler
@@ -38,9 +39,9 @@ from projections.projector import Projector
 from store.connections import Database
 from store.dead_letters import DeadLetterStore
 from store.ledger import BillingLedger
-from store.migrations import AppliedMigration, SchemaStatus, wait_until_current
-from store.migrations import migrate as apply_migrations
-from store.migrations import schema_status as read_schema_status
+from store.migrations.runner import migrate as apply_migrations
+from store.migrations.status import AppliedMigration, SchemaStatus, wait_until_current
+from store.migrations.status import schema_status as read_schema_status
 from store.recorder import postgres_env
 from store.roles import AUDITOR, READER, WRITER, check_roles, set_passwords
 from store.webhooks import WebhookStore
@@ -50,6 +51,7 @@ __all__ = [
     "ROLES",
     "build_charge_worker",
     "build_closer",
+    "build_corrections",
     "build_ingest_worker",
     "build_projector",
     "build_pusher",
@@ -241,6 +243,11 @@ def build_pusher(settings: Settings, ledger: BillingLedger) -> LinePusher:
     )
 
 
+def build_corrections(pusher: LinePusher) -> Corrections:
+    """Adoptions and reversals, on the pusher's ledger, Stripe client and clock."""
+    return Corrections(pusher.ledger, pusher.gateway, clock=pusher.clock)
+
+
 def build_scheduler(settings: Settings, pusher: LinePusher) -> LineScheduler:
     """The schedule of line pushes, run by ``stripe_max_concurrency`` threads."""
     return LineScheduler(
@@ -319,7 +326,7 @@ def build_charge_worker(
 def build_reconciler(
     settings: Settings, pusher: LinePusher, scheduler: LineScheduler, db: Database | None = None
 ) -> Reconciler:
-    return Reconciler(pusher, scheduler, db or database(settings, pool_size=0))
+    return Reconciler(build_corrections(pusher), scheduler, db or database(settings, pool_size=0))
 
 
 def build_projector(

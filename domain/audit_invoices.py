@@ -3,7 +3,7 @@ tie it to its lines, its transactions, Stripe and the webhooks.
 
 Like ``domain.audit``, the fold reads plain stored data. What it proves, per invoice:
 
-* its events follow ``domain.invoice.ALLOWED_FROM`` (the table the aggregate checks);
+* its events follow ``domain.invoice_states.ALLOWED_FROM`` (the table the aggregate checks);
 * finalizing named every line of the invoice, each at its newest sequence, and the
   expected total is the sum of what those lines billed then; the lines did not change
   after (usage that came later went to a late line of another period);
@@ -25,7 +25,7 @@ from typing import Any
 from domain.audit import Finding, TxnAudit, uuid_text
 from domain.audit_lines import LineAudit
 from domain.closing import shares_in_order
-from domain.invoice import ALLOWED_FROM, InvoiceState
+from domain.invoice_states import ALLOWED_FROM, InvoiceState
 from domain.transaction import TxnState
 
 __all__ = ["InvoiceAudit", "check_invoices", "credited_transactions"]

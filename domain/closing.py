@@ -25,8 +25,9 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from uuid import UUID
 
-from domain.invoice import Invoice, InvoiceState
+from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
+from domain.invoice_states import InvoiceState
 from domain.money import add_exact, round_minor
 
 __all__ = [

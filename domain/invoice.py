@@ -1,8 +1,8 @@
 """The ``Invoice`` aggregate: one customer's invoice in one currency for one period,
 from its first line to its payment.
 
-Its life, as events (the transition table ``ALLOWED_FROM`` is data, checked by every
-method like the transaction's lifecycle)::
+Its life, as events (the transition table ``domain.invoice_states.ALLOWED_FROM`` is
+data, checked by every method like the transaction's lifecycle)::
 
     Opened ──> Closed ──> FinalizeStarted ──> Finalized ──> Paid
       │  LineAdded   │  Adjusted    │  FinalizeFailed   │  PaymentFailed ──> Paid
@@ -35,9 +35,7 @@ method like the transaction's lifecycle)::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
@@ -45,58 +43,13 @@ from eventsourcing.domain import Aggregate, event
 
 from domain.errors import IllegalTransition
 from domain.ids import invoice_id
+from domain.invoice_states import ALLOWED_FROM, FINAL_STATES, InvoiceState, StripeInvoiceView
 from domain.periods import Period
 
-__all__ = ["ALLOWED_FROM", "Invoice", "InvoiceState", "StripeInvoiceView"]
-
-
-class InvoiceState(StrEnum):
-    OPEN = "open"  # its lines take usage
-    CLOSED = "closed"  # lines frozen; their final totals are being pushed
-    FINALIZING = "finalizing"  # every final total is in Stripe; finalize it there
-    FINALIZED = "finalized"  # final in Stripe (number, total): payment due
-    PAYMENT_FAILED = "payment_failed"
-    PAID = "paid"
-    UNCOLLECTIBLE = "uncollectible"
-    VOID = "void"
-    NOTHING_DUE = "nothing_due"  # closed with nothing billed and no draft in Stripe
+__all__ = ["Invoice"]
 
 
 S = InvoiceState
-_FINAL = (S.FINALIZED, S.PAYMENT_FAILED, S.PAID, S.UNCOLLECTIBLE)
-
-ALLOWED_FROM: dict[str, tuple[InvoiceState, ...]] = {
-    "LineAdded": (S.OPEN,),
-    "DraftCreated": (S.OPEN, S.CLOSED),
-    "Closed": (S.OPEN,),
-    "Adjusted": (S.CLOSED,),
-    "NothingDue": (S.CLOSED,),
-    "FinalizeStarted": (S.CLOSED,),
-    "FinalizeFailed": (S.FINALIZING,),
-    "Finalized": (S.FINALIZING,),
-    "PaymentFailed": (S.FINALIZED, S.PAYMENT_FAILED),
-    "Paid": (S.FINALIZED, S.PAYMENT_FAILED, S.UNCOLLECTIBLE),
-    "MarkedUncollectible": (S.FINALIZED, S.PAYMENT_FAILED),
-    "Voided": (S.FINALIZED, S.PAYMENT_FAILED, S.UNCOLLECTIBLE),
-    "CreditRequested": (S.FINALIZING, *_FINAL),
-    "Credited": _FINAL,
-}
-"""Which states each event may be recorded in (its method raises IllegalTransition
-otherwise)."""
-
-
-@dataclass(frozen=True)
-class StripeInvoiceView:
-    """What Stripe says about the invoice (a finalize answer or a webhook's object)."""
-
-    status: str  # draft, open, paid, void, uncollectible
-    number: str | None
-    total: int
-    amount_paid: int
-    attempt_count: int
-    next_payment_attempt: datetime | None
-    at: datetime  # when Stripe says it happened
-    source: str  # "finalize" or the webhook's event id
 
 
 class Invoice(Aggregate):
@@ -232,7 +185,7 @@ class Invoice(Aggregate):
     @property
     def is_final(self) -> bool:
         """Final in Stripe: changes are credit notes."""
-        return self.state in _FINAL or self.state is InvoiceState.VOID
+        return self.state in FINAL_STATES or self.state is InvoiceState.VOID
 
     def credits_pending(self) -> list[tuple[UUID, int]]:
         """Credits requested and not yet issued (transaction, amount)."""

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Protocol
 from uuid import UUID
 
-from domain.invoice import StripeInvoiceView
+from domain.invoice_states import StripeInvoiceView
 from domain.periods import Period
 from domain.pushing import PushPlan
 from domain.saga import ChargeFailure

@@ -1,6 +1,6 @@
 """The ``billing.invoices`` read model: one row per invoice (customer, currency, period).
 
-Its state (``domain.invoice.InvoiceState``), lines, Stripe's ids and number, the
+Its state (``domain.invoice_states.InvoiceState``), lines, Stripe's ids and number, the
 total expected (the lines' final billed totals) and the total Stripe finalized, what
 was paid, credited and is still to credit, payment and finalize attempts, and when it
 closed, was finalized and paid. The close deadline is the period's end plus
@@ -22,7 +22,8 @@ from eventsourcing.utils import get_topic
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from domain.invoice import Invoice, InvoiceState
+from domain.invoice import Invoice
+from domain.invoice_states import InvoiceState
 from projections.base import SCHEMA, History, InvalidFilter, check_customer, check_limit
 from store.schema import EVENTS_TABLE, PROJECTION_POSITIONS
 

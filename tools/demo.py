@@ -13,13 +13,11 @@ whole history and shows the queue health.
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 import socket
 import threading
 import time
 from collections import Counter
-from decimal import Decimal
 from typing import Any
 
 from pydantic import SecretStr
@@ -43,22 +41,18 @@ from adapters.observability.logs import configure_logging
 from adapters.roles import run_roles
 from adapters.settings import Settings
 from domain.health import Thresholds
-from domain.money import format_minor
-from domain.ports import DeadLetter
 from infra.embedded import EmbeddedPostgres, TansuBroker
 from infra.stripe_emulator import StripeEmulator
 from projections.invoice_lines import lines
 from projections.invoices import invoices
 from projections.projector import projector_behind
 from projections.transactions import open_transactions
-from store.dead_letters import DeadLetterStore
 from store.ledger import BillingLedger
 from store.roles import AUDITOR, WRITER
-from tools.summary import Balances
-
-__all__ = ["render_summary", "run_demo", "summarize"]
-
+from tools.demo_report import summarize
 from tools.synthetic import DEMO_LIMITS, Produced, synthetic_usage
+
+__all__ = ["run_demo"]
 
 # -- the demo command ----------------------------------------------------------
 
@@ -266,10 +260,6 @@ def _invoices(settings: Settings) -> list[dict[str, Any]]:
     ]
 
 
-def _period_then_customer(row: dict[str, Any]) -> tuple[Any, str]:
-    return row["period_start"], row["customer_id"]
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -338,115 +328,3 @@ def _amounts(items: list[dict[str, Any]]) -> dict[str, int]:
     for item in items:
         totals[str(item["currency"]).upper()] += int(item["amount"])
     return dict(sorted(totals.items()))
-
-
-def summarize(
-    ledger: BillingLedger, settings: Settings, produced: list[Produced]
-) -> dict[str, Any]:
-    """What happened, read back from the database (not from the worker's counters)."""
-    balances = Balances().apply_all(ledger.all_events())
-    letters = _dead_letters(settings)
-    reasons = Counter(_reason_kind(d.reason) for d in letters)
-    transactions = sum(b.transactions for c in balances.by_customer.values() for b in c.values())
-    return {
-        "records_sent": len(produced),
-        "transactions": transactions,
-        "duplicates_ignored": len(produced) - transactions - len(letters),
-        "dead_letters": len(letters),
-        "dead_letter_reasons": dict(sorted(reasons.items())),
-        "refused_by_limit": sum(
-            b.refused for c in balances.by_customer.values() for b in c.values()
-        ),
-        "conserved": all(b.conserved for c in balances.by_customer.values() for b in c.values()),
-        "customers": balances.as_dict(),
-    }
-
-
-def _reason_kind(reason: str) -> str:
-    """A reason without its particulars, for counting: digits and quoted values elided."""
-    head = reason.split(": ", 1)[0] if reason.startswith("not valid JSON") else reason
-    return re.sub(r"'[^']*'", "'…'", re.sub(r"\d+", "N", head))
-
-
-def render_summary(summary: dict[str, Any]) -> str:
-    """The summary as a human table."""
-    lines = [
-        f"records sent          {summary['records_sent']:>10,}",
-        f"transactions          {summary['transactions']:>10,}",
-        f"duplicates ignored    {summary['duplicates_ignored']:>10,}",
-        f"dead letters          {summary['dead_letters']:>10,}",
-        f"refused by limit      {summary['refused_by_limit']:>10,}",
-        f"invoice lines         {len(summary.get('lines', [])):>10,}",
-        f"Stripe invoice items  {summary.get('stripe', {}).get('live_invoice_items', 0):>10,}",
-        f"Stripe requests       {summary.get('stripe', {}).get('requests', 0):>10,}",
-        f"money conserved       {'yes' if summary['conserved'] else 'NO':>10}",
-        "",
-        f"{'customer':<10} {'cur':<4} {'txns':>7} {'metered':>14} {'in flight':>14} "
-        f"{'charged':>14} {'compensated':>14}",
-    ]
-    for customer, currencies in summary["customers"].items():
-        for cur, b in currencies.items():
-            lines.append(
-                f"{customer:<10} {cur:<4} {b['transactions']:>7,} "
-                f"{_money(b['metered'], cur):>14} {_money(b['in_flight'], cur):>14} "
-                f"{_money(b['charged'], cur):>14} {_money(b['compensated'], cur):>14}"
-            )
-    if summary.get("lines"):
-        lines += [
-            "",
-            f"{'customer':<10} {'cur':<4} {'meter':<22} {'records':>8} {'exact (minor)':>22}"
-            f" {'billed':>14} {'in Stripe':>14} {'requests':>8}",
-        ]
-        for ln in summary["lines"]:
-            cur = ln["currency"]
-            lines.append(
-                f"{ln['customer_id']:<10} {cur:<4} {ln['meter']:<22} {ln['transactions']:>8,}"
-                f" {ln['exact']:>22} {format_minor(ln['billed'], cur):>14}"
-                f" {format_minor(ln['stripe'], cur):>14} {ln['requests']:>8}"
-            )
-    if summary.get("invoices"):
-        lines += [
-            "",
-            f"{'customer':<10} {'cur':<4} {'period (UTC)':<17} {'state':<11} {'number':<14}"
-            f" {'lines':>5} {'total':>12} {'paid':>12} {'failed':>6}",
-        ]
-        for inv in summary["invoices"]:
-            cur = inv["currency"]
-            lines.append(
-                f"{inv['customer_id']:<10} {cur:<4} {inv['period_start']:<17} {inv['state']:<11}"
-                f" {inv['number'] or '-':<14} {inv['lines']:>5}"
-                f" {format_minor(inv['total'], cur):>12}"
-                f" {format_minor(inv['amount_paid'], cur):>12}"
-                f" {inv['payment_attempts']:>6}"
-            )
-        received = summary.get("webhooks", {})
-        lines.append(
-            "webhooks recorded: " + ", ".join(f"{n} {t}" for t, n in sorted(received.items()))
-        )
-    if summary["dead_letter_reasons"]:
-        lines += ["", "dead letters by reason:"]
-        lines += [f"  {n:>6,}  {reason}" for reason, n in summary["dead_letter_reasons"].items()]
-    if "audit" in summary:
-        a = summary["audit"]
-        verdict = "clean" if a["ok"] else f"{len(a['findings'])}+ finding(s)"
-        lines += [
-            "",
-            f"audit: {verdict} ({a['events']:,} events replayed, {a['transactions']:,}"
-            f" transactions, {a['stripe_items']:,} Stripe invoice items compared)",
-        ]
-        lines += [f"  - {finding}" for finding in a["findings"]]
-    if "health" in summary:
-        lines += ["", f"queue health: {summary['health']['status']}"]
-        lines += [f"  - {reason}" for reason in summary["health"]["reasons"]]
-    lines.append(f"\nfinished in {summary.get('seconds', 0):.1f}s")
-    return "\n".join(lines)
-
-
-def _dead_letters(settings: Settings) -> list[DeadLetter]:
-    with database(settings, pool_size=0) as db:
-        return DeadLetterStore(db).all(limit=1_000_000)
-
-
-def _money(exact: str, currency: str) -> str:
-    """An exact amount (decimal text, minor units) shown to the cent, for reading."""
-    return format_minor(Decimal(exact), currency)

@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 from psycopg import sql
 
+from adapters.audit.compare import BALANCE_COLUMNS
 from adapters.audit.replay import ACCOUNT_TOPICS, TXN_TOPICS, Scope, read_history, replay, unwrap
-from adapters.audit.report import BALANCE_COLUMNS
 from store.connections import Database
 from store.schema import EVENTS_TABLE
 

@@ -42,7 +42,8 @@ from adapters.observability.logs import step_fields
 from adapters.observability.metrics import metrics
 from domain.closing import close_deadline, line_status
 from domain.errors import IllegalTransition
-from domain.invoice import Invoice, InvoiceState
+from domain.invoice import Invoice
+from domain.invoice_states import InvoiceState
 from domain.ports import CreditNote, PaymentGateway
 from domain.saga import ChargeFailure, RetryPolicy, backoff
 from store.ledger import BillingLedger

@@ -15,7 +15,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from adapters.charging.pusher import LinePusher
+from adapters.charging.corrections import Corrections
 from adapters.charging.scheduler import LineScheduler
 from domain.saga import StepResult
 from projections.invoice_lines import open_lines
@@ -36,8 +36,10 @@ class ReconcileReport:
 class Reconciler:
     """Finds the work the database says is open and schedules it."""
 
-    def __init__(self, pusher: LinePusher, scheduler: LineScheduler, database: Database) -> None:
-        self.pusher = pusher
+    def __init__(
+        self, corrections: Corrections, scheduler: LineScheduler, database: Database
+    ) -> None:
+        self.corrections = corrections
         self.scheduler = scheduler
         self.database = database
 
@@ -52,7 +54,7 @@ class Reconciler:
         for txn_id in legacy:  # the projection may lag: adopt() decides from the aggregate
             if stop.is_set():
                 break
-            report.adopted += self.pusher.adopt(txn_id) is StepResult.SETTLED
+            report.adopted += self.corrections.adopt(txn_id) is StepResult.SETTLED
         for line, customer, oldest, due in lines:
             self.scheduler.changed(line, customer=customer, changed_at=oldest, due=due)
         report.lines = len(lines)

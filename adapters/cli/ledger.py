@@ -107,7 +107,7 @@ def _add_invoice_commands(sub: Any) -> None:
 
 
 def _reverse(args: argparse.Namespace) -> int:
-    from adapters.bootstrap import build_closer, build_pusher, open_ledger
+    from adapters.bootstrap import build_closer, build_corrections, build_pusher, open_ledger
     from adapters.charging.closer import CloseResult
     from adapters.settings import Settings
     from domain.saga import StepResult
@@ -115,7 +115,7 @@ def _reverse(args: argparse.Namespace) -> int:
     settings = Settings()
     with open_ledger(settings) as ledger:
         pusher = build_pusher(settings, ledger)
-        result = pusher.reverse(args.txn_id, args.reason)
+        result = build_corrections(pusher).reverse(args.txn_id, args.reason)
         print(f"transaction {args.txn_id}: {result}")
         if result is not StepResult.REVERSED:
             return EXIT_FAILURE
@@ -277,7 +277,7 @@ def _close_invoices(args: argparse.Namespace) -> int:
     from adapters.bootstrap import build_closer, build_pusher, database, open_ledger
     from adapters.charging.closer import CloseResult
     from adapters.settings import Settings
-    from domain.invoice import InvoiceState
+    from domain.invoice_states import InvoiceState
     from projections.invoices import invoices, unprojected_invoices
 
     settings = Settings()

@@ -20,7 +20,7 @@ from adapters.cli.args import EXIT_FAILURE, CliError, port, port_or_zero, positi
 
 if TYPE_CHECKING:
     from adapters.settings import Settings
-    from store.migrations import SchemaStatus
+    from store.migrations.status import SchemaStatus
 
 __all__ = ["add_commands"]
 

@@ -97,14 +97,14 @@ def _demo(args: argparse.Namespace) -> int:
     from adapters.observability.telemetry import configure_tracing
     from adapters.settings import Settings
 
-    demo = _tool("demo")
+    demo, report = _tool("demo"), _tool("demo_report")
     # The demo starts its own services: only the trace settings are read here.
     shutdown_tracing = configure_tracing(Settings())
     try:
         summary = demo.run_demo(args.records, seed=args.seed)
     finally:
         shutdown_tracing()
-    print(json.dumps(summary, indent=2) if args.json else demo.render_summary(summary))
+    print(json.dumps(summary, indent=2) if args.json else report.render_summary(summary))
     return 0 if summary["conserved"] else EXIT_FAILURE
 
 

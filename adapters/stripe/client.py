@@ -34,7 +34,7 @@ from adapters.settings import StripeSettings
 from adapters.stripe.errors import classify
 from adapters.stripe.pressure import Pressure
 from adapters.stripe.views import invoice_view
-from domain.invoice import StripeInvoiceView
+from domain.invoice_states import StripeInvoiceView
 from domain.ports import CreditNote, DraftInvoice, LineItems
 from domain.pushing import ItemStep, item_key, push_key
 from domain.saga import ChargeFailure, idempotency_key

@@ -1,6 +1,6 @@
 """Stripe's objects as the domain reads them: a webhook's envelope (``stripe_event``)
 and an invoice (from an API answer or a webhook's ``data.object``) as
-``domain.invoice.StripeInvoiceView``.
+``domain.invoice_states.StripeInvoiceView``.
 
 Total: any input gives a value or raises ``ValueError`` with a reason (the webhook
 handler answers an unreadable envelope 400, and records a readable event whose
@@ -16,7 +16,7 @@ from uuid import UUID
 
 import orjson
 
-from domain.invoice import StripeInvoiceView
+from domain.invoice_states import StripeInvoiceView
 
 __all__ = ["StripeEvent", "invoice_view", "stripe_event"]
 

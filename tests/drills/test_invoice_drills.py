@@ -16,7 +16,8 @@ import pytest
 
 from adapters.bootstrap import build_projector, build_pusher
 from adapters.settings import Settings
-from domain.invoice import Invoice, InvoiceState
+from domain.invoice import Invoice
+from domain.invoice_states import InvoiceState
 from infra.stripe_emulator import StripeEmulator
 from store.ledger import BillingLedger
 from tests.conftest import settings_env

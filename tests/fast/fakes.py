@@ -16,7 +16,7 @@ from typing import Any
 from uuid import UUID
 
 from adapters.settings import Settings
-from domain.invoice import StripeInvoiceView
+from domain.invoice_states import StripeInvoiceView
 from domain.metering import Metering
 from domain.ports import CreditNote, DeadLetter, DraftInvoice, LineItems
 from domain.pricing import Price, PriceList

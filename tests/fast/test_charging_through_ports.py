@@ -1,8 +1,8 @@
 """The line pusher, through its ports: an in-memory ledger and a fake Stripe.
 
 No PostgreSQL, broker or emulator: these run in milliseconds and pin what the
-``LinePusher`` sends and records for each answer (the drills prove the same against
-the real components).
+``LinePusher`` and ``Corrections`` send and record for each answer (the drills prove
+the same against the real components).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from uuid import UUID
 
 import pytest
 
+from adapters.charging.corrections import Corrections
 from adapters.charging.pusher import LinePusher
 from domain.invoice_line import InvoiceLine
 from domain.money import MAX_ITEM_AMOUNT
@@ -153,7 +154,8 @@ def test_a_reversal_lowers_the_line_and_the_next_push_sets_the_lower_amount() ->
     ids = reserve(pusher.ledger, 3, quantity=1000)
     line = _line_of(pusher, ids[0])
     pusher.push(line)
-    assert pusher.reverse(ids[1], "customer asked") is StepResult.REVERSED
+    corrections = Corrections(pusher.ledger, gateway)
+    assert corrections.reverse(ids[1], "customer asked") is StepResult.REVERSED
     reversed_txn = pusher.ledger.transaction(ids[1])
     assert reversed_txn.state is TxnState.COMPENSATED
     pusher.push(line)
@@ -216,8 +218,9 @@ def test_a_transaction_from_before_lines_joins_its_line_and_is_then_pushed() -> 
     assert txn.account_id is not None
     legacy.reserve(txn.account_id)
     ledger.save(legacy)
-    assert pusher.adopt(legacy.id) is StepResult.SETTLED
-    assert pusher.adopt(legacy.id) is StepResult.NOTHING  # joins one line, once
+    corrections = Corrections(ledger, gateway)
+    assert corrections.adopt(legacy.id) is StepResult.SETTLED
+    assert corrections.adopt(legacy.id) is StepResult.NOTHING  # joins one line, once
     adopted = ledger.transaction(legacy.id)
     assert adopted.line_id == txn.line_id is not None
     line = ledger.line_by_id(adopted.line_id)

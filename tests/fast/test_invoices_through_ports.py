@@ -12,10 +12,12 @@ from uuid import UUID
 import pytest
 
 from adapters.charging.closer import CloseResult, InvoiceCloser
+from adapters.charging.corrections import Corrections
 from adapters.charging.pusher import LinePusher
 from domain.closing import billed_shares
 from domain.errors import IllegalTransition
-from domain.invoice import Invoice, InvoiceState, StripeInvoiceView
+from domain.invoice import Invoice
+from domain.invoice_states import InvoiceState, StripeInvoiceView
 from domain.periods import PeriodPolicy
 from domain.saga import ChargeFailure, RetryPolicy, StepResult
 from domain.transaction import TxnState
@@ -166,10 +168,11 @@ def test_a_reversal_after_finalizing_is_a_credit_of_its_billed_share_issued_once
     shares = billed_shares(pusher.ledger.line_changes(line.id, 0, line.sequence))
     assert [shares[t] for t in ids] == [0, 1, 0] and sum(shares.values()) == line.billed
 
-    assert pusher.reverse(ids[0], "goodwill") is StepResult.REVERSED  # share 0: nothing
-    assert pusher.reverse(ids[1], "goodwill") is StepResult.REVERSED
+    corrections = Corrections(pusher.ledger, gateway, clock=clock)
+    assert corrections.reverse(ids[0], "goodwill") is StepResult.REVERSED  # share 0: nothing
+    assert corrections.reverse(ids[1], "goodwill") is StepResult.REVERSED
     with pytest.raises(IllegalTransition):
-        pusher.reverse(ids[1], "again")  # compensated already: one credit per transaction
+        corrections.reverse(ids[1], "again")  # compensated already: one credit per transaction
     requested = pusher.ledger.invoice_by_id(invoice.id)
     assert requested is not None and requested.credits_pending() == [(ids[1], 1)]
     assert pusher.ledger.transaction(ids[1]).state is TxnState.COMPENSATED

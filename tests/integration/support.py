@@ -11,7 +11,7 @@ from uuid import UUID
 
 import psycopg
 
-from adapters.bootstrap import build_pusher
+from adapters.bootstrap import build_corrections, build_pusher
 from adapters.broker import consumer_lag, make_producer
 from adapters.ingest.worker import IngestWorker
 from adapters.settings import Settings
@@ -144,7 +144,7 @@ def mixed_workload(
     slow += record(ledger, "slow", ["s-2"])
     emulator.set_faults(drop_response_after_execute=1)  # Stripe executes, the answer is lost
     assert pusher.push(line_of(ledger, slow[0])).result is StepResult.RETRY  # due in ~30 s
-    assert pusher.reverse(acme[1], "goodwill") is StepResult.REVERSED
+    assert build_corrections(pusher).reverse(acme[1], "goodwill") is StepResult.REVERSED
     assert pusher.push(line_of(ledger, acme[0])).result is StepResult.CHARGED  # the lower total
     later = record(ledger, "acme", ["a-3", "a-4"])  # not pushed yet
     projector.pump_all()

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 import stripe
 
-from adapters.bootstrap import build_pusher
+from adapters.bootstrap import build_corrections, build_pusher
 from adapters.settings import Settings
 from adapters.stripe.client import StripeGateway
 from domain.chain import GENESIS
@@ -210,7 +210,7 @@ def test_balances_as_of_match_what_the_projections_showed_at_those_instants(
         pusher = build_pusher(stripe_settings, ledger)
         assert pusher.push(line_of(ledger, acme[0])).result is StepResult.CHARGED
         checkpoint()
-        assert pusher.reverse(acme[1], "goodwill") is StepResult.REVERSED
+        assert build_corrections(pusher).reverse(acme[1], "goodwill") is StepResult.REVERSED
         ledger.set_spend_limit("capped", "USD", 2000)
         record(ledger, "bolt", ["b-1"])
         record(ledger, "acme", ["a-3"])

@@ -16,7 +16,7 @@ from domain.ids import transaction_id
 from domain.money import round_minor
 from domain.pricing import PriceList
 from tests.conftest import settings_env
-from tools.demo import DEMO_LIMITS, synthetic_usage
+from tools.synthetic import DEMO_LIMITS, synthetic_usage
 
 pytestmark = pytest.mark.integration
 

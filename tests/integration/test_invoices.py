@@ -30,13 +30,20 @@ from pydantic import SecretStr
 
 from adapters.audit.replay import Scope
 from adapters.audit.report import audit, stripe_invoice_items
-from adapters.bootstrap import build_closer, build_pusher, build_webhook_server, database
+from adapters.bootstrap import (
+    build_closer,
+    build_corrections,
+    build_pusher,
+    build_webhook_server,
+    database,
+)
 from adapters.charging.closer import CloseResult, InvoiceCloser
 from adapters.charging.pusher import LinePusher
 from adapters.http.server import HttpServer
 from adapters.settings import Settings
 from adapters.webhooks.app import PATH
-from domain.invoice import Invoice, InvoiceState
+from domain.invoice import Invoice
+from domain.invoice_states import InvoiceState
 from domain.metering import Metering, Source
 from domain.saga import ChargeFailure
 from domain.usage import UsageRecord
@@ -336,7 +343,7 @@ def test_a_reversal_after_finalizing_is_credited_exactly_once_by_racing_closers(
     parts.emulator.add_webhook_endpoint(parts.url, SECRET, ["credit_note.created"])
     txns = record(parts.ledger, "credit", ["c-1", "c-2", "c-3"], qty=2500)
     invoice = parts.finalize(_invoice_of(parts.ledger, txns[0]))
-    assert parts.pusher.reverse(txns[1], "refund").name == "REVERSED"
+    assert build_corrections(parts.pusher).reverse(txns[1], "refund").name == "REVERSED"
     closers = [build_closer(parts.settings, build_pusher(parts.settings, parts.ledger))
                for _ in range(3)]  # fmt: skip
     start = threading.Barrier(len(closers))

@@ -30,8 +30,8 @@ from projections.transactions import COLUMNS as TRANSACTION_COLUMNS
 from store import schema
 from store.connections import Database
 from store.errors import MigrationChanged, MigrationLocked, SchemaAhead
-from store.migrations import AppliedMigration, Migration, migrations, read_applied
-from store.migrations import migrate as run_migrations
+from store.migrations.runner import migrate as run_migrations
+from store.migrations.status import AppliedMigration, Migration, migrations, read_applied
 from tests.conftest import settings_env
 from tests.integration.catalog import schema_shape
 from tests.integration.legacy import (

@@ -16,7 +16,7 @@ import pytest
 from domain.audit import Finding, TxnAudit
 from domain.audit_invoices import InvoiceAudit, check_invoices, credited_transactions
 from domain.audit_lines import LineAudit
-from domain.invoice import InvoiceState
+from domain.invoice_states import InvoiceState
 from domain.transaction import TxnState
 
 S = InvoiceState

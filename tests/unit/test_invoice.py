@@ -10,7 +10,8 @@ import pytest
 
 from domain.errors import IllegalTransition
 from domain.ids import invoice_id
-from domain.invoice import ALLOWED_FROM, Invoice, InvoiceState, StripeInvoiceView
+from domain.invoice import Invoice
+from domain.invoice_states import ALLOWED_FROM, InvoiceState, StripeInvoiceView
 from domain.periods import Period
 
 S = InvoiceState

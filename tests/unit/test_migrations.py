@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from store.errors import MigrationChanged, MigrationsInvalid, SchemaAhead, SchemaNotReady
-from store.migrations import (
+from store.migrations.runner import retry_delays
+from store.migrations.status import (
     AppliedMigration,
     Migration,
     SchemaState,
     SchemaStatus,
     load_migrations,
     migrations,
-    retry_delays,
     wait_until_current,
 )
 from store.schema import EVENTS_TABLE
