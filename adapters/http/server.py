@@ -120,7 +120,9 @@ class HttpServer:
 
     def start(self) -> None:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say so,
+        # and without it every response waited ~40 ms (Nagle against a delayed ACK).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.requested_port))
         sock.listen(512)
