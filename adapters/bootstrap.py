@@ -6,15 +6,14 @@ it waits until the schema is current, records its health deadlines and creates t
 topics it needs; ``open_ledger`` opens the event store; ``build_*`` make one worker
 role each (``adapters.roles`` runs them, supervised, until stopped).
 The CLI, the demo, the benchmarks and the tests build
-processes through these functions only. Fault drills (``DRILLS``) are installed here
-as wrappers around the built parts, never as switches of production constructors.
+processes through these functions only. Fault drills (``adapters.drills``) are
+installed as wrappers around the parts built here, never as switches of production
+constructors.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -47,7 +46,6 @@ from store.roles import AUDITOR, READER, WRITER, check_roles, set_passwords
 from store.webhooks import WebhookStore
 
 __all__ = [
-    "DRILLS",
     "ROLES",
     "build_charge_worker",
     "build_closer",
@@ -62,8 +60,6 @@ __all__ = [
     "build_webhook_server",
     "close_worker",
     "database",
-    "fail_first_call",
-    "install_drill",
     "login",
     "migrate",
     "open_ledger",
@@ -76,13 +72,6 @@ log = logging.getLogger(__name__)
 
 ROLES = ("ingest", "relay", "project", "charge", "reconcile", "webhooks")
 """``all`` runs every role; ``webhooks`` only where ``WEBHOOK_SECRETS`` is set."""
-DRILLS = (
-    "kill_after_save",
-    "kill_after_stripe",
-    "kill_before_stripe",
-    "kill_after_finalize",
-    "fail_charge_once",
-)
 
 
 def database(settings: Settings, *, pool_size: int | None = None) -> Database:
@@ -334,68 +323,3 @@ def build_projector(
 ) -> Projector:
     """The projector of the SQL read models, decoding with the ledger's own mapper."""
     return Projector(db or database(settings, pool_size=0), ledger.mapper.to_domain_event)
-
-
-# -- drills ----------------------------------------------------------------------------
-
-
-def install_drill(drill: str, *, ledger: BillingLedger | None, pusher: LinePusher | None) -> None:
-    """Wrap the built parts so that the process dies (SIGKILL) at the drill's moment:
-
-    * ``kill_after_save``: after an ingest batch is saved (``ledger``), before its
-      offsets commit;
-    * ``kill_before_stripe``: as a line push is about to set its items in Stripe;
-    * ``kill_after_stripe``: after Stripe answered a line push, before it is recorded;
-    * ``kill_after_finalize``: after Stripe answered an invoice's finalize, before the
-      closer records it (the closer shares the pusher's Stripe client).
-
-    (``fail_charge_once`` is installed on the charge role as it is built: its first
-    poll raises, once per process, so the role fails and is restarted.)
-    """
-    if drill not in DRILLS:
-        raise ValueError(f"unknown drill {drill!r} (one of: {', '.join(DRILLS)})")
-    if drill == "kill_after_save" and ledger is not None:
-        _wrap(ledger, "record_usage", after=_die)
-    if pusher is not None and drill == "kill_before_stripe":
-        _wrap(pusher.gateway, "set_line_items", before=_die)
-    elif pusher is not None and drill == "kill_after_stripe":
-        _wrap(pusher.gateway, "set_line_items", after=_die)
-    elif pusher is not None and drill == "kill_after_finalize":
-        _wrap(pusher.gateway, "finalize_invoice", after=_die)
-
-
-class DrillFailure(RuntimeError):
-    """Raised on purpose by the ``fail_charge_once`` drill."""
-
-
-def fail_first_call(obj: object, name: str, armed: list[bool]) -> None:
-    """Make the next call of ``obj.name`` raise, while ``armed`` (once per process)."""
-
-    def fail() -> None:
-        if armed[0]:
-            armed[0] = False
-            raise DrillFailure(f"drill: {name} fails once")
-
-    _wrap(obj, name, before=fail)
-
-
-def _wrap(
-    obj: object,
-    name: str,
-    *,
-    before: Callable[[], None] = lambda: None,
-    after: Callable[[], None] = lambda: None,
-) -> None:
-    original = getattr(obj, name)
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        before()
-        result = original(*args, **kwargs)
-        after()
-        return result
-
-    setattr(obj, name, wrapped)
-
-
-def _die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)

@@ -26,8 +26,6 @@ from adapters.bootstrap import (
     build_webhook_server,
     close_worker,
     database,
-    fail_first_call,
-    install_drill,
     login,
 )
 from adapters.charging.closer import InvoiceCloser
@@ -35,6 +33,7 @@ from adapters.charging.process_manager import ChargeWorker
 from adapters.charging.pusher import LinePusher
 from adapters.charging.reconciler import Reconciler
 from adapters.charging.scheduler import LineScheduler
+from adapters.drills import fail_first_call, install_drill
 from adapters.ingest.worker import IngestStats
 from adapters.observability.heartbeat import Heartbeat, Pulses
 from adapters.settings import Settings

@@ -21,7 +21,6 @@ timeout (``drained: false``; ``lost`` is then unknown) or a worker process ended
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -45,7 +44,7 @@ from domain.invoice_line import InvoiceLine
 from domain.usage import UsageRecord
 from infra.embedded import EmbeddedPostgres, TansuBroker
 from infra.stripe_emulator import StripeEmulator
-from tools.measure import cores
+from tools.measure import cores, terminate
 
 __all__ = ["render_load", "run_load"]
 
@@ -129,12 +128,7 @@ def _worker(settings: Settings, roles: tuple[str, ...]) -> Iterator[subprocess.P
     try:
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)
 
 
 class _Load:

@@ -1,10 +1,12 @@
-"""Small helpers the benchmarks share for reporting what they measured."""
+"""Small helpers the benchmarks share: what they report, and stopping what they started."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 
-__all__ = ["cores", "percentile"]
+__all__ = ["cores", "percentile", "terminate"]
 
 
 def cores() -> int:
@@ -18,3 +20,13 @@ def percentile(sorted_samples: list[float], pct: float) -> float:
         return 0.0
     k = min(len(sorted_samples) - 1, round(pct / 100 * (len(sorted_samples) - 1)))
     return sorted_samples[k]
+
+
+def terminate(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, up to 60 s to finish, then SIGKILL."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

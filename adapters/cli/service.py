@@ -26,7 +26,8 @@ __all__ = ["add_commands"]
 
 
 def add_commands(sub: Any) -> None:
-    from adapters.bootstrap import DRILLS, ROLES
+    from adapters.bootstrap import ROLES
+    from adapters.drills import DRILLS
 
     up = sub.add_parser("up", help="start embedded PostgreSQL and the broker in the foreground")
     up.add_argument("--data-dir", type=Path, help="keep PostgreSQL's data here (default: temp)")
