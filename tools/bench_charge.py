@@ -330,12 +330,20 @@ def _report(
         result["drained_s_after_recovery"] = (
             round(_drained_at(samples, outage[1]) - outage[1], 1) if run["drained"] else None
         )
+        # While the load goes on the backlog never empties: the outage is absorbed when
+        # the backlog is back to what it was in the 10 s before the outage began.
+        steady = max((b for at, b in samples if outage[0] - 10 <= at < outage[0]), default=0)
+        result["backlog_before_outage"] = steady
+        result["back_to_that_backlog_s_after_recovery"] = round(
+            _drained_at(samples, outage[1], level=steady) - outage[1], 1
+        )
     return result
 
 
-def _drained_at(samples: list[tuple[float, int]], after: float) -> float:
+def _drained_at(samples: list[tuple[float, int]], after: float, level: int = 0) -> float:
+    """When the backlog first fell to ``level`` or below after ``after`` (else the end)."""
     for at, backlog in samples:
-        if at > after and backlog <= 0:
+        if at > after and backlog <= level:
             return at
     return samples[-1][0] if samples else after
 
