@@ -31,6 +31,10 @@ test checks it names only these):
 ``billing_consumer_lag{group,topic,partition}``         messages not yet consumed
 ``billing_lines_unsent``, ``billing_lines_failing``     invoice lines waiting for Stripe
 ``billing_oldest_unsent_age_seconds``                   the oldest change Stripe has not seen
+``billing_invoices_closing``                            invoices closed, not yet finalized
+``billing_invoices_past_deadline``                      not finalized by their close deadline
+``billing_invoice_payment_failures_24h``                payment failures in the last 24 h
+``billing_webhook_signature_failures_1h``               webhooks refused for their signature
 ``billing_role_restarts_total{role}``                   roles restarted after a failure
 ``billing_invoice_steps_total{step}``                   invoices closed, finalized,
                                                         finalize_failed, credited
@@ -61,6 +65,19 @@ _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _BREAKER_LEVEL = {"closed": 0, "half_open": 1, "open": 2}
 
 Figures = Callable[[], Mapping[str, Any] | None]
+
+
+# (name, queue_health column, unit, description): the invoices' and webhooks' figures.
+_INVOICE_GAUGES = (
+    ("billing.invoices.closing", "invoices_closing", "{invoice}",
+     "invoices closed and not yet finalized"),
+    ("billing.invoices.past_deadline", "invoices_past_deadline", "{invoice}",
+     "invoices not finalized by their close deadline"),
+    ("billing.invoice.payment_failures_24h", "payment_failures_24h", "{failure}",
+     "invoice payment failures Stripe reported in the last 24 hours"),
+    ("billing.webhook.signature_failures_1h", "webhook_signature_failures_1h", "{request}",
+     "webhook requests refused for their signature in the last hour"),
+)  # fmt: skip
 
 
 class Metrics:
@@ -157,6 +174,10 @@ class Metrics:
             "billing.lines.failing", [self._figure("lines_failing")], unit="{line}",
             description="invoice lines whose last push failed",
         )  # fmt: skip
+        for name, key, unit, description in _INVOICE_GAUGES:
+            meter.create_observable_gauge(
+                name, [self._figure(key)], unit=unit, description=description
+            )
         self._breakers: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         self._numbers = itertools.count(1)
         self._figures: Figures = lambda: None

@@ -439,7 +439,7 @@ def _dashboard_metrics() -> set[str]:
     dashboard = Path(__file__).resolve().parents[2] / "infra/grafana/dashboards/billing-ledger.json"
     panels = json.loads(dashboard.read_text())["panels"]
     exprs = [t["expr"] for p in panels for t in p["targets"]]
-    names = {n for e in exprs for n in re.findall(r"\bbilling_[a-z_]+", e)}
+    names = {n for e in exprs for n in re.findall(r"\bbilling_[a-z0-9_]+", e)}
     assert len(panels) >= 10 and len(names) >= 10
     return names
 
