@@ -4,7 +4,8 @@
 aggregate; ``GENESIS``, 32 zero bytes, for version 1), the aggregate id (16 bytes),
 the version (8 bytes, big-endian), the topic (its UTF-8 length in 4 bytes, then the
 bytes) and the stored state. Editing, deleting or reordering a stored event breaks
-the chain from that event on; ``check_chain`` names where.
+the chain from that event on; ``check_chain`` names where. A snapshot is sealed to its
+head event the same way (``snapshot_seal``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "event_hash",
     "link_hash",
     "link_problem",
+    "snapshot_seal",
     "topic_header",
 ]
 
@@ -31,6 +33,16 @@ GENESIS = bytes(32)
 def event_hash(prev: bytes, originator_id: UUID, version: int, topic: str, state: bytes) -> bytes:
     """The hash a stored event carries (see the module docstring)."""
     return link_hash(prev, originator_id.bytes, version, topic_header(topic), state)
+
+
+def snapshot_seal(
+    head_hash: bytes, originator_id: UUID, version: int, topic: str, state: bytes
+) -> bytes:
+    """A snapshot's seal: ``event_hash`` with the hash of the event the snapshot was
+    taken at (its head: same aggregate, same version) in place of a predecessor's. A
+    snapshot whose seal does not match its stored head event's hash, or whose state
+    or topic was changed after sealing, is not one the ledger took."""
+    return event_hash(head_hash, originator_id, version, topic, state)
 
 
 def topic_header(topic: str) -> bytes:

@@ -23,7 +23,13 @@ from eventsourcing.domain import (
     DomainEventProtocol,
     MutableOrImmutableAggregate,
 )
-from eventsourcing.persistence import IntegrityError, JSONTranscoder, Recording, Transcoder
+from eventsourcing.persistence import (
+    EventStore,
+    IntegrityError,
+    JSONTranscoder,
+    Recording,
+    Transcoder,
+)
 
 from domain.account import CustomerAccount
 from domain.customer import CustomerLink
@@ -36,6 +42,8 @@ from domain.pricing import PriceList
 from domain.transaction import BillingTransaction
 from store.errors import ConcurrencyExhausted
 from store.recorder import LedgerRecorder, OrjsonTranscoder
+from store.schema import SNAPSHOTS_TABLE
+from store.snapshots import SealedSnapshotRecorder
 
 __all__ = ["BillingLedger", "ConcurrencyExhausted"]
 
@@ -107,6 +115,19 @@ class BillingLedger(Application[UUID]):
         raise ConcurrencyExhausted(
             f"batch of {len(batch)} records lost {self.max_attempts} concurrency races"
         )
+
+    def construct_snapshot_store(self) -> EventStore[UUID]:
+        """Snapshots that are used only when sealed to their head event
+        (``store.snapshots``); another persistence (the in-memory tests) keeps the
+        library's store."""
+        if not isinstance(self.recorder, LedgerRecorder):
+            return super().construct_snapshot_store()
+        recorder = SealedSnapshotRecorder(
+            self.recorder.datastore,
+            events_table_name=SNAPSHOTS_TABLE,
+            history_table_name=self.recorder.events_table_name,
+        )
+        return EventStore(mapper=self.mapper, recorder=recorder)
 
     def construct_transcoder(self) -> Transcoder:
         """The library's JSON format, written by orjson (see ``OrjsonTranscoder``)."""

@@ -43,6 +43,7 @@ from domain.audit_invoices import check_invoices, credited_transactions
 from domain.audit_lines import check_line_items, check_lines
 from store.connections import Database
 from store.eventlog import copy_log
+from store.snapshots import unsealed_snapshots
 
 __all__ = [
     "Anchors",
@@ -120,6 +121,10 @@ def audit(
                 findings += compare_invoices(conn, result, scope.customer)
                 findings += compare_balances(conn, balances, scope.customer)
                 findings += compare_lines(conn, result, scope.customer)
+                findings += [
+                    Finding("snapshot", f"{i} v{v}", "its seal does not match its head event")
+                    for i, v in unsealed_snapshots(conn)
+                ]
             findings += dead_letters_without_reason(conn)
     items = stripe_items() if stripe_items is not None else None
     if items is not None:

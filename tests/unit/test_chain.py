@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import replace
 from uuid import UUID
 
-from domain.chain import GENESIS, ChainLink, check_chain, event_hash
+from domain.chain import GENESIS, ChainLink, check_chain, event_hash, snapshot_seal
 
 AGG = UUID("00000000-0000-0000-0000-0000000000aa")
 
@@ -38,6 +38,15 @@ def test_every_input_changes_the_hash() -> None:
     assert base != event_hash(GENESIS, AGG, 1, "t.E", b"{ }")
     # The topic's length is hashed too: moving bytes between topic and state shows.
     assert event_hash(GENESIS, AGG, 1, "ab", b"c") != event_hash(GENESIS, AGG, 1, "a", b"bc")
+
+
+def test_a_snapshot_seal_is_the_event_hash_over_its_head_events_hash() -> None:
+    head = event_hash(GENESIS, AGG, 1, "t.E", b"{}")
+    seal = snapshot_seal(head, AGG, 1, "t.Snapshot", b'{"limit":800}')
+    assert seal == event_hash(head, AGG, 1, "t.Snapshot", b'{"limit":800}')
+    assert seal != snapshot_seal(head, AGG, 1, "t.Snapshot", b'{"limit":null}')
+    assert seal != snapshot_seal(GENESIS, AGG, 1, "t.Snapshot", b'{"limit":800}')
+    assert seal != snapshot_seal(head, AGG, 2, "t.Snapshot", b'{"limit":800}')
 
 
 def test_an_intact_chain_has_no_breaks() -> None:
