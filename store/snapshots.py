@@ -10,12 +10,18 @@ state with the spend limit lifted, say) was loaded as the customer's account.
 * **taking** a snapshot reads the hash of its head event (same aggregate, same
   version) in the same transaction and stores ``domain.chain.snapshot_seal(head hash,
   id, version, topic, state)``;
-* **loading** reads each snapshot with its head event's hash (one query, a join) and
-  returns only snapshots whose seal matches. Any other (forged, edited, sealed to an
-  event that is not there, or taken before migration 5) is passed over with a
+* **loading** reads each snapshot with its head event's hash (a join) and returns only
+  snapshots whose seal matches; ``limit`` counts those, not the rows read (the newest
+  row may be a forged one: the next is read, in pages that double). Any other
+  (forged, edited, malformed, or taken before migration 5) is passed over with a
   warning, counted in ``refused``, and the repository rebuilds the aggregate from its
-  events: slower, never wrong. The audit reports such rows too
-  (``adapters.audit``: ``snapshot``).
+  events or an older snapshot: slower, never wrong. Rows above the aggregate's newest
+  event (no head to seal to: the writer may insert any number) are not read at all,
+  so passing over forged rows costs at most one row per event of the history. The
+  audit reports every such row (``adapters.audit``: ``snapshot``, saying why);
+* a snapshot whose version already has a row (a forged one inserted ahead of the
+  history, say) is dropped with a warning, not raised: the save that takes it has
+  committed its events, and a snapshot is only a cache.
 
 What the seal does not do: the writer can compute it too (it is a hash, not a
 signature), so a writer forging a sealed snapshot is as possible as a writer forging
@@ -46,21 +52,26 @@ from psycopg.sql import SQL, Composable, Composed, Identifier
 from domain.chain import snapshot_seal
 from store.schema import EVENTS_TABLE, SNAPSHOTS_TABLE
 
-__all__ = ["SealedSnapshotRecorder", "seal_holds", "unsealed_snapshots"]
+__all__ = ["SealedSnapshotRecorder", "seal_problem", "unsealed_snapshots"]
 
 log = logging.getLogger(__name__)
 
 
-def seal_holds(row: dict[str, Any]) -> bool:
-    """Whether a snapshot row (with its head event's ``head_hash``) is sealed to it."""
+def seal_problem(row: dict[str, Any]) -> str | None:
+    """Why a snapshot row (with its head event's ``head_hash``) is not sealed to it;
+    None when it is. Never raises on what the columns allow (NULLs, any version)."""
     seal, head = row.get("seal"), row.get("head_hash")
-    if seal is None or head is None:
-        return False
-    expected = snapshot_seal(
-        bytes(head), row["originator_id"], row["originator_version"], row["topic"],
-        bytes(row["state"]),
-    )  # fmt: skip
-    return bytes(seal) == expected
+    topic, state, version = row.get("topic"), row.get("state"), row["originator_version"]
+    if seal is None:
+        return "no seal (taken before migration 5, or inserted without one)"
+    if head is None:
+        return "no hashed event at its version (none there, or one from before hashes)"
+    if not isinstance(topic, str) or state is None or version < 0:
+        return "malformed: no topic or no state, or a negative version"
+    expected = snapshot_seal(bytes(head), row["originator_id"], version, topic, bytes(state))
+    if bytes(seal) != expected:
+        return "its seal does not match its head event (forged or edited)"
+    return None
 
 
 class SealedSnapshotRecorder(PostgresAggregateRecorder):
@@ -82,9 +93,13 @@ class SealedSnapshotRecorder(PostgresAggregateRecorder):
         self._insert_sealed = SQL(
             "INSERT INTO {0} (originator_id, originator_version, topic, state, seal)"
             " SELECT * FROM unnest(%s::{1}[], %s::bigint[], %s::text[], %s::bytea[],"
-            " %s::bytea[])"
+            " %s::bytea[]) ON CONFLICT DO NOTHING"
         ).format(table, id_type)
-        self._select_sealed = _with_heads(table, history) + SQL(" WHERE s.originator_id = %s")
+        # Not above the aggregate's newest event: a row there has no head to be sealed to.
+        self._select_sealed = _with_heads(table, history) + SQL(
+            " WHERE s.originator_id = %s AND s.originator_version <="
+            " (SELECT max(originator_version) FROM {0} WHERE originator_id = %s)"
+        ).format(history)
         self.refused = 0
 
     def create_table(self) -> None:
@@ -95,7 +110,8 @@ class SealedSnapshotRecorder(PostgresAggregateRecorder):
     def insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
-        """Seal and insert, in one transaction with the read of the head events' hashes."""
+        """Seal and insert, in one transaction with the read of the head events' hashes;
+        a snapshot whose version already has a row is dropped (see the module docstring)."""
         if not stored_events:
             return None
         with self.datastore.get_connection() as conn, conn.transaction(), conn.cursor() as curs:
@@ -123,6 +139,13 @@ class SealedSnapshotRecorder(PostgresAggregateRecorder):
                  [s.topic for s in stored_events], [s.state for s in stored_events], seals),
                 binary=True,
             )  # fmt: skip
+            dropped = len(stored_events) - curs.rowcount
+        if dropped:
+            log.warning(
+                "%d of these snapshots not stored, their versions already having a row: %s",
+                dropped,
+                ", ".join(f"{s.originator_id} v{s.originator_version}" for s in stored_events),
+            )
         return None
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
@@ -135,9 +158,47 @@ class SealedSnapshotRecorder(PostgresAggregateRecorder):
         desc: bool = False,
         limit: int | None = None,
     ) -> Sequence[StoredEvent]:
-        """The aggregate's snapshots that hold their seal (the others passed over)."""
+        """The aggregate's snapshots that hold their seal (the others passed over), as
+        the library's: ``gt``/``lte`` bound the versions, ``limit`` counts the
+        snapshots returned; read in pages until ``limit`` of them hold."""
+        held: list[StoredEvent] = []
+        page = limit
+        while True:
+            rows = self._select_page(originator_id, gt, lte, desc, page)
+            for row in rows:
+                problem = seal_problem(row)
+                if problem is None:
+                    held.append(
+                        StoredEvent(row["originator_id"], row["originator_version"],
+                                    row["topic"], bytes(row["state"]))
+                    )  # fmt: skip
+                    if limit is not None and len(held) == limit:
+                        return held
+                else:
+                    self.refused += 1
+                    log.warning(
+                        "snapshot of %s v%d not used: %s (an older one or the events are)",
+                        row["originator_id"], row["originator_version"], problem,
+                    )  # fmt: skip
+            if not rows or page is None or len(rows) < page:  # all read (limit 0: none)
+                return held
+            last = rows[-1]["originator_version"]
+            if desc:
+                lte = last - 1
+            else:
+                gt = last
+            page *= 2
+
+    def _select_page(
+        self,
+        originator_id: UUID | str,
+        gt: int | None,
+        lte: int | None,
+        desc: bool,
+        limit: int | None,
+    ) -> list[dict[str, Any]]:
         statement: Composed = self._select_sealed
-        params: list[Any] = [originator_id]
+        params: list[Any] = [originator_id, originator_id]
         if gt is not None:
             statement += SQL(" AND s.originator_version > %s")
             params.append(gt)
@@ -151,35 +212,21 @@ class SealedSnapshotRecorder(PostgresAggregateRecorder):
             statement += SQL(" LIMIT %s")
             params.append(limit)
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
-            rows = curs.execute(statement, params).fetchall()
-        held = []
-        for row in rows:
-            if seal_holds(row):
-                held.append(
-                    StoredEvent(row["originator_id"], row["originator_version"], row["topic"],
-                                bytes(row["state"]))
-                )  # fmt: skip
-            else:
-                self.refused += 1
-                log.warning(
-                    "snapshot of %s at version %d not used: its seal does not match its head"
-                    " event (rebuilt from the events)",
-                    row["originator_id"], row["originator_version"],
-                )  # fmt: skip
-        return held
+            rows: list[dict[str, Any]] = curs.execute(statement, params).fetchall()
+        return rows
 
 
-def unsealed_snapshots(conn: psycopg.Connection[Any]) -> list[tuple[UUID, int]]:
-    """(aggregate id, version) of every snapshot whose seal does not hold (the audit's
-    ``snapshot`` finding), read in the caller's transaction, in table order."""
+def unsealed_snapshots(conn: psycopg.Connection[Any]) -> list[tuple[UUID, int, str]]:
+    """(aggregate id, version, why) of every snapshot whose seal does not hold (the
+    audit's ``snapshot`` finding), read in the caller's transaction, in table order."""
     query = _with_heads(
         Identifier("public", SNAPSHOTS_TABLE), Identifier("public", EVENTS_TABLE)
     ) + SQL(" ORDER BY s.originator_id, s.originator_version")
     with conn.cursor(row_factory=dict_row) as curs:
         return [
-            (row["originator_id"], row["originator_version"])
+            (row["originator_id"], row["originator_version"], problem)
             for row in curs.execute(query)
-            if not seal_holds(row)
+            if (problem := seal_problem(row)) is not None
         ]
 
 

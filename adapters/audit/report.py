@@ -122,8 +122,8 @@ def audit(
                 findings += compare_balances(conn, balances, scope.customer)
                 findings += compare_lines(conn, result, scope.customer)
                 findings += [
-                    Finding("snapshot", f"{i} v{v}", "its seal does not match its head event")
-                    for i, v in unsealed_snapshots(conn)
+                    Finding("snapshot", f"{i} v{v}", f"{why}: never used on load")
+                    for i, v, why in unsealed_snapshots(conn)
                 ]
             findings += dead_letters_without_reason(conn)
     items = stripe_items() if stripe_items is not None else None

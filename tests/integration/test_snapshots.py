@@ -13,6 +13,7 @@ from adapters.audit.replay import Scope
 from adapters.audit.report import audit
 from adapters.bootstrap import login, migrate, open_ledger
 from adapters.settings import Settings
+from domain.account import CustomerAccount
 from domain.ids import account_id
 from store.ledger import BillingLedger
 from store.roles import AUDITOR
@@ -65,9 +66,7 @@ def _assert_passed_over(settings: Settings, server: str) -> None:
 
 def _snapshot_findings(settings: Settings, server: str) -> list[str]:
     """The audit's ``snapshot`` findings, with the auditor's login."""
-    auditor = settings.model_copy(update={"database_url": as_role(server, AUDITOR)})
-    report = audit(login(auditor), Scope(), horizon=auditor.overdue_after(), progress=False)
-    return [f.subject for f in report.findings if f.kind == "snapshot"]
+    return list(_details(settings, server))
 
 
 def test_an_unsealed_snapshot_inserted_with_the_writers_login_is_not_used(
@@ -105,3 +104,100 @@ def test_a_snapshot_the_ledger_took_is_used_and_one_edited_after_is_not(
         topic, state,
     )  # fmt: skip
     _assert_passed_over(roles_settings, server)
+
+
+def _insert_rows(url: str, rows: list[tuple[int, str | None, bytes | None, bytes | None]]) -> None:
+    """Snapshot rows of the account as (version, topic, state, seal), with ``url``'s login."""
+    with psycopg.connect(url) as conn:
+        for version, topic, state, seal in rows:
+            conn.execute(
+                "INSERT INTO public.billingledger_snapshots (originator_id, originator_version,"
+                " topic, state, seal) VALUES (%s, %s, %s, %s, %s)",
+                (CUSTOMER, version, topic, state, seal),
+            )
+
+
+def _details(settings: Settings, server: str) -> dict[str, str]:
+    """The audit's ``snapshot`` findings (subject: detail), with the auditor's login."""
+    auditor = settings.model_copy(update={"database_url": as_role(server, AUDITOR)})
+    report = audit(login(auditor), Scope(), horizon=auditor.overdue_after(), progress=False)
+    return {f.subject: f.detail for f in report.findings if f.kind == "snapshot"}
+
+
+def test_a_snapshot_the_ledger_took_is_used_after_a_restart(
+    roles_settings: Settings,
+) -> None:
+    migrate(roles_settings)
+    with open_ledger(roles_settings) as ledger:
+        ledger.set_spend_limit("capped", "USD", 800)
+        ledger.take_snapshot(CUSTOMER)
+    with open_ledger(roles_settings) as ledger:  # a new worker: nothing kept in memory
+        assert ledger.snapshots is not None
+        (used,) = ledger.snapshots.get(CUSTOMER, desc=True, limit=1)
+        assert used.originator_version == 1
+        account = ledger.account("capped", "USD")
+        assert account is not None and account.spend_limit == 800
+        assert _recorder(ledger).refused == 0
+
+
+def test_rows_above_the_ledgers_snapshot_neither_hide_it_nor_fail_a_save(
+    roles_settings: Settings, server: str
+) -> None:
+    """Forged rows at versions above the ledger's own snapshot (one at the version the
+    account reaches next, with a garbage seal; one far ahead of the history, with none):
+    the load still finds the ledger's snapshot (the limit is applied to the snapshots that
+    hold, not to the rows), and the save that reaches the forged row's version records its
+    usage once (its snapshot is dropped, not the save), with the writer's login."""
+    migrate(roles_settings)
+    with open_ledger(roles_settings) as ledger:
+        ledger.set_spend_limit("capped", "USD", 800)
+        ledger.take_snapshot(CUSTOMER)  # the ledger's own, at version 1
+        topic, state = _unlimited_state(ledger)
+    _insert_rows(
+        roles_settings.database_url,
+        [(2, topic, state, bytes(32)), (1_000_000_000, topic, state, None)],
+    )
+    with open_ledger(roles_settings) as ledger:
+        assert ledger.snapshots is not None
+        (used,) = ledger.snapshots.get(CUSTOMER, desc=True, limit=1)
+        assert used.originator_version == 1
+        assert _recorder(ledger).refused == 0  # rows above the history are not even read
+        ledger.snapshotting_intervals = {CustomerAccount: 2}  # a snapshot at version 2
+        assert len(record(ledger, "capped", ["c-1"])) == 1  # recorded, not a duplicate
+        assert ledger.last_save.attempts == 1
+        (used,) = ledger.snapshots.get(CUSTOMER, desc=True, limit=1)  # past the forged v2
+        assert used.originator_version == 1
+        ledger.repository.cache = None
+        account = ledger.account("capped", "USD")
+        assert account is not None and account.version == 2 and account.spend_limit == 800
+    assert _details(roles_settings, server) == {
+        f"{CUSTOMER} v2": "its seal does not match its head event (forged or edited): never"
+        " used on load",
+        f"{CUSTOMER} v1000000000": "no seal (taken before migration 5, or inserted without"
+        " one): never used on load",
+    }
+
+
+def test_malformed_snapshot_rows_are_passed_over_not_raised(
+    roles_settings: Settings, server: str
+) -> None:
+    """Rows the column types allow but the ledger never writes (no state, no topic, a
+    seal of the wrong length), with the writer's login: the load and the audit pass
+    them over; nothing stops billing."""
+    migrate(roles_settings)
+    with open_ledger(roles_settings) as ledger:
+        for limit in (700, 750, 800):  # the account's versions 1-3
+            ledger.set_spend_limit("capped", "USD", limit)
+        topic, state = _unlimited_state(ledger)
+    _insert_rows(
+        roles_settings.database_url,
+        [(1, topic, None, bytes(32)), (2, None, state, bytes(32)), (3, topic, state, b"\x01")],
+    )
+    with open_ledger(roles_settings) as ledger:
+        account = ledger.account("capped", "USD")
+        assert account is not None and account.spend_limit == 800
+        assert _recorder(ledger).refused == 3
+    details = _details(roles_settings, server)
+    assert sorted(details) == [f"{CUSTOMER} v1", f"{CUSTOMER} v2", f"{CUSTOMER} v3"]
+    assert details[f"{CUSTOMER} v1"].startswith("malformed")
+    assert details[f"{CUSTOMER} v2"].startswith("malformed")
