@@ -274,6 +274,8 @@ def build_webhook_server(settings: Settings, ledger: BillingLedger) -> HttpServe
         WebhookStore(db),
         settings.webhook_secret_list(),
         tolerance_s=settings.webhook_tolerance_s,
+        max_group=settings.webhook_group_max,
+        answer_within_s=2 * settings.webhook_timeout_s,
     )
     limits = HttpLimits(
         header_timeout_s=settings.webhook_timeout_s,
@@ -285,7 +287,8 @@ def build_webhook_server(settings: Settings, ledger: BillingLedger) -> HttpServe
         handler, settings.webhook_host, settings.webhook_port, limits,
         settings.webhook_max_concurrency,
     )  # fmt: skip
-    server.on_stop = db.close
+    handler.start()
+    server.on_stop = handler.stop  # its last groups, then its receipts' pool
     return server
 
 

@@ -182,6 +182,9 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = Field(
         10.0, gt=0, description="a request's headers and body must arrive within this"
     )
+    webhook_group_max: int = Field(
+        200, ge=1, le=1000, description="webhooks applied in one transaction at most (1: alone)"
+    )
 
     def webhook_secret_list(self) -> list[str]:
         return [s.strip() for s in self.webhook_secrets.get_secret_value().split(",") if s.strip()]

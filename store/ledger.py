@@ -16,7 +16,12 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, cast
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
+from eventsourcing.application import (
+    AggregateNotFoundError,
+    Application,
+    ProcessingEvent,
+    project_aggregate,
+)
 from eventsourcing.domain import (
     BaseAggregate,
     DomainEvent,
@@ -205,6 +210,19 @@ class BillingLedger(Application[UUID]):
     def invoice_by_id(self, invoice: UUID) -> Invoice | None:
         found = self._get(invoice)
         return found if isinstance(found, Invoice) else None
+
+    def invoices_by_id(self, ids: Sequence[UUID]) -> dict[UUID, Invoice]:
+        """The invoices of these ids that exist, each folded from all its events, read
+        in one query (an invoice is never snapshotted: its history is short)."""
+        if not isinstance(self.recorder, LedgerRecorder):  # another persistence (tests)
+            found = {i: self.invoice_by_id(i) for i in set(ids)}
+            return {i: invoice for i, invoice in found.items() if invoice is not None}
+        histories: dict[UUID, list[DomainEventProtocol[UUID]]] = {}
+        for stored in self.recorder.select_histories(ids):
+            event = self.mapper.to_domain_event(stored)
+            histories.setdefault(event.originator_id, []).append(event)
+        folded: dict[UUID, Any] = {i: project_aggregate(None, e) for i, e in histories.items()}
+        return {i: a for i, a in folded.items() if isinstance(a, Invoice)}
 
     def customer_link(self, customer_id: str) -> CustomerLink | None:
         found = self._get(customer_link_id(customer_id))

@@ -49,10 +49,10 @@ from eventsourcing.utils import retry
 from psycopg import Cursor
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow
-from psycopg.sql import SQL, Identifier
+from psycopg.sql import SQL, Composed, Identifier
 
 from domain.chain import GENESIS, event_hash
-from store.webhooks import WebhookReceipt, insert_receipt
+from store.webhooks import WebhookReceipt, insert_receipts
 
 __all__ = [
     "ConsumerPosition",
@@ -108,6 +108,10 @@ class LedgerRecorder(PostgresApplicationRecorder):
         ).format(table)
         self._select_recorded = SQL(
             "SELECT DISTINCT originator_id FROM {0} WHERE originator_id = ANY(%s)"
+        ).format(table)
+        self._select_histories = SQL(
+            "SELECT originator_id, originator_version, topic, state FROM {0}"
+            " WHERE originator_id = ANY(%s) ORDER BY originator_id, originator_version"
         ).format(table)
         self._select_first = SQL(
             "SELECT originator_id, originator_version, topic, state FROM {0}"
@@ -230,10 +234,18 @@ class LedgerRecorder(PostgresApplicationRecorder):
                 for row in curs.fetchall()
             }
 
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def select_histories(self, originator_ids: Iterable[UUID]) -> list[StoredEvent]:
+        """Every event of these aggregates, each aggregate's in order (one query)."""
+        return self._stored(self._select_histories, originator_ids)
+
     def select_first_events(self, originator_ids: Iterable[UUID]) -> list[StoredEvent]:
         """The first event (version 1) of each of these aggregates that has one (one query)."""
+        return self._stored(self._select_first, originator_ids)
+
+    def _stored(self, statement: Composed, originator_ids: Iterable[UUID]) -> list[StoredEvent]:
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
-            curs.execute(self._select_first, (list(set(originator_ids)),))
+            curs.execute(statement, (list(set(originator_ids)),))
             return [
                 StoredEvent(r["originator_id"], r["originator_version"], r["topic"], r["state"])
                 for r in curs.fetchall()
@@ -245,7 +257,7 @@ class LedgerRecorder(PostgresApplicationRecorder):
         stored_events: Sequence[StoredEvent],
         *,
         positions: Sequence[ConsumerPosition] = (),
-        webhook: WebhookReceipt | None = None,
+        webhooks: Sequence[WebhookReceipt] = (),
         **kwargs: Any,
     ) -> None:
         """Record Kafka consumer positions, or a Stripe event's receipt, in the same
@@ -256,8 +268,8 @@ class LedgerRecorder(PostgresApplicationRecorder):
         passes ``save(..., webhook=receipt)``: a Stripe event id already recorded
         raises ``AlreadyReceived`` and the effect is rolled back with it.
         """
-        if webhook is not None:
-            insert_receipt(curs, webhook)
+        if webhooks:
+            insert_receipts(curs, webhooks)
         if positions:
             curs.execute(
                 "INSERT INTO billing.consumer_positions (group_name, topic, partition, next_offset)"

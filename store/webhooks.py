@@ -12,6 +12,7 @@ rolled back with ``AlreadyReceived``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,7 +23,7 @@ from psycopg.rows import dict_row
 
 from store.connections import Database
 
-__all__ = ["AlreadyReceived", "WebhookReceipt", "WebhookStore", "insert_receipt"]
+__all__ = ["AlreadyReceived", "WebhookReceipt", "WebhookStore", "insert_receipts"]
 
 
 class AlreadyReceived(Exception):
@@ -42,18 +43,28 @@ class WebhookReceipt:
 
 _INSERT = (
     "INSERT INTO billing.webhook_events (event_id, type, invoice_id, outcome, created_at)"
-    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
+    " SELECT * FROM unnest(%s::text[], %s::text[], %s::uuid[], %s::text[], %s::timestamptz[])"
+    " ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
 )
 
 
-def insert_receipt(curs: Cursor[Any], receipt: WebhookReceipt) -> None:
-    """Record ``receipt`` in the caller's transaction; ``AlreadyReceived`` if it was."""
+def insert_receipts(curs: Cursor[Any], receipts: Sequence[WebhookReceipt]) -> None:
+    """Record ``receipts`` (distinct event ids) in the caller's transaction, in one
+    statement; ``AlreadyReceived`` if any of them was recorded before."""
     curs.execute(
         _INSERT,
-        (receipt.event_id, receipt.type, receipt.invoice_id, receipt.outcome, receipt.created_at),
+        (
+            [r.event_id for r in receipts],
+            [r.type for r in receipts],
+            [r.invoice_id for r in receipts],
+            [r.outcome for r in receipts],
+            [r.created_at for r in receipts],
+        ),
     )
-    if curs.fetchone() is None:
-        raise AlreadyReceived(receipt.event_id)
+    written = {row[0] if isinstance(row, tuple) else row["event_id"] for row in curs.fetchall()}
+    missing = [r.event_id for r in receipts if r.event_id not in written]
+    if missing:
+        raise AlreadyReceived(", ".join(missing[:5]))
 
 
 class WebhookStore:
@@ -62,12 +73,17 @@ class WebhookStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def seen(self, event_id: str) -> bool:
+    def close(self) -> None:
+        self.db.close()
+
+    def seen_any(self, event_ids: Sequence[str]) -> set[str]:
+        """Which of these Stripe event ids were recorded (one query)."""
         with self.db.connection() as conn:
-            row = conn.execute(
-                "SELECT 1 FROM billing.webhook_events WHERE event_id = %s", (event_id,)
-            ).fetchone()
-        return row is not None
+            rows = conn.execute(
+                "SELECT event_id FROM billing.webhook_events WHERE event_id = ANY(%s)",
+                (list(event_ids),),
+            ).fetchall()
+        return {str(row[0]) for row in rows}
 
     def count(self, outcome: str) -> None:
         """One more request answered ``outcome`` in this hour."""

@@ -10,8 +10,8 @@
    ``malformed``, counted.
 3. **Deduplicated** by Stripe's event id: a receipt already recorded answers 200 at
    once; otherwise the receipt row is written **in the same database transaction as
-   the effect** (``save(..., webhook=receipt)``), so a redelivery racing the first one
-   rolls back whole (``AlreadyReceived``) and is answered 200 too.
+   the effect** (``save(..., webhooks=receipts)``), so a redelivery racing the first
+   one rolls back whole (``AlreadyReceived``) and is answered 200 too.
 4. **Applied** by the ``Invoice`` aggregate's rules, in whatever order Stripe sends:
    ``invoice.finalized|paid|payment_failed|voided|marked_uncollectible`` through
    ``Invoice.observe`` (a stale or repeated view records nothing: ``stale``);
@@ -23,7 +23,15 @@
 5. **The database unreachable**: 503, so Stripe retries later; 200 is only answered
    after the receipt (and its effect) committed.
 
-A lost version race with the closer or another delivery reloads and decides again.
+Steps 1 and 2 run in the request's own thread; 3 and 4 for every request waiting at
+that moment together (``apply_group``, driven by ``adapters.webhooks.group``, at most
+``WEBHOOK_GROUP_MAX`` a group): one read of the receipts, one of the invoices, one
+transaction for all their effects and receipts. Two deliveries of one event in a group
+are one effect (the second answers ``duplicate``); two events of one invoice are
+applied in arrival order to the same aggregate. If the group's transaction loses a
+race (the closer or another group wrote one of its invoices first, or recorded one of
+its event ids), each of its events is applied again alone (``apply_one``), which
+reloads and decides again.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from eventsourcing.persistence import IntegrityError
 
 from adapters.observability.metrics import metrics
 from adapters.stripe.views import StripeEvent, invoice_view, stripe_event
+from adapters.webhooks.group import GroupCommit
 from domain.errors import IllegalTransition
 from domain.invoice import Invoice
 from store.errors import DATABASE_ERRORS
@@ -86,6 +95,11 @@ COUNTED = frozenset(
 )
 
 
+class _Tangled(Exception):
+    """An event refused after it had changed its invoice: its group is applied again
+    one event at a time, so the refused event's partial effect is never saved."""
+
+
 @dataclass(frozen=True)
 class WebhookAnswer:
     status: int
@@ -111,6 +125,9 @@ class WebhookHandler:
         *,
         tolerance_s: int = 300,
         clock: Callable[[], float] = time.time,
+        max_group: int = 200,
+        group_workers: int = 4,
+        answer_within_s: float = 20.0,
     ) -> None:
         if not secrets:
             raise ValueError("the webhook handler needs at least one signing secret")
@@ -119,27 +136,56 @@ class WebhookHandler:
         self._secrets = tuple(secrets)
         self.tolerance_s = tolerance_s
         self.clock = clock
+        self.group: GroupCommit[StripeEvent, WebhookAnswer] | None = (
+            GroupCommit(
+                self.apply_group,
+                self.unavailable,
+                max_group=max_group,
+                workers=group_workers,
+                answer_within_s=answer_within_s,
+                name="webhook-group",
+            )
+            if max_group > 1
+            else None
+        )
+
+    def start(self) -> None:
+        """Start applying requests in groups (the listener does, at start)."""
+        if self.group is not None:
+            self.group.start()
+
+    def stop(self) -> None:
+        """Answer the last groups, then close the receipts' pool."""
+        if self.group is not None:
+            self.group.stop()
+        self.store.close()
 
     def __repr__(self) -> str:  # never the secrets
         return f"WebhookHandler(secrets={len(self._secrets)}, tolerance_s={self.tolerance_s})"
 
     def handle(self, body: bytes, signature: str | None) -> WebhookAnswer:
+        """The answer to one request: verified and read here, then applied with the
+        requests waiting beside it (``group``, when the listener runs one), else alone."""
+        read = self.read(body, signature)
+        if isinstance(read, WebhookAnswer):
+            return read
+        if self.group is not None and self.group.running:
+            return self.group.submit(read)
+        return self.apply_group([read])[0]
+
+    def read(self, body: bytes, signature: str | None) -> StripeEvent | WebhookAnswer:
+        """The verified event, or the refusal to answer."""
         if not self.verified(body, signature):
             return self.refuse(400, WebhookOutcome.BAD_SIGNATURE)
         try:
-            event = stripe_event(body)
+            return stripe_event(body)
         except ValueError as exc:
             log.warning("webhook refused: %s", exc)
             return self.refuse(400, WebhookOutcome.MALFORMED)
-        try:
-            if self.store.seen(event.id):
-                return self._answer(200, WebhookOutcome.DUPLICATE, event)
-            return self._apply(event)
-        except AlreadyReceived:
-            return self._answer(200, WebhookOutcome.DUPLICATE, event)
-        except DATABASE_ERRORS as exc:
-            log.warning("webhook %s not recorded (database): %s", event.id, type(exc).__name__)
-            return self._answer(503, WebhookOutcome.UNAVAILABLE, event)
+
+    def unavailable(self, event: StripeEvent) -> WebhookAnswer:
+        """503: Stripe delivers it again later."""
+        return self._answer(503, WebhookOutcome.UNAVAILABLE, event)
 
     def verified(self, body: bytes, signature: str | None) -> bool:
         """Whether ``signature`` signs ``body`` with one of the secrets, recently enough."""
@@ -170,32 +216,95 @@ class WebhookHandler:
 
     # -- effects ------------------------------------------------------------------------
 
-    def _apply(self, event: StripeEvent) -> WebhookAnswer:
-        for _ in range(self.max_races):
-            invoice_id, invoice, outcome = self._decide(event)
-            receipt = WebhookReceipt(event.id, event.type, invoice_id, outcome, event.created)
-            try:
-                if invoice is not None and invoice.pending_events:
-                    self.ledger.save(invoice, webhook=receipt)
-                else:
-                    self.ledger.save(webhook=receipt)
-            except IntegrityError:
-                continue  # the closer or another delivery recorded first: decide again
-            return self._answer(200, WebhookOutcome(outcome), event)
-        log.warning("webhook %s kept losing races; Stripe will retry it", event.id)
-        return self._answer(503, WebhookOutcome.UNAVAILABLE, event)
+    def apply_group(self, events: Sequence[StripeEvent]) -> list[WebhookAnswer]:
+        """Each event's answer, the effects of all of them saved in one transaction (see
+        the module docstring); on a race, each alone (``apply_one``)."""
+        first: dict[str, int] = {}
+        for i, event in enumerate(events):
+            first.setdefault(event.id, i)
+        try:
+            seen = self.store.seen_any(list(first))
+            todo = [events[i] for i in first.values() if events[i].id not in seen]
+            invoices = self._load_invoices(todo)
+            outcomes: dict[str, WebhookOutcome] = {}
+            receipts = []
+            for event in todo:
+                invoice_id, _, outcome = self._decide(event, invoices.get)
+                outcomes[event.id] = outcome
+                receipts.append(
+                    WebhookReceipt(event.id, event.type, invoice_id, outcome, event.created)
+                )
+            # One order for every group's rows: two groups never wait on each other in a cycle.
+            changed = sorted(
+                (invoice for invoice in invoices.values() if invoice.pending_events),
+                key=lambda invoice: invoice.id,
+            )
+            receipts.sort(key=lambda receipt: receipt.event_id)
+            if receipts:
+                self.ledger.save(*changed, webhooks=receipts)
+        except (IntegrityError, AlreadyReceived, _Tangled):
+            return [self.apply_one(event) for event in events]
+        except DATABASE_ERRORS as exc:
+            log.warning("%d webhooks not recorded (database): %s", len(events), type(exc).__name__)
+            return [self.unavailable(event) for event in events]
+        return [
+            self._answer(200, outcomes[event.id], event)
+            if i == first[event.id] and event.id in outcomes
+            else self._answer(200, WebhookOutcome.DUPLICATE, event)
+            for i, event in enumerate(events)
+        ]
 
-    def _decide(self, event: StripeEvent) -> tuple[UUID | None, Invoice | None, str]:
+    def apply_one(self, event: StripeEvent) -> WebhookAnswer:
+        """One event in a transaction of its own, deciding again after a lost race."""
+        try:
+            if self.store.seen_any([event.id]):
+                return self._answer(200, WebhookOutcome.DUPLICATE, event)
+            for _ in range(self.max_races):
+                try:
+                    invoice_id, invoice, outcome = self._decide(event, self.ledger.invoice_by_id)
+                except _Tangled:  # this invoice was loaded for this event alone: drop it
+                    invoice_id, invoice = event.metadata_uuid("invoice_id"), None
+                    outcome = WebhookOutcome.UNREADABLE
+                receipt = WebhookReceipt(event.id, event.type, invoice_id, outcome, event.created)
+                try:
+                    if invoice is not None and invoice.pending_events:
+                        self.ledger.save(invoice, webhooks=[receipt])
+                    else:
+                        self.ledger.save(webhooks=[receipt])
+                except IntegrityError:
+                    continue  # the closer or another delivery recorded first: decide again
+                return self._answer(200, outcome, event)
+        except AlreadyReceived:
+            return self._answer(200, WebhookOutcome.DUPLICATE, event)
+        except DATABASE_ERRORS as exc:
+            log.warning("webhook %s not recorded (database): %s", event.id, type(exc).__name__)
+            return self.unavailable(event)
+        log.warning("webhook %s kept losing races; Stripe will retry it", event.id)
+        return self.unavailable(event)
+
+    def _load_invoices(self, events: Sequence[StripeEvent]) -> dict[UUID, Invoice]:
+        ids = {
+            invoice_id
+            for event in events
+            if event.type in HANDLED_TYPES
+            and (invoice_id := event.metadata_uuid("invoice_id")) is not None
+        }
+        return self.ledger.invoices_by_id(list(ids)) if ids else {}
+
+    def _decide(
+        self, event: StripeEvent, load: Callable[[UUID], Invoice | None]
+    ) -> tuple[UUID | None, Invoice | None, WebhookOutcome]:
         """(our invoice id, the invoice with the effect pending, the outcome)."""
         if event.type not in HANDLED_TYPES:
             return None, None, WebhookOutcome.IGNORED
         invoice_id = event.metadata_uuid("invoice_id")
-        invoice = self.ledger.invoice_by_id(invoice_id) if invoice_id is not None else None
+        invoice = load(invoice_id) if invoice_id is not None else None
         if invoice is None:
             return invoice_id, None, WebhookOutcome.UNKNOWN_INVOICE
         stripe_id = event.obj.get("id") if event.type in INVOICE_TYPES else event.obj.get("invoice")
         if invoice.stripe_invoice_id is not None and stripe_id != invoice.stripe_invoice_id:
             return invoice_id, None, WebhookOutcome.UNKNOWN_INVOICE  # not the ledger's draft
+        before = len(invoice.pending_events)
         try:
             changed = (
                 self._observe(invoice, event)
@@ -203,6 +312,8 @@ class WebhookHandler:
                 else self._credit(invoice, event)
             )
         except ValueError as exc:
+            if len(invoice.pending_events) != before:  # never: reading comes before deciding
+                raise _Tangled(event.id) from exc
             log.warning("webhook %s (%s) unreadable: %s", event.id, event.type, exc)
             return invoice_id, None, WebhookOutcome.UNREADABLE
         return invoice_id, invoice, WebhookOutcome.APPLIED if changed else WebhookOutcome.STALE

@@ -41,7 +41,9 @@ from adapters.charging.closer import CloseResult, InvoiceCloser
 from adapters.charging.pusher import LinePusher
 from adapters.http.server import HttpServer
 from adapters.settings import Settings
+from adapters.stripe.views import stripe_event
 from adapters.webhooks.app import PATH
+from adapters.webhooks.handler import WebhookHandler
 from domain.invoice import Invoice
 from domain.invoice_states import InvoiceState
 from domain.metering import Metering, Source
@@ -451,3 +453,74 @@ def test_idle_trickling_and_slow_body_clients_are_cut_off_and_others_still_serve
     finally:
         server.stop()
     assert parts.store.counts() == {"slow_body": 1}
+
+
+def _handler(parts: Parts, db: Database) -> WebhookHandler:
+    """A handler of the listener's kind with no group thread: ``apply_group`` called here."""
+    return WebhookHandler(parts.ledger, WebhookStore(db), [SECRET], max_group=1)
+
+
+def test_a_group_of_webhooks_is_applied_once_each_in_one_transaction(parts: Parts) -> None:
+    """Duplicates inside the group answer ``duplicate``; two events of one invoice apply in
+    order to the same aggregate; unknown invoices and other types are recorded as such."""
+    a, b = (
+        parts.finalize(_invoice_of(parts.ledger, record(parts.ledger, c, [f"{c}-1"], 2500)[0]))
+        for c in ("grp-a", "grp-b")
+    )
+    for invoice in (a, b):
+        parts.emulator.fail_payment(str(invoice.stripe_invoice_id))
+        parts.emulator.pay_invoice(str(invoice.stripe_invoice_id))
+    failed_b = _stripe_event(parts.emulator, "invoice.payment_failed", str(b.stripe_invoice_id))
+    paid_a = _stripe_event(parts.emulator, "invoice.paid", str(a.stripe_invoice_id))
+    paid_b = _stripe_event(parts.emulator, "invoice.paid", str(b.stripe_invoice_id))
+    stranger = {**paid_a, "id": "evt_stranger", "data": {"object": {
+        **paid_a["data"]["object"], "metadata": {"invoice_id": str(UUID(int=7))}}}}  # fmt: skip
+    other = {"id": "evt_other", "type": "customer.created", "data": {"object": {}}}
+    group = [paid_a, failed_b, paid_a, paid_b, stranger, other]
+    with Database(parts.settings.database_url) as db:
+        answers = _handler(parts, db).apply_group([stripe_event(_signed(e)[0]) for e in group])
+    assert [(x.status, x.outcome.value) for x in answers] == [
+        (200, "applied"), (200, "applied"), (200, "duplicate"), (200, "applied"),
+        (200, "unknown_invoice"), (200, "ignored"),
+    ]  # fmt: skip
+    assert parts.invoice(a.id).state is parts.invoice(b.id).state is InvoiceState.PAID
+    b_events = [type(e) for e in parts.ledger.history(b.id)]
+    assert b_events[-2:] == [Invoice.PaymentFailed, Invoice.Paid]
+    assert sorted(r["event_id"] for r in parts.store.receipts()) == sorted(
+        e["id"] for e in (paid_a, failed_b, paid_b, stranger, other)
+    )
+    _audit_clean(parts)
+
+
+def test_a_group_that_loses_a_race_is_applied_again_one_event_at_a_time(
+    parts: Parts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another delivery records one of the group's invoices between the group's read and
+    its save: the group's transaction fails whole and each event is decided again alone."""
+    c, d = (
+        parts.finalize(_invoice_of(parts.ledger, record(parts.ledger, x, [f"{x}-1"], 2500)[0]))
+        for x in ("race-c", "race-d")
+    )
+    for invoice in (c, d):
+        parts.emulator.pay_invoice(str(invoice.stripe_invoice_id))
+    paid_c, paid_d = (
+        stripe_event(
+            _signed(_stripe_event(parts.emulator, "invoice.paid", str(i.stripe_invoice_id)))[0]
+        )
+        for i in (c, d)
+    )
+    with Database(parts.settings.database_url) as db:
+        handler, rival = _handler(parts, db), _handler(parts, db)
+        read = parts.ledger.invoices_by_id
+
+        def read_then_lose(ids: Any) -> Any:
+            found = read(ids)
+            assert rival.apply_one(paid_c).outcome.value == "applied"  # commits first
+            return found
+
+        monkeypatch.setattr(parts.ledger, "invoices_by_id", read_then_lose)
+        answers = handler.apply_group([paid_c, paid_d])
+    assert [x.outcome.value for x in answers] == ["duplicate", "applied"]
+    for invoice in (c, d):
+        assert [type(e) for e in parts.ledger.history(invoice.id)].count(Invoice.Paid) == 1
+    assert sorted(r["event_id"] for r in parts.store.receipts()) == sorted([paid_c.id, paid_d.id])
