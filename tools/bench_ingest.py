@@ -38,6 +38,7 @@ from adapters.bootstrap import (
 )
 from adapters.broker import make_producer
 from adapters.progress import Progress, step
+from adapters.runtime import tune_gc
 from adapters.settings import Settings
 from domain.usage import UsageRecord
 from infra.embedded import EmbeddedPostgres, TansuBroker
@@ -234,6 +235,7 @@ def _ingest_process(settings_data: dict[str, Any], index: int, group: _Group) ->
         while not start.is_set():
             consumer.poll(timeout_ms=100)  # joins the group; paused partitions yield nothing
         consumer.resume(*consumer.assignment())
+        tune_gc()  # as ``billing-ledger run`` does after start-up
         counted = [0, time.monotonic()]
 
         def on_batch(stats: Any) -> None:

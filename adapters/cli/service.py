@@ -169,6 +169,7 @@ def _run_workers(args: argparse.Namespace, settings: Settings) -> int:
     from adapters.observability.health_server import HealthProbe, HealthServer
     from adapters.observability.logs import configure_logging
     from adapters.roles import run_roles
+    from adapters.runtime import tune_gc
 
     configure_logging(args.log_level)
     prepare(settings)
@@ -189,6 +190,7 @@ def _run_workers(args: argparse.Namespace, settings: Settings) -> int:
                 )
             )
         ledger = stack.enter_context(open_ledger(settings))
+        tune_gc()  # start-up done: the heap so far is frozen (adapters.runtime)
         run_roles(settings, ledger, roles, stop, drill=args.drill)
     return 0
 
