@@ -53,6 +53,7 @@ from psycopg.sql import SQL, Identifier
 from psycopg.types.string import BytesBinaryDumper
 
 from domain.chain import GENESIS, event_hash
+from store.ingest_rows import Row
 from store.webhooks import WebhookReceipt, insert_receipt
 
 __all__ = [
@@ -124,21 +125,30 @@ class LedgerRecorder(PostgresApplicationRecorder):
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(
-        self, stored_events: Sequence[StoredEvent], *, notification_ids: bool = True, **kwargs: Any
+        self,
+        stored_events: Sequence[StoredEvent],
+        *,
+        notification_ids: bool = True,
+        rows: Sequence[Row] = (),
+        **kwargs: Any,
     ) -> Sequence[int] | None:
         """Insert in one plain transaction (no pipeline: nothing else to send first).
 
         The stock recorder pipelines the lock, the NOTIFY and the insert; with a
         multi-megabyte batch that pipeline stalled here with both ends waiting to read.
-        With ``notification_ids=False`` the rows are copied and None is returned.
+        With ``notification_ids=False`` the rows are copied and None is returned; then
+        ``rows`` (already encoded and chained: ``store.ingest_rows``, new aggregates
+        only) are copied after the events, in the same transaction.
         """
+        if rows and notification_ids:
+            raise ProgrammingError("ready rows are copied: save them with notification_ids=False")
         with self.datastore.get_connection() as conn, conn.transaction(), conn.cursor() as curs:
             self._insert_events(curs, stored_events, **kwargs)  # e.g. a process's tracking row
-            if not stored_events:
+            if not stored_events and not rows:
                 return []
             chained = self._chain(curs, stored_events)
             if not notification_ids:
-                self._copy(curs, stored_events, chained)
+                self._copy(curs, stored_events, chained, rows)
                 return None
             curs.execute(
                 self._insert_arrays,
@@ -159,6 +169,7 @@ class LedgerRecorder(PostgresApplicationRecorder):
         curs: Cursor[DictRow],
         stored_events: Iterable[StoredEvent],
         chained: Sequence[tuple[bytes, bytes]],
+        rows: Sequence[Row],
     ) -> None:
         # Binary COPY: ~2 us of client CPU per row, against ~18 us to dump four arrays.
         # By oid, bytea's binary dumper is the DB-API ``Binary`` wrapper's, in Python (a
@@ -170,6 +181,9 @@ class LedgerRecorder(PostgresApplicationRecorder):
                 copy.write_row(
                     (e.originator_id, e.originator_version, e.topic, e.state, prev, digest)
                 )
+            write = copy.write_row
+            for row in rows:
+                write(row)
 
     def _chain(
         self, curs: Cursor[DictRow], stored_events: Sequence[StoredEvent]
