@@ -60,6 +60,11 @@ def add_commands(sub: Any) -> None:
         "--health-port", type=port_or_zero,
         help="serve /healthz /readyz /health /metrics here (0: off; default: the setting)",
     )  # fmt: skip
+    run.add_argument(
+        "--ingest-processes", type=int, metavar="N",
+        help="run the ingest role as N processes in the consumer group (1: a thread of this"
+        " process; default: the setting, else the cores this process may use)",
+    )  # fmt: skip
     run.add_argument("--drill", choices=DRILLS, default="", help=argparse.SUPPRESS)
     run.set_defaults(handler=_run)
 
@@ -157,6 +162,10 @@ def _run(args: argparse.Namespace) -> int:
     from adapters.settings import Settings
 
     settings = Settings()  # first: a bad setting is one line, before anything starts
+    if args.ingest_processes is not None:
+        if args.ingest_processes < 1:
+            raise CliError("--ingest-processes must be at least 1")
+        settings = settings.model_copy(update={"ingest_processes": args.ingest_processes})
     shutdown_tracing = configure_tracing(settings)
     try:
         return _run_workers(args, settings)
@@ -191,7 +200,7 @@ def _run_workers(args: argparse.Namespace, settings: Settings) -> int:
             )
         ledger = stack.enter_context(open_ledger(settings))
         tune_gc()  # start-up done: the heap so far is frozen (adapters.runtime)
-        run_roles(settings, ledger, roles, stop, drill=args.drill)
+        run_roles(settings, ledger, roles, stop, drill=args.drill, log_level=args.log_level)
     return 0
 
 
