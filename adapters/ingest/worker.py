@@ -251,7 +251,9 @@ class IngestWorker:
         reasons (``domain.duplicates``); the rest are silent duplicates."""
         if not decision.duplicates:
             return []
-        first: dict[Any, Any] = {t.id: t.metered for t in decision.transactions}
+        wanted = {m.transaction_id for m in decision.duplicates}
+        # Only the duplicated ones: a transaction's Metered event is built when asked for.
+        first: dict[Any, Any] = {t.id: t.metered for t in decision.transactions if t.id in wanted}
         earlier = [m.transaction_id for m in decision.duplicates if m.transaction_id not in first]
         if earlier:
             first.update(self.ledger.first_events(earlier))
