@@ -1,6 +1,8 @@
 """Running roles: ``run_roles`` runs a set of worker roles, each in its own thread under
 ``adapters.supervisor`` (a role that fails is rebuilt and restarted; only repeated
 failure ends the process), until stopped, and returns only once every role has ended.
+With ``ingest_processes`` > 1, ingest runs as that many child processes, each a role of
+the same supervisor (``adapters.ingest.processes``).
 Each role's factory is here (``_ingest_role``, ..., ``_webhook_role``); the parts they
 run are built by ``adapters.bootstrap``, the composition root.
 """
@@ -8,9 +10,11 @@ run are built by ``adapters.bootstrap``, the composition root.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 from uuid import UUID
 
 from adapters.bootstrap import (
@@ -34,6 +38,7 @@ from adapters.charging.pusher import LinePusher
 from adapters.charging.reconciler import Reconciler
 from adapters.charging.scheduler import LineScheduler
 from adapters.drills import fail_first_call, install_drill
+from adapters.ingest.processes import child_roles, watch_parent
 from adapters.ingest.worker import IngestStats
 from adapters.observability.heartbeat import Heartbeat, Pulses
 from adapters.settings import Settings
@@ -44,7 +49,7 @@ from projections.invoices import due_invoices
 from store.connections import Database
 from store.ledger import BillingLedger
 
-__all__ = ["drive_invoices", "restart_policy", "run_roles"]
+__all__ = ["drive_invoices", "restart_policy", "run_ingest_child", "run_roles"]
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +63,14 @@ def run_roles(
     stop: threading.Event,
     *,
     drill: str = "",
+    log_level: str = "INFO",
 ) -> None:
     """Run the roles, each supervised (``adapters.supervisor``: a failed role restarts),
     until ``stop`` is set; return once every role has ended, so the caller may close
     the ledger. Raises ``WorkerFailed`` when a role failed too often (then ``stop`` is
     set and every other role has ended too)."""
     with database(settings) as db:
-        _run_roles(settings, ledger, db, roles, stop, drill=drill)
+        _run_roles(settings, ledger, db, roles, stop, drill=drill, log_level=log_level)
     # the pool closes here, after every role's thread has ended
 
 
@@ -76,6 +82,7 @@ def _run_roles(
     stop: threading.Event,
     *,
     drill: str,
+    log_level: str,
 ) -> None:
     if "webhooks" in roles and not settings.webhook_secret_list():
         log.warning("webhooks role not started: WEBHOOK_SECRETS is not set")
@@ -85,7 +92,12 @@ def _run_roles(
     stats: dict[str, Callable[[], object]] = {}
     pusher: LinePusher | None = None
     breakers: list[CircuitBreaker] = []
-    if "ingest" in roles:
+    beating = list(roles)  # the roles this process's heartbeat names
+    processes = settings.ingest_process_count() if "ingest" in roles else 0
+    if processes > 1:  # each in a process of its own (adapters.ingest.processes)
+        factories.update(child_roles(settings, processes, run_ingest_child, log_level, pulses.of))
+        beating = [r for r in roles if r != "ingest"] + [f"ingest-processes:{processes}"]
+    elif "ingest" in roles:
         factories["ingest"], stats["ingest"] = _ingest_role(settings, ledger, db, pulses)
         retention = build_retention(settings)
         factories["retention"] = lambda: retention.run
@@ -123,7 +135,7 @@ def _run_roles(
     heartbeat = Heartbeat(
         settings,
         login(settings, pool_size=0, connect_timeout_s=5),
-        roles,
+        beating,
         breakers=breakers,
         stats=lambda: {
             **{k: f() for k, f in stats.items()},
@@ -134,6 +146,30 @@ def _run_roles(
     factories["heartbeat"] = lambda: heartbeat.run
     supervised.append(Supervisor(factories, stop, policy=restart_policy(settings)))
     supervised[0].run()
+
+
+def run_ingest_child(settings_data: dict[str, Any], log_level: str, parent_pid: int) -> None:
+    """One ingest process of ``run --ingest-processes N`` (``adapters.ingest.processes``):
+    the ingest role (its retention and heartbeat too) under a supervisor of its own,
+    until SIGTERM/SIGINT or its parent is gone."""
+    from adapters.bootstrap import open_ledger
+    from adapters.observability.logs import configure_logging
+    from adapters.observability.telemetry import configure_tracing
+    from adapters.runtime import tune_gc
+
+    configure_logging(log_level)
+    settings = Settings(**{**settings_data, "ingest_processes": 1})  # ingest right here
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    threading.Thread(target=watch_parent, args=(parent_pid, stop), daemon=True).start()
+    shutdown_tracing = configure_tracing(settings)
+    try:
+        with open_ledger(settings) as ledger:
+            tune_gc()
+            run_roles(settings, ledger, ["ingest"], stop)
+    finally:
+        shutdown_tracing()
 
 
 def restart_policy(settings: Settings) -> RestartPolicy:

@@ -115,6 +115,9 @@ class Settings(BaseSettings):
         30, ge=0, description="dead letters older than this are removed (0: kept forever)"
     )
     batch_max_records: int = Field(2000, ge=1, description="records per database save")
+    ingest_processes: int | None = Field(
+        None, ge=1, description="ingest processes `run` starts (default: the cores it may use)"
+    )
     poll_timeout_ms: int = Field(200, ge=1)
     fetch_max_wait_ms: int = Field(
         10, ge=1, description="longest a fetch waits for data (latency of each Kafka hop)"
@@ -253,6 +256,12 @@ class Settings(BaseSettings):
 
     def periods(self) -> PeriodPolicy:
         return PeriodPolicy.parse(self.billing_period)
+
+    def ingest_process_count(self) -> int:
+        """``ingest_processes``, or else the cores this process may run on."""
+        if self.ingest_processes is not None:
+            return self.ingest_processes
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(

@@ -21,12 +21,12 @@ Two forms of the same decision:
 
 * ``meter_batch`` builds ``BillingTransaction`` aggregates and calls their methods:
   the reference, and what a reader should follow;
-* ``meter_batch_events`` returns the very events those methods record, without
-  building the aggregates. Every transaction of a batch is new, so its whole
+* ``domain.metering_events.meter_batch_events`` decides the same without building
+  the transactions' aggregates: every transaction of a batch is new, so its whole
   history is known up front (Metered, then Reserved or Compensated); building and
-  mutating an aggregate per record was most of the ingest's CPU time. Accounts are
-  still aggregates (a handful per batch). ``tests/unit/test_perf_metering_events.py``
-  proves both forms record the same events.
+  mutating an aggregate per record was most of the ingest's CPU time. Accounts, lines
+  and invoices are still aggregates (a handful per batch).
+  ``tests/unit/test_perf_metering_events.py`` proves both forms record the same events.
 """
 
 from __future__ import annotations
@@ -38,8 +38,6 @@ from decimal import Decimal
 from functools import cached_property
 from uuid import UUID
 
-from eventsourcing.utils import get_topic
-
 from domain.account import CustomerAccount
 from domain.errors import IllegalTransition, InvalidUsage
 from domain.ids import transaction_id
@@ -47,26 +45,16 @@ from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine
 from domain.periods import Period, PeriodPolicy
 from domain.pricing import PriceList
-from domain.transaction import BillingTransaction, Source, TxnState
+from domain.transaction import BillingTransaction, Source
 from domain.usage import UsageRecord
 
-__all__ = [
-    "LineBook",
-    "MeteredBatch",
-    "Metering",
-    "MeteringDecision",
-    "NewTransaction",
-    "meter_batch",
-    "meter_batch_events",
-]
+__all__ = ["LineBook", "Metering", "MeteringDecision", "meter_batch", "refusal"]
 
 AccountLoader = Callable[[str, str], CustomerAccount | None]
 LineLoader = Callable[[UUID], InvoiceLine | None]
 InvoiceLoader = Callable[[UUID], Invoice | None]
 
 MAX_LATE_HOPS = 1000  # periods tried after a closed one (each closed early by hand)
-
-_TXN_TOPIC = get_topic(BillingTransaction)
 
 
 @dataclass(frozen=True)
@@ -142,7 +130,7 @@ def meter_batch(
                 line = book.line_for(txn.meter, periods.period_of(txn.occurred_at))
                 by_line.setdefault(line.id, []).append(txn)
             else:
-                txn.compensate(_refusal(account, txn.amount))
+                txn.compensate(refusal(account, txn.amount))
         for line_id, members in by_line.items():
             line = book.lines[line_id]
             line.settle([(t.id, t.amount) for t in members])
@@ -176,9 +164,19 @@ class LineBook:
         self.now = now
         self.lines: dict[UUID, InvoiceLine] = {}
         self.invoices: dict[UUID, Invoice | None] = {}
+        self._chosen: dict[tuple[str, Period], InvoiceLine] = {}
 
     def line_for(self, meter: str, occurred: Period) -> InvoiceLine:
-        """The line usage of ``meter`` that occurred in ``occurred`` joins."""
+        """The line usage of ``meter`` that occurred in ``occurred`` joins (the same line
+        for the rest of the batch: nothing in a batch freezes a line or closes an invoice,
+        so the answer is kept rather than its id derived again per record)."""
+        key = (meter, occurred)
+        found = self._chosen.get(key)
+        if found is None:
+            found = self._chosen[key] = self._line_for(meter, occurred)
+        return found
+
+    def _line_for(self, meter: str, occurred: Period) -> InvoiceLine:
         found = self._usable(meter, occurred, None)
         if found is not None:
             return found
@@ -231,154 +229,8 @@ class LineBook:
         return self.invoices[key]
 
 
-# -- the same decision, as events --------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NewTransaction:
-    """A transaction a batch creates, as the events that start its history."""
-
-    metered: BillingTransaction.Metered
-    then: BillingTransaction.Reserved | BillingTransaction.Compensated
-
-    @property
-    def id(self) -> UUID:
-        return self.metered.originator_id
-
-    @property
-    def amount(self) -> Decimal:
-        return self.metered.amount
-
-    @property
-    def compensation_reason(self) -> str | None:
-        """Why the limit refused it, or None when it is reserved."""
-        if isinstance(self.then, BillingTransaction.Compensated):
-            return self.then.reason
-        return None
-
-
-@dataclass
-class MeteredBatch:
-    """What one batch changes: new transactions as events, accounts as aggregates."""
-
-    transactions: list[NewTransaction] = field(default_factory=list)
-    accounts: list[CustomerAccount] = field(default_factory=list)
-    lines: list[InvoiceLine] = field(default_factory=list)
-    invoices: list[Invoice] = field(default_factory=list)  # opened or given a new line
-    duplicates: list[Metering] = field(default_factory=list)
-    rejected: list[tuple[Metering, str]] = field(default_factory=list)
-
-    @property
-    def refused(self) -> list[NewTransaction]:
-        """Transactions compensated at ingest because the limit refused them."""
-        return [t for t in self.transactions if t.compensation_reason is not None]
-
-    @property
-    def transaction_events(self) -> list[BillingTransaction.Event]:
-        """Every new transaction's events, in batch order (Metered, then the next)."""
-        return [e for t in self.transactions for e in (t.metered, t.then)]
-
-
-def meter_batch_events(
-    batch: Sequence[Metering],
-    prices: PriceList,
-    *,
-    load_account: AccountLoader,
-    load_line: LineLoader,
-    load_invoice: InvoiceLoader,
-    periods: PeriodPolicy,
-    now: datetime,
-    already_recorded: Collection[UUID] = (),
-) -> MeteredBatch:
-    """``meter_batch``'s decision as the events it records (see the module docstring)."""
-    result = MeteredBatch()
-    seen: set[UUID] = set(already_recorded)
-    metered: list[BillingTransaction.Metered] = []
-    by_account: dict[tuple[str, str], list[BillingTransaction.Metered]] = {}
-    for metering in batch:
-        txn_id = metering.transaction_id
-        if txn_id in seen:
-            result.duplicates.append(metering)
-            continue
-        try:
-            event = metered_event(txn_id, metering.record, prices, metering.source)
-        except InvalidUsage as exc:
-            result.rejected.append((metering, str(exc)))
-            continue
-        seen.add(txn_id)
-        metered.append(event)
-        by_account.setdefault((event.customer_id, event.currency), []).append(event)
-
-    then: dict[UUID, BillingTransaction.Reserved | BillingTransaction.Compensated] = {}
-    for (customer_id, currency), events in by_account.items():
-        account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
-        granted = account.reserve_all([(e.originator_id, e.amount) for e in events])
-        book = LineBook(customer_id, currency, load_line, load_invoice, periods, now)
-        by_line: dict[UUID, list[BillingTransaction.Metered]] = {}
-        for event, ok in zip(events, granted, strict=True):
-            if ok:
-                line = book.line_for(event.meter, periods.period_of(event.occurred_at))
-                by_line.setdefault(line.id, []).append(event)
-            else:
-                then[event.originator_id] = _compensated(event, account)
-        for line_id, members in by_line.items():
-            line = book.lines[line_id]
-            line.settle([(e.originator_id, e.amount) for e in members])
-            for event in members:
-                then[event.originator_id] = _reserved(event, account.id, line)
-            result.lines.append(line)
-        result.invoices.extend(book.touched_invoices())
-        result.accounts.append(account)
-    result.transactions = [NewTransaction(m, then[m.originator_id]) for m in metered]
-    return result
-
-
-def metered_event(
-    txn_id: UUID, record: UsageRecord, prices: PriceList, source: Source
-) -> BillingTransaction.Metered:
-    """The Metered event ``BillingTransaction.from_usage`` records for ``record``
-    (priced by the same ``BillingTransaction.metered_fields``)."""
-    event_class = BillingTransaction.Metered
-    return event_class(
-        originator_id=txn_id,
-        originator_version=BillingTransaction.INITIAL_VERSION,
-        timestamp=event_class.create_timestamp(),
-        originator_topic=_TXN_TOPIC,
-        **BillingTransaction.metered_fields(record, prices, source),
-    )
-
-
-def _reserved(
-    metered: BillingTransaction.Metered, account_id: UUID, line: InvoiceLine
-) -> BillingTransaction.Reserved:
-    """What ``BillingTransaction.reserve`` records on a just-Metered transaction."""
-    event_class = BillingTransaction.Reserved
-    return event_class(  # type: ignore[call-arg]
-        originator_id=metered.originator_id,
-        originator_version=metered.originator_version + 1,
-        timestamp=event_class.create_timestamp(),
-        account_id=account_id,
-        line_id=line.id,
-        line_version=line.sequence,
-    )
-
-
-def _compensated(
-    metered: BillingTransaction.Metered, account: CustomerAccount
-) -> BillingTransaction.Compensated:
-    """What ``BillingTransaction.compensate`` records on a just-Metered transaction."""
-    event_class = BillingTransaction.Compensated
-    return event_class(  # type: ignore[call-arg]
-        originator_id=metered.originator_id,
-        originator_version=metered.originator_version + 1,
-        timestamp=event_class.create_timestamp(),
-        reason=_refusal(account, metered.amount),
-        from_state=str(TxnState.METERED),
-        stripe_reversal_id=None,
-    )
-
-
-def _refusal(account: CustomerAccount, amount: Decimal) -> str:
+def refusal(account: CustomerAccount, amount: Decimal) -> str:
+    """Why the account's limit refuses ``amount`` (the Compensated event's reason)."""
     return (
         f"spend limit: {amount:f} {account.currency} would exceed the limit of "
         f"{account.spend_limit} {account.currency}"

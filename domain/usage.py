@@ -55,7 +55,9 @@ __all__ = [
     "MAX_EXPONENT",
     "MAX_NUMBER_CHARS",
     "UsageRecord",
+    "check_size",
     "decode_usage",
+    "usage_from_json",
 ]
 
 DEFAULT_MAX_RECORD_BYTES = 16 * 1024
@@ -106,11 +108,22 @@ class UsageRecord(BaseModel):
 def decode_usage(raw: bytes | None, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> UsageRecord:
     """Parse and validate one record; raise InvalidUsage with a one-line reason, and
     nothing else, whatever the bytes (see the module docstring)."""
+    return usage_from_json(_parse(check_size(raw, max_bytes)))
+
+
+def check_size(raw: bytes | None, max_bytes: int) -> bytes:
+    """``raw`` if it is a value within ``max_bytes``; else the reason, raised."""
     if raw is None:
         raise InvalidUsage("empty message (no value)")
     if len(raw) > max_bytes:
         raise InvalidUsage(f"payload of {len(raw)} bytes exceeds the {max_bytes}-byte limit")
-    data = _parse(raw)
+    return raw
+
+
+def usage_from_json(data: object) -> UsageRecord:
+    """The record a parsed JSON value holds (numbers as int or Decimal, never float);
+    raise InvalidUsage with the reason. ``decode_usage`` after parsing, shared with any
+    faster parser that hands it the very same value."""
     if not isinstance(data, dict):
         raise InvalidUsage(f"expected a JSON object, got {type(data).__name__}")
     try:

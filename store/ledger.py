@@ -1,10 +1,12 @@
 """The ledger application: loads and saves aggregates for the domain's decisions.
 
 ``BillingLedger`` is an eventsourcing ``Application``. It owns no rules: it asks
-``domain.metering.meter_batch_events`` what a batch changes and saves all of it in one
-database transaction. When that save loses an optimistic-concurrency race (an
+``domain.metering_events.meter_batch_events`` what a batch changes and saves all of it
+in one database transaction: on the first attempt, when the limit refused none of it,
+the new transactions as ready rows (``store.ingest_rows``: the events' very bytes and
+hashes), else as events. When that save loses an optimistic-concurrency race (an
 account or a transaction was written by someone else first), it reloads and
-re-decides; a redelivered record then finds its transaction already recorded and
+re-decides, with events; a redelivered record then finds its transaction already recorded and
 is counted as a duplicate, with no second write.
 """
 
@@ -41,11 +43,13 @@ from domain.customer import CustomerLink
 from domain.ids import account_id, customer_link_id, invoice_id, line_id, line_push_id
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
-from domain.metering import MeteredBatch, Metering, meter_batch_events
+from domain.metering import Metering
+from domain.metering_events import MeteredBatch, meter_batch_events
 from domain.periods import Period, PeriodPolicy
 from domain.pricing import PriceList
 from domain.transaction import BillingTransaction
 from store.errors import ConcurrencyExhausted
+from store.ingest_rows import transaction_rows
 from store.recorder import LedgerRecorder, OrjsonTranscoder
 from store.schema import SNAPSHOTS_TABLE
 from store.snapshots import SealedSnapshotRecorder
@@ -76,6 +80,9 @@ class BillingLedger(Application[UUID]):
         LinePush: 200,
     }
     max_attempts = 8
+    # A batch's first attempt saves its new transactions as ready rows when none was
+    # refused (store.ingest_rows: the events' very bytes and hashes, without the events).
+    fast_rows: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -106,12 +113,17 @@ class BillingLedger(Application[UUID]):
                 now=datetime.now(UTC),
                 already_recorded=recorded,
             )
-            events = decision.transaction_events
-            touched = [*decision.accounts, *decision.lines, *decision.invoices]
-            events_count = len(events) + sum(len(a.pending_events) for a in touched)
+            touched = decision.touched
+            events_count = 2 * len(decision.transactions) + sum(
+                len(a.pending_events) for a in touched
+            )
             try:
                 # Nothing reads this save's notification ids, so the recorder may skip them.
-                self.save(*touched, *events, notification_ids=False)
+                if attempt == 1 and self._fast_rows(decision):
+                    rows = transaction_rows(decision.transactions, self.mapper.transcoder)
+                    self.save(*touched, notification_ids=False, rows=rows)
+                else:
+                    self.save(*touched, *decision.transaction_events, notification_ids=False)
             except IntegrityError:
                 check_existing = True
                 continue
@@ -133,6 +145,17 @@ class BillingLedger(Application[UUID]):
             history_table_name=self.recorder.events_table_name,
         )
         return EventStore(mapper=self.mapper, recorder=recorder)
+
+    def _fast_rows(self, decision: MeteredBatch) -> bool:
+        """Whether the batch's transactions may be saved as ready rows
+        (``store.ingest_rows``): the common case, on our recorder, none refused."""
+        return (
+            self.fast_rows
+            and isinstance(self.recorder, LedgerRecorder)
+            and self.mapper.compressor is None
+            and self.mapper.cipher is None
+            and not decision.refused
+        )
 
     def construct_transcoder(self) -> Transcoder:
         """The library's JSON format, written by orjson (see ``OrjsonTranscoder``)."""

@@ -75,6 +75,7 @@ def settings(database_url: str, broker: TansuBroker) -> Settings:
         charge_group=f"charge-{tag}",
         usage_partitions=4,
         batch_max_records=200,
+        ingest_processes=1,  # ingest in the run process (its drills kill that one process)
         health_port=0,  # a test that wants the health server picks a free port
     )
 

@@ -4,8 +4,9 @@ Everything is measured in one run on one database server, so the figures compare
 with each other rather than with another machine:
 
 * end to end: N records already on the topic -> consumed, priced, Metered+Reserved
-  saved, offsets committed (records/s, events/s, batch commit latency p50/p99), by
-  ``workers`` ingest processes in one consumer group (timed from when the group has
+  saved, offsets committed (records/s, events/s, batch commit latency p50/p99), by one
+  ingest process, and then (``workers`` > 1) by ``workers`` processes in a consumer
+  group of their own on a database of their own (timed from when the group has
   settled: each worker holds its partitions paused until all are assigned);
 * store append: the same batches saved straight to the event store (no Kafka), 1 and
   2 concurrent writers (threads of one process, so client CPU does not add up; the
@@ -38,6 +39,7 @@ from adapters.bootstrap import (
 )
 from adapters.broker import make_producer
 from adapters.progress import Progress, step
+from adapters.runtime import tune_gc
 from adapters.settings import Settings
 from domain.usage import UsageRecord
 from infra.embedded import EmbeddedPostgres, TansuBroker
@@ -70,7 +72,8 @@ def run_ingest_bench(
             admin_url = database_url
         step("starting the Tansu broker")
         broker = stack.enter_context(TansuBroker())
-        urls = {name: fresh_database(admin_url, f"bench_{name}") for name in ("e2e", *RECORDERS)}
+        names = ("e2e", *(("e2e_workers",) if workers > 1 else ()), *RECORDERS)
+        urls = {name: fresh_database(admin_url, f"bench_{name}") for name in names}
         settings = Settings(
             database_url=urls["e2e"],
             kafka_bootstrap=broker.bootstrap,
@@ -88,7 +91,14 @@ def run_ingest_bench(
         }
         result["server"] = server_version(urls["e2e"])
         result["produce"] = _produce(settings, usage)
-        result["end_to_end"] = _end_to_end(settings, records, workers)
+        result["end_to_end"] = _end_to_end(settings, records, 1)
+        if workers > 1:  # the same records again, by a group of its own, on a database of its own
+            group = settings.model_copy(
+                update={"database_url": urls["e2e_workers"], "ingest_group": "bench-workers"}
+            )
+            migrate(group)
+            prepare(group, topics=False)
+            result["end_to_end_workers"] = _end_to_end(group, records, workers)
         small = min(batch, STOCK_MAX_BATCH)
         result["store_append"] = {
             "ours": store_append(settings, urls["ours"], usage, batch, "ours"),
@@ -109,11 +119,22 @@ def _ratios(r: dict[str, Any], small: int) -> dict[str, float]:
     def rate(name: str, writers: str) -> float:
         return float(at_small[name][writers]["events_per_s"])
 
+    scaling: dict[str, float] = {}
+    if "end_to_end_workers" in r:
+        many = r["end_to_end_workers"]
+        scaling = {
+            "end_to_end_workers_records_vs_copy": round(many["records_per_s"] / copy, 3),
+            "end_to_end_workers_vs_1": round(
+                many["records_per_s"] / r["end_to_end"]["records_per_s"], 2
+            ),
+        }
     return {
         "store_append_vs_copy": round(
             r["store_append"]["ours"]["1_writer"]["events_per_s"] / copy, 3
         ),
         "end_to_end_events_vs_copy": round(r["end_to_end"]["events_per_s"] / copy, 3),
+        "end_to_end_records_vs_copy": round(r["end_to_end"]["records_per_s"] / copy, 3),
+        **scaling,
         **{
             f"{name}_vs_ours_{w}": round(rate(name, w) / rate("ours", w), 3)
             for name in ("stock", "ours_locking")
@@ -234,6 +255,7 @@ def _ingest_process(settings_data: dict[str, Any], index: int, group: _Group) ->
         while not start.is_set():
             consumer.poll(timeout_ms=100)  # joins the group; paused partitions yield nothing
         consumer.resume(*consumer.assignment())
+        tune_gc()  # as ``billing-ledger run`` does after start-up
         counted = [0, time.monotonic()]
 
         def on_batch(stats: Any) -> None:
@@ -267,17 +289,34 @@ def render(r: dict[str, Any]) -> str:
         ]
 
     ratios = r["ratios"]
+    many = r.get("end_to_end_workers")
     rows = [
         ("produce (kafka-python -> Tansu)", rate(r["produce"]["records_per_s"], "records/s")),
-        (
-            f"end to end ({e2e['workers']} workers): records",
-            rate(e2e["records_per_s"], "records/s"),
-        ),
+        ("end to end (1 ingest process): records", rate(e2e["records_per_s"], "records/s")),
         ("end to end: events", rate(e2e["events_per_s"], "events/s")),
         (
             "  batch commit p50 / p99",
             f"{e2e['batch_commit_ms_p50']} / {e2e['batch_commit_ms_p99']} ms",
         ),
+        ("end-to-end records / COPY", f"{ratios['end_to_end_records_vs_copy']:>10}"),
+    ]
+    if many is not None:
+        rows += [
+            (
+                f"end to end ({many['workers']} ingest processes): records",
+                rate(many["records_per_s"], "records/s"),
+            ),
+            (
+                "  batch commit p50 / p99",
+                f"{many['batch_commit_ms_p50']} / {many['batch_commit_ms_p99']} ms",
+            ),
+            (
+                f"  records / COPY; {many['workers']} / 1 process",
+                f"{ratios['end_to_end_workers_records_vs_copy']:>10} /"
+                f" {ratios['end_to_end_workers_vs_1']}",
+            ),
+        ]
+    rows += [
         *appends(f"store append, ours, batch {r['batch']}", sa["ours"]),
         ("raw binary COPY of the same rows", rate(r["raw_copy"]["rows_per_s"], "rows/s")),
         ("store append (ours, 1 writer) / COPY", f"{ratios['store_append_vs_copy']:>10}"),
@@ -294,7 +333,7 @@ def render(r: dict[str, Any]) -> str:
     ]
     head = (
         f"billing-ledger bench ingest: {r['records']:,} records, batch {r['batch']}, "
-        f"{r['workers']} ingest workers, {r['cores']} cores, PostgreSQL {r['server']}"
+        f"1 and {r['workers']} ingest processes, {r['cores']} cores, PostgreSQL {r['server']}"
     )
     return "\n".join([head, ""] + [f"{name:<42} {value}" for name, value in rows])
 

@@ -61,6 +61,11 @@ def add_commands(sub: Any) -> None:
         "--health-port", type=port_or_zero,
         help="serve /healthz /readyz /health /metrics here (0: off; default: the setting)",
     )  # fmt: skip
+    run.add_argument(
+        "--ingest-processes", type=int, metavar="N",
+        help="run the ingest role as N processes in the consumer group (1: a thread of this"
+        " process; default: the setting, else the cores this process may use)",
+    )  # fmt: skip
     run.add_argument("--drill", choices=DRILLS, default="", help=argparse.SUPPRESS)
     run.set_defaults(handler=_run)
 
@@ -158,6 +163,10 @@ def _run(args: argparse.Namespace) -> int:
     from adapters.settings import Settings
 
     settings = Settings()  # first: a bad setting is one line, before anything starts
+    if args.ingest_processes is not None:
+        if args.ingest_processes < 1:
+            raise CliError("--ingest-processes must be at least 1")
+        settings = settings.model_copy(update={"ingest_processes": args.ingest_processes})
     shutdown_tracing = configure_tracing(settings)
     try:
         return _run_workers(args, settings)
@@ -170,6 +179,7 @@ def _run_workers(args: argparse.Namespace, settings: Settings) -> int:
     from adapters.observability.health_server import HealthProbe, HealthServer
     from adapters.observability.logs import configure_logging
     from adapters.roles import run_roles
+    from adapters.runtime import tune_gc
 
     configure_logging(args.log_level)
     prepare(settings)
@@ -190,7 +200,8 @@ def _run_workers(args: argparse.Namespace, settings: Settings) -> int:
                 )
             )
         ledger = stack.enter_context(open_ledger(settings))
-        run_roles(settings, ledger, roles, stop, drill=args.drill)
+        tune_gc()  # start-up done: the heap so far is frozen (adapters.runtime)
+        run_roles(settings, ledger, roles, stop, drill=args.drill, log_level=args.log_level)
     return 0
 
 

@@ -32,7 +32,10 @@ def add_commands(sub: Any) -> None:
     b_ingest.add_argument("--records", type=positive_int, default=50_000)
     b_ingest.add_argument("--batch", type=positive_int, default=2000)
     b_ingest.add_argument(
-        "--workers", type=positive_int, default=1, help="ingest processes in the consumer group"
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="also measure this many ingest processes in a consumer group (beside 1)",
     )
     b_ingest.add_argument("--database-url", help="use this PostgreSQL instead of an embedded one")
     b_ingest.add_argument("--json", action="store_true")

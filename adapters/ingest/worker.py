@@ -2,7 +2,8 @@
 
 One poll is one batch. For each batch, in this order:
 
-1. decode every record (``domain.usage.decode_usage``); invalid ones become dead letters;
+1. decode every record (``adapters.ingest.decoding``: ``domain.usage.decode_usage``'s
+   verdicts, faster); invalid ones become dead letters;
 2. ``BillingLedger.record_usage``: Metered + Reserved (or Compensated) for every new
    transaction and the touched accounts, in ONE database transaction;
 3. dead letters: stored in ``billing.dead_letters`` (idempotent by source offset; a
@@ -48,16 +49,17 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata
 
+from adapters.ingest.decoding import decode_usage_fast
+from adapters.ingest.letters import internal_reason, letter, send_to_dlq
 from adapters.observability import telemetry
 from adapters.observability.logs import step_fields
 from adapters.observability.metrics import metrics
 from domain.duplicates import Recorded, conflict
 from domain.errors import InvalidUsage
-from domain.metering import MeteredBatch, Metering, meter_batch_events
+from domain.metering import Metering
+from domain.metering_events import MeteredBatch, meter_batch_events
 from domain.ports import DeadLetter, DeadLetterSink
 from domain.transaction import BillingTransaction, Source
-from domain.usage import decode_usage
-from store.dead_letters import bounded
 from store.errors import DATABASE_ERRORS, ConcurrencyExhausted
 from store.ledger import BillingLedger
 
@@ -156,12 +158,12 @@ class IngestWorker:
             source = Source(rec.topic, rec.partition, rec.offset)
             try:
                 valid.append(
-                    Metering(decode_usage(rec.value, max_bytes=self.max_record_bytes), source)
+                    Metering(decode_usage_fast(rec.value, max_bytes=self.max_record_bytes), source)
                 )
             except InvalidUsage as exc:
-                letters.append(_letter(rec, str(exc)))
+                letters.append(letter(rec, str(exc)))
             except Exception as exc:  # the last resort: one record never stops a batch
-                letters.append(_letter(rec, _internal(exc, source)))
+                letters.append(letter(rec, internal_reason(exc, source)))
 
         raw_by_source = {(r.topic, r.partition, r.offset): r for r in records}
         saving = time.time_ns()
@@ -173,7 +175,7 @@ class IngestWorker:
         conflicts = self._conflicts(decision)
         for metering, reason in [*culprits, *decision.rejected, *conflicts]:
             s = metering.source
-            letters.append(_letter(raw_by_source[(s.topic, s.partition, s.offset)], reason))
+            letters.append(letter(raw_by_source[(s.topic, s.partition, s.offset)], reason))
         letters.sort(key=lambda d: (d.topic, d.partition, d.offset))  # source order
         self._quarantine(letters)
         self._commit(records)
@@ -241,7 +243,7 @@ class IngestWorker:
             except DATABASE_ERRORS:
                 raise  # loading the account failed: not this record's fault
             except Exception as exc:
-                found.append((metering, _internal(exc, metering.source)))
+                found.append((metering, internal_reason(exc, metering.source)))
         return found
 
     def _conflicts(self, decision: MeteredBatch) -> list[tuple[Metering, str]]:
@@ -249,7 +251,9 @@ class IngestWorker:
         reasons (``domain.duplicates``); the rest are silent duplicates."""
         if not decision.duplicates:
             return []
-        first: dict[Any, Any] = {t.id: t.metered for t in decision.transactions}
+        wanted = {m.transaction_id for m in decision.duplicates}
+        # Only the duplicated ones: a transaction's Metered event is built when asked for.
+        first: dict[Any, Any] = {t.id: t.metered for t in decision.transactions if t.id in wanted}
         earlier = [m.transaction_id for m in decision.duplicates if m.transaction_id not in first]
         if earlier:
             first.update(self.ledger.first_events(earlier))
@@ -273,37 +277,8 @@ class IngestWorker:
                 extra=step_fields("ingest", "dead_letter", error_code=d.code,
                                   reason=d.reason, source=f"{d.topic}/{d.partition}@{d.offset}"),
             )  # fmt: skip
-            self._send_to_dlq(d)
+            send_to_dlq(self.producer, self.dlq_topic, d, self.dlq_max_message_bytes)
         self.producer.flush()
-
-    def _send_to_dlq(self, d: DeadLetter) -> None:
-        """The letter on the dead-letter topic: its bytes whole if the topic takes them,
-        else the prefix the table keeps; headers say why, from where, and what the whole
-        payload was (size, SHA-256, whether this is all of it)."""
-        value = d.payload
-        whole = bounded(value)
-        truncated = value is not None and len(value) > self.dlq_max_message_bytes
-        if truncated:
-            value = whole.prefix
-        headers = [
-            ("dlq.reason", d.reason.encode()),
-            ("dlq.source.topic", d.topic.encode()),
-            ("dlq.source.partition", str(d.partition).encode()),
-            ("dlq.source.offset", str(d.offset).encode()),
-            ("dlq.truncated", b"true" if truncated else b"false"),
-        ]
-        if whole.size is not None and whole.sha256 is not None:
-            headers += [
-                ("dlq.payload.size", str(whole.size).encode()),
-                ("dlq.payload.sha256", whole.sha256.encode()),
-            ]
-        self.producer.send(
-            self.dlq_topic,
-            key=d.key,
-            # Kafka needs a key or a value; a keyless null becomes an empty value.
-            value=value if value is not None or d.key is not None else b"",
-            headers=headers,
-        )
 
     def _commit(self, records: Sequence[Any]) -> None:
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
@@ -351,7 +326,7 @@ def _trace_reserve(
     headers = {(r.topic, r.partition, r.offset): r.headers for r in records}
     results: dict[Any, str] = {id(m): "duplicate" for m in decision.duplicates}
     results.update({id(m): "rejected" for m, _ in decision.rejected})
-    refused = {t.metered.originator_id for t in decision.refused}
+    refused = {t.id for t in decision.refused}
     batch_link = telemetry.link_to(batch)
     for m in valid:
         txn_id, s = m.transaction_id, m.source
@@ -368,39 +343,3 @@ def _trace_reserve(
             billing__result=result,
             billing__source=str(s),
         ).end(save_ns[1])
-
-
-_CODES = (
-    ("empty message", "empty"),
-    ("payload of", "oversized"),
-    ("not valid JSON", "not_json"),
-    ("number too long", "number_too_long"),
-    ("number out of range", "number_out_of_range"),
-    ("expected a JSON object", "not_object"),
-    ("unknown currency", "unknown_currency"),
-    ("currency ", "currency_mismatch"),
-    ("unknown meter", "unknown_meter"),
-    ("internal: ", "internal"),
-    ("conflicting duplicate", "conflicting_duplicate"),
-)
-
-
-def _internal(exc: Exception, source: Source) -> str:
-    """The reason of a record that raised what no rule explains; logged with its traceback."""
-    log.error(
-        "usage record failed unexpectedly: %s: %s", type(exc).__name__, exc,
-        exc_info=exc,
-        extra=step_fields("ingest", "dead_letter", error_code="internal", source=str(source)),
-    )  # fmt: skip
-    return f"internal: {type(exc).__name__}"
-
-
-def _error_code(reason: str) -> str:
-    """A dead letter's reason as a short code for logs (``invalid``: a field failed)."""
-    return next((code for prefix, code in _CODES if reason.startswith(prefix)), "invalid")
-
-
-def _letter(rec: Any, reason: str) -> DeadLetter:
-    return DeadLetter(
-        rec.topic, rec.partition, rec.offset, rec.key, rec.value, reason, code=_error_code(reason)
-    )

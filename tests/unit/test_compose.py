@@ -95,3 +95,15 @@ def test_the_webhook_listener_runs_alone_with_its_secret_from_a_file_on_loopback
     env = _env(webhooks)
     assert env["BILLING_LEDGER_DATABASE_URL"].startswith("postgresql://billing_writer@")
     assert "BILLING_LEDGER_WEBHOOK_SECRETS" not in env
+
+
+def test_the_usage_topic_has_a_partition_for_every_ingest_process_of_six_containers() -> None:
+    compose = _compose()
+    ingest = compose["services"]["ingest"]
+    command = ingest["command"]
+    processes = int(command[command.index("--ingest-processes") + 1])
+    partitions = int(_env(ingest)["BILLING_LEDGER_USAGE_PARTITIONS"])
+    assert processes >= 2  # one per core of the container
+    assert partitions % processes == 0 and partitions >= 6 * processes
+    kafka = _env(compose["services"]["kafka"])
+    assert int(kafka["KAFKA_NUM_PARTITIONS"]) == partitions

@@ -11,7 +11,8 @@ import pytest
 
 from domain.account import CustomerAccount
 from domain.ids import transaction_id
-from domain.metering import MeteredBatch, Metering, meter_batch_events
+from domain.metering import Metering
+from domain.metering_events import MeteredBatch, meter_batch_events
 from domain.periods import PeriodPolicy
 from domain.pricing import Price, PriceList
 from domain.transaction import BillingTransaction, Source, TxnState

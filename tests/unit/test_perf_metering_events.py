@@ -17,7 +17,8 @@ from eventsourcing.domain import DomainEventProtocol
 
 from domain.account import CustomerAccount
 from domain.ids import transaction_id
-from domain.metering import Metering, meter_batch, meter_batch_events
+from domain.metering import Metering, meter_batch
+from domain.metering_events import meter_batch_events
 from domain.periods import PeriodPolicy
 from domain.pricing import Price, PriceList
 from domain.transaction import BillingTransaction, Source, TxnState

@@ -1,0 +1,84 @@
+"""The ingest's dead letters: a reason's code, the letter of a record, and the message
+on the dead-letter topic (the worker stores them in ``billing.dead_letters`` first)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kafka import KafkaProducer
+
+from adapters.observability.logs import step_fields
+from domain.ports import DeadLetter
+from domain.transaction import Source
+from store.dead_letters import bounded
+
+__all__ = ["error_code", "internal_reason", "letter", "send_to_dlq"]
+
+log = logging.getLogger(__name__)
+
+
+def send_to_dlq(producer: KafkaProducer, topic: str, d: DeadLetter, max_message_bytes: int) -> None:
+    """The letter on the dead-letter topic: its bytes whole if the topic takes them,
+    else the prefix the table keeps; headers say why, from where, and what the whole
+    payload was (size, SHA-256, whether this is all of it)."""
+    value = d.payload
+    whole = bounded(value)
+    truncated = value is not None and len(value) > max_message_bytes
+    if truncated:
+        value = whole.prefix
+    headers = [
+        ("dlq.reason", d.reason.encode()),
+        ("dlq.source.topic", d.topic.encode()),
+        ("dlq.source.partition", str(d.partition).encode()),
+        ("dlq.source.offset", str(d.offset).encode()),
+        ("dlq.truncated", b"true" if truncated else b"false"),
+    ]
+    if whole.size is not None and whole.sha256 is not None:
+        headers += [
+            ("dlq.payload.size", str(whole.size).encode()),
+            ("dlq.payload.sha256", whole.sha256.encode()),
+        ]
+    producer.send(
+        topic,
+        key=d.key,
+        # Kafka needs a key or a value; a keyless null becomes an empty value.
+        value=value if value is not None or d.key is not None else b"",
+        headers=headers,
+    )
+
+
+_CODES = (
+    ("empty message", "empty"),
+    ("payload of", "oversized"),
+    ("not valid JSON", "not_json"),
+    ("number too long", "number_too_long"),
+    ("number out of range", "number_out_of_range"),
+    ("expected a JSON object", "not_object"),
+    ("unknown currency", "unknown_currency"),
+    ("currency ", "currency_mismatch"),
+    ("unknown meter", "unknown_meter"),
+    ("internal: ", "internal"),
+    ("conflicting duplicate", "conflicting_duplicate"),
+)
+
+
+def internal_reason(exc: Exception, source: Source) -> str:
+    """The reason of a record that raised what no rule explains; logged with its traceback."""
+    log.error(
+        "usage record failed unexpectedly: %s: %s", type(exc).__name__, exc,
+        exc_info=exc,
+        extra=step_fields("ingest", "dead_letter", error_code="internal", source=str(source)),
+    )  # fmt: skip
+    return f"internal: {type(exc).__name__}"
+
+
+def error_code(reason: str) -> str:
+    """A dead letter's reason as a short code for logs (``invalid``: a field failed)."""
+    return next((code for prefix, code in _CODES if reason.startswith(prefix)), "invalid")
+
+
+def letter(rec: Any, reason: str) -> DeadLetter:
+    return DeadLetter(
+        rec.topic, rec.partition, rec.offset, rec.key, rec.value, reason, code=error_code(reason)
+    )
