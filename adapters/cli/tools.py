@@ -75,7 +75,7 @@ def _add_pipeline_benches(bench_sub: Any) -> None:
     )
     b_fair.add_argument("--steady-customers", dest="customers", type=positive_int, default=50)
     b_fair.add_argument(
-        "--steady-rate", type=positive_float, default=300.0, help="records/s, all customers"
+        "--steady-rate", type=positive_float, default=200.0, help="records/s, all customers"
     )
     b_fair.add_argument("--burst", type=positive_int, default=12_000, help="the burst's records")
     b_fair.add_argument(
