@@ -53,7 +53,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import CommitFailedError
+from kafka.errors import CommitFailedError, RebalanceInProgressError
 from kafka.structs import OffsetAndMetadata
 
 from adapters.observability import telemetry
@@ -127,8 +127,7 @@ class IngestWorker:
         self.batch_max_records = batch_max_records
         self.stats = IngestStats()
         self._waiting: list[Any] = []  # read ahead, not yet in a batch, oldest first
-        self._owned: set[Any] = set()  # the partitions the waiting records are from
-        # per owned partition, the offset after the last record read: every record
+        # per partition, the offset after the last record read: every record
         # before it is recorded or waiting
         self._read_to: dict[tuple[str, int], int] = {}
 
@@ -148,9 +147,12 @@ class IngestWorker:
 
     def _read_ahead(self) -> None:
         """Poll into the waiting records: waiting for the broker only when none wait,
-        then as long as polls bring records and some partition is not full."""
+        then as long as polls bring records and fewer than ``READ_AHEAD_ROUNDS`` batches
+        wait. Records are never dropped, not even those of a partition that moved to
+        another worker meanwhile (both record them: the store refuses the second), so
+        every record read before ``_read_to`` is recorded or waiting."""
         timeout = 0 if self._waiting else self.poll_timeout_ms
-        while self._hold():
+        while len(self._waiting) < READ_AHEAD_ROUNDS * self.batch_max_records:
             polled = self.consumer.poll(timeout_ms=timeout)
             records = [r for batch in polled.values() for r in batch]
             if not records:
@@ -160,17 +162,6 @@ class IngestWorker:
                 tp = (r.topic, r.partition)
                 self._read_to[tp] = max(self._read_to.get(tp, 0), r.offset + 1)
             timeout = 0
-
-    def _hold(self) -> bool:
-        """Drop the waiting records of partitions this worker no longer owns (their new
-        owner reads them again); whether to poll for more (fewer than
-        ``READ_AHEAD_ROUNDS`` batches wait)."""
-        owned = self.consumer.assignment()
-        if owned != self._owned:  # what was read of a partition gone is read again
-            self._owned = set(owned)
-            self._waiting = [r for r in self._waiting if (r.topic, r.partition) in owned]
-            self._read_to = {tp: to for tp, to in self._read_to.items() if tp in owned}
-        return len(self._waiting) < READ_AHEAD_ROUNDS * self.batch_max_records
 
     def _process_until_saved(self, records: Sequence[Any], stop: threading.Event) -> bool:
         """``process``, again after a jittered pause while the batch keeps losing
@@ -366,9 +357,10 @@ class IngestWorker:
         }
         try:
             self.consumer.commit(offsets)
-        except CommitFailedError as exc:
-            # The partitions moved to another worker mid-batch; it will see these
-            # records again and find them recorded. Nothing is lost or doubled.
+        except (CommitFailedError, RebalanceInProgressError) as exc:
+            # The partitions moved to another worker mid-batch, or are moving (a batch
+            # read ahead is done while the group rebalances); whoever reads them next
+            # finds these records recorded. Nothing is lost or doubled.
             self.stats.commit_failures += 1
             log.warning("offset commit refused after a rebalance: %s", exc)
 

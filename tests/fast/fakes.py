@@ -238,22 +238,15 @@ class FakeRecord:
 
 @dataclass
 class FakeConsumer:
-    """Hands out ``batches`` one poll at a time and remembers every commit; it owns
-    every partition its batches name."""
+    """Hands out ``batches`` one poll at a time and remembers every commit."""
 
     batches: list[list[FakeRecord]]
     commits: list[dict[Any, Any]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.owned = {(r.topic, r.partition) for batch in self.batches for r in batch}
 
     def poll(self, timeout_ms: int = 0) -> dict[Any, list[FakeRecord]]:
         if not self.batches:
             return {}
         return {"tp": self.batches.pop(0)}
-
-    def assignment(self) -> set[tuple[str, int]]:
-        return set(self.owned)
 
     def commit(self, offsets: dict[Any, Any] | None = None) -> None:
         self.commits.append(dict(offsets or {}))

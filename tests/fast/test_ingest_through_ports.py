@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 import pytest
+from kafka.errors import RebalanceInProgressError
 
 from adapters.ingest.worker import IngestWorker
 from domain.ids import transaction_id
@@ -242,3 +243,19 @@ def test_reading_ahead_stops_at_five_batches_and_goes_on_as_they_are_done() -> N
     # ahead of the burst's records read before them.
     first_other = next(i for i, b in enumerate(batches) if "other" in b)
     assert batches[first_other : first_other + 3] == [["burst", "other"]] * 3
+
+
+class _Rebalancing(FakeConsumer):
+    def commit(self, offsets: dict[Any, Any] | None = None) -> None:
+        raise RebalanceInProgressError("the group is rebalancing")
+
+
+def test_a_commit_refused_while_the_group_rebalances_leaves_the_batch_recorded() -> None:
+    # A batch read ahead can be done while the group rebalances; its offsets are then
+    # not committed (whoever reads the records next finds them recorded), and the
+    # worker goes on instead of failing its role.
+    worker, _ = _worker([])
+    worker.consumer = _Rebalancing([])  # type: ignore[assignment]
+    worker.process([_keyed("acme", 0), _keyed("acme", 1)])
+    assert worker.stats.commit_failures == 1
+    assert worker.stats.transactions == 2
