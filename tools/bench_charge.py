@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -46,68 +47,103 @@ from infra.embedded import EmbeddedPostgres, TansuBroker
 from infra.stripe_emulator import StripeEmulator
 from tools.measure import cores, terminate
 
-__all__ = ["render_load", "run_load"]
+__all__ = ["Pipeline", "pipeline", "render_load", "run_load"]
 
 METERS = ("api.requests", "gpt-4o.input_tokens", "gpt-4o.output_tokens", "gpu.a100.seconds")
 
 
+@dataclass(frozen=True)
+class Pipeline:
+    """How a pipeline benchmark runs: the emulator's added latency and enforced limit
+    (requests/s), the pushers at a time, the load's customers and meters a customer,
+    and the settle interval."""
+
+    latency_ms: float = 30.0
+    stripe_rate: int = 25
+    concurrency: int = 8
+    customers: int = 100
+    meters: int = 3
+    settle_interval_s: float = 10.0
+
+
 def run_load(
+    pipe: Pipeline,
     *,
     rate: float,
     seconds: float,
-    latency_ms: float,
-    stripe_rate: int,
-    concurrency: int,
-    customers: int = 100,
-    meters: int = 3,
-    settle_interval_s: float = 10.0,
     outage_at: float | None = None,
     outage_s: float = 0.0,
     drain_timeout: float = 300.0,
 ) -> dict[str, Any]:
+    with pipeline(pipe) as (settings, stripe, workers, load):
+        step(f"usage at {rate:g}/s for {seconds:g}s over {load.lines} lines")
+        run = _drive(settings, stripe, load, rate, seconds, outage_at, outage_s,
+                     drain_timeout)  # fmt: skip
+        ended = workers.stop()
+        run["money"] = money(settings, stripe)
+        result = _report(run, rate=rate, seconds=seconds, stripe_rate=pipe.stripe_rate, load=load)
+    if ended:
+        result["workers_ended"] = ended
+    return result
+
+
+class Workers:
+    """The worker processes of a running pipeline, one per group of roles."""
+
+    def __init__(self, stack: ExitStack, procs: list[subprocess.Popen[bytes]]) -> None:
+        self._stack = stack
+        self.procs = procs
+
+    def stop(self) -> list[str]:
+        """Stop every worker; the ones that had exited on their own, with their codes."""
+        ended = [
+            f"{'+'.join(r)} exited {w.returncode}"
+            for r, w in zip(ROLE_PROCESSES, self.procs, strict=True)
+            if w.poll() is not None
+        ]
+        self._stack.close()
+        return ended
+
+
+@contextmanager
+def pipeline(pipe: Pipeline) -> Iterator[tuple[Settings, StripeEmulator, Workers, Load]]:
+    """The embedded default with every role running in worker processes, against the
+    Stripe emulator, and one record of the load charged (the groups joined). The
+    caller stops the workers (``Workers.stop``) before it reads the ledger for its
+    report; the services stop on exit."""
     configure_logging("ERROR")
     with (
         EmbeddedPostgres() as pg,
         TansuBroker() as broker,
         # Stripe's limit is enforced by the emulator; the client keeps a tenth below it.
-        StripeEmulator(port=0, latency_ms=latency_ms, rate_limit_per_s=stripe_rate) as stripe,
+        StripeEmulator(
+            port=0, latency_ms=pipe.latency_ms, rate_limit_per_s=pipe.stripe_rate
+        ) as stripe,
     ):
         settings = Settings(
             database_url=pg.url,
             kafka_bootstrap=broker.bootstrap,
             stripe_api_base=stripe.url,
-            stripe_rate_per_s=max(1, stripe_rate * 9 // 10),
-            stripe_max_concurrency=concurrency,
+            stripe_rate_per_s=max(1, pipe.stripe_rate * 9 // 10),
+            stripe_max_concurrency=pipe.concurrency,
             batch_max_records=2000,
             poll_timeout_ms=50,
             retry_base_s=0.5,
             retry_max_delay_s=5.0,
             breaker_reset_s=2.0,
-            stale_after_s=settle_interval_s * 2,
+            stale_after_s=pipe.settle_interval_s * 2,
             reconcile_interval_s=1.0,
-            settle_interval_s=settle_interval_s,
+            settle_interval_s=pipe.settle_interval_s,
         )
         migrate(settings)
         prepare(settings)
-        load = _Load(customers, min(meters, len(METERS)))
         with ExitStack() as stack:
-            workers = [stack.enter_context(_worker(settings, r)) for r in ROLE_PROCESSES]
+            procs = [stack.enter_context(_worker(settings, r)) for r in ROLE_PROCESSES]
             step(f"workers: {' | '.join('+'.join(r) for r in ROLE_PROCESSES)}")
             step("waiting for the consumer groups to join")
-            _warm_up(settings, load)
-            step(f"usage at {rate:g}/s for {seconds:g}s over {load.lines} lines")
-            run = _drive(settings, stripe, load, rate, seconds, outage_at, outage_s,
-                         drain_timeout)  # fmt: skip
-            ended = [
-                f"{'+'.join(r)} exited {w.returncode}"
-                for r, w in zip(ROLE_PROCESSES, workers, strict=True)
-                if w.poll() is not None
-            ]
-        run["money"] = _money(settings, stripe)
-        result = _report(run, rate=rate, seconds=seconds, stripe_rate=stripe_rate, load=load)
-        if ended:
-            result["workers_ended"] = ended
-        return result
+            load = Load(pipe.customers, min(pipe.meters, len(METERS)))
+            warm_up(settings, load)
+            yield settings, stripe, Workers(stack, procs), load
 
 
 # One process per group of roles, as a deployment runs them: the two cores are used.
@@ -131,7 +167,7 @@ def _worker(settings: Settings, roles: tuple[str, ...]) -> Iterator[subprocess.P
         terminate(proc)
 
 
-class _Load:
+class Load:
     """The records: ``customers`` x ``meters`` lines, each record a small usage."""
 
     def __init__(self, customers: int, meters: int) -> None:
@@ -151,7 +187,7 @@ class _Load:
         )
 
 
-def _warm_up(settings: Settings, load: _Load) -> None:
+def warm_up(settings: Settings, load: Load) -> None:
     """One record through the whole pipeline, so group joins are not in the figures."""
     producer = make_producer(settings.kafka_bootstrap)
     record = load.record(-1)
@@ -159,14 +195,14 @@ def _warm_up(settings: Settings, load: _Load) -> None:
     producer.close()
     load.produced = 1
     deadline = time.monotonic() + 90
-    while _charged(settings) < 1 and time.monotonic() < deadline:
+    while charged_count(settings) < 1 and time.monotonic() < deadline:
         time.sleep(0.1)
 
 
 def _drive(  # noqa: PLR0917
     settings: Settings,
     stripe: StripeEmulator,
-    load: _Load,
+    load: Load,
     rate: float,
     seconds: float,
     outage_at: float | None,
@@ -175,7 +211,7 @@ def _drive(  # noqa: PLR0917
 ) -> dict[str, Any]:
     samples: list[tuple[float, int]] = []
     t0 = time.monotonic()
-    producer = threading.Thread(target=_produce, args=(settings, load, rate, seconds))
+    producer = threading.Thread(target=produce, args=(settings, load, rate, seconds))
     producer.start()
     outage: tuple[float, float] | None = None
     load_ended: float | None = None
@@ -192,7 +228,7 @@ def _drive(  # noqa: PLR0917
         if load_ended is None and not producer.is_alive():
             load_ended = time.time()
             step("load stopped; draining")
-        backlog = load.produced - _charged(settings)
+        backlog = load.produced - charged_count(settings)
         samples.append((time.time(), backlog))
         if load_ended is not None and backlog <= 0:
             drained = True
@@ -207,11 +243,18 @@ def _drive(  # noqa: PLR0917
             "settings": settings}  # fmt: skip
 
 
-def _produce(settings: Settings, load: _Load, rate: float, seconds: float) -> None:
+def produce(
+    settings: Settings,
+    load: Load,
+    rate: float,
+    seconds: float,
+    stop: threading.Event | None = None,
+) -> None:
+    """``load``'s records at ``rate`` a second for ``seconds`` or until ``stop``."""
     producer = make_producer(settings.kafka_bootstrap)
     start = time.monotonic()
     i = 0
-    while (elapsed := time.monotonic() - start) < seconds:
+    while (elapsed := time.monotonic() - start) < seconds and not (stop and stop.is_set()):
         due = int(elapsed * rate)
         while i < due:
             record = load.record(i)
@@ -225,7 +268,7 @@ def _produce(settings: Settings, load: _Load, rate: float, seconds: float) -> No
     producer.close()
 
 
-def _charged(settings: Settings) -> int:
+def charged_count(settings: Settings) -> int:
     with psycopg.connect(settings.database_url) as conn:
         row = conn.execute(
             "SELECT count(*) FROM billingledger_events"
@@ -244,7 +287,7 @@ _LINE_TOTALS = (
 )
 
 
-def _money(settings: Settings, stripe: StripeEmulator) -> dict[str, Any]:
+def money(settings: Settings, stripe: StripeEmulator) -> dict[str, Any]:
     """What Stripe holds against the lines' billed and exact totals, from the events."""
     topics = [get_topic(InvoiceLine.Settled), get_topic(InvoiceLine.Removed)]
     with psycopg.connect(settings.database_url) as conn:
@@ -274,7 +317,7 @@ _LATENCY = (
 
 
 def _report(
-    run: dict[str, Any], *, rate: float, seconds: float, stripe_rate: int, load: _Load
+    run: dict[str, Any], *, rate: float, seconds: float, stripe_rate: int, load: Load
 ) -> dict[str, Any]:
     settings: Settings = run["settings"]
     stripe: StripeEmulator = run["stripe"]

@@ -40,30 +40,7 @@ def add_commands(sub: Any) -> None:
     b_ingest.add_argument("--database-url", help="use this PostgreSQL instead of an embedded one")
     b_ingest.add_argument("--json", action="store_true")
     b_ingest.set_defaults(handler=_bench_ingest)
-    b_charge = bench_sub.add_parser("charge", help="charges/s and latency against the emulator")
-    b_charge.add_argument("--rate", type=positive_float, default=2000.0, help="usage records/s")
-    b_charge.add_argument("--seconds", type=positive_float, default=60.0)
-    b_charge.add_argument("--latency-ms", type=float, default=30.0, help="emulator latency")
-    b_charge.add_argument("--stripe-rate", type=positive_int, default=25)
-    b_charge.add_argument("--concurrency", type=positive_int, default=8)
-    b_charge.add_argument("--customers", type=positive_int, default=100)
-    b_charge.add_argument("--meters", type=positive_int, default=3, help="meters a customer (<=4)")
-    b_charge.add_argument("--settle-interval", type=positive_float, default=10.0)
-    b_charge.add_argument("--json", action="store_true")
-    b_charge.set_defaults(handler=_bench_load, outage_at=None, outage_s=0.0)
-    b_out = bench_sub.add_parser("outage", help="steady usage, a Stripe outage, recovery")
-    b_out.add_argument("--rate", type=positive_float, default=1000.0, help="usage records/s")
-    b_out.add_argument("--seconds", type=positive_float, default=60.0)
-    b_out.add_argument("--outage-at", type=positive_float, default=15.0)
-    b_out.add_argument("--outage-s", type=positive_float, default=20.0)
-    b_out.add_argument("--latency-ms", type=float, default=30.0)
-    b_out.add_argument("--stripe-rate", type=positive_int, default=25)
-    b_out.add_argument("--concurrency", type=positive_int, default=8)
-    b_out.add_argument("--customers", type=positive_int, default=100)
-    b_out.add_argument("--meters", type=positive_int, default=3, help="meters a customer (<=4)")
-    b_out.add_argument("--settle-interval", type=positive_float, default=10.0)
-    b_out.add_argument("--json", action="store_true")
-    b_out.set_defaults(handler=_bench_load)
+    _add_pipeline_benches(bench_sub)
     b_close = bench_sub.add_parser(
         "close", help="invoices closed/s at Stripe's rate, then webhooks/s vs raw INSERT"
     )
@@ -78,6 +55,48 @@ def add_commands(sub: Any) -> None:
     b_replay.add_argument("--database-url", help="use this PostgreSQL instead of an embedded one")
     b_replay.add_argument("--json", action="store_true")
     b_replay.set_defaults(handler=_bench_replay)
+
+
+def _add_pipeline_benches(bench_sub: Any) -> None:
+    """The benchmarks that run every role against the emulator (``tools.bench_charge``)."""
+    b_charge = bench_sub.add_parser("charge", help="charges/s and latency against the emulator")
+    b_charge.add_argument("--rate", type=positive_float, default=2000.0, help="usage records/s")
+    b_charge.add_argument("--seconds", type=positive_float, default=60.0)
+    b_charge.add_argument("--customers", type=positive_int, default=100)
+    _pipeline_args(b_charge)
+    b_charge.set_defaults(handler=_bench_load, outage_at=None, outage_s=0.0)
+    b_out = bench_sub.add_parser("outage", help="steady usage, a Stripe outage, recovery")
+    b_out.add_argument("--rate", type=positive_float, default=1000.0, help="usage records/s")
+    b_out.add_argument("--seconds", type=positive_float, default=60.0)
+    b_out.add_argument("--outage-at", type=positive_float, default=15.0)
+    b_out.add_argument("--outage-s", type=positive_float, default=20.0)
+    b_out.add_argument("--customers", type=positive_int, default=100)
+    _pipeline_args(b_out)
+    b_out.set_defaults(handler=_bench_load)
+    b_fair = bench_sub.add_parser(
+        "fairness", help="others' latency before, during and after one customer's burst"
+    )
+    b_fair.add_argument("--steady-customers", dest="customers", type=positive_int, default=50)
+    b_fair.add_argument(
+        "--steady-rate", type=positive_float, default=200.0, help="records/s, all customers"
+    )
+    b_fair.add_argument("--burst", type=positive_int, default=12_000, help="the burst's records")
+    b_fair.add_argument(
+        "--warmup-s", type=positive_float, help="before measuring (default: settle interval + 5)"
+    )
+    b_fair.add_argument("--before-s", type=positive_float, default=30.0)
+    b_fair.add_argument("--after-s", type=positive_float, default=30.0)
+    _pipeline_args(b_fair)
+    b_fair.set_defaults(handler=_bench_fairness)
+
+
+def _pipeline_args(parser: Any) -> None:
+    parser.add_argument("--latency-ms", type=float, default=30.0, help="emulator latency")
+    parser.add_argument("--stripe-rate", type=positive_int, default=25, help="requests/s")
+    parser.add_argument("--concurrency", type=positive_int, default=8)
+    parser.add_argument("--meters", type=positive_int, default=3, help="meters a customer (<=4)")
+    parser.add_argument("--settle-interval", type=positive_float, default=10.0)
+    parser.add_argument("--json", action="store_true")
 
 
 def _tool(name: str) -> ModuleType:
@@ -140,19 +159,38 @@ def _bench_close(args: argparse.Namespace) -> int:
 
 
 def _bench_load(args: argparse.Namespace) -> int:
-    bench = _tool("bench_charge")
-    result = bench.run_load(
-        rate=args.rate,
-        seconds=args.seconds,
+    return _pipeline_bench(
+        args, "bench_charge", "load",
+        rate=args.rate, seconds=args.seconds, outage_at=args.outage_at, outage_s=args.outage_s,
+    )  # fmt: skip
+
+
+def _bench_fairness(args: argparse.Namespace) -> int:
+    return _pipeline_bench(
+        args, "bench_fairness", "fairness",
+        steady_rate=args.steady_rate, burst=args.burst, warmup_s=args.warmup_s,
+        before_s=args.before_s, after_s=args.after_s,
+    )  # fmt: skip
+
+
+def _pipeline_bench(args: argparse.Namespace, module: str, name: str, **options: Any) -> int:
+    """``tools.<module>.run_<name>`` on the pipeline ``args`` describe, its result
+    printed (``render_<name>`` or JSON); success when nothing was lost, nothing billed
+    twice, and Stripe holds the lines' bills."""
+    bench = _tool(module)
+    result = getattr(bench, f"run_{name}")(_pipeline(args), **options)
+    print(json.dumps(result, indent=2) if args.json else getattr(bench, f"render_{name}")(result))
+    ok = result["lost"] == 0 and result["duplicates"] == 0 and result["stripe_equals_billed"]
+    return 0 if ok else EXIT_FAILURE
+
+
+def _pipeline(args: argparse.Namespace) -> Any:
+    """The ``tools.bench_charge.Pipeline`` the options of ``_pipeline_args`` describe."""
+    return _tool("bench_charge").Pipeline(
         latency_ms=args.latency_ms,
         stripe_rate=args.stripe_rate,
         concurrency=args.concurrency,
         customers=args.customers,
         meters=args.meters,
         settle_interval_s=args.settle_interval,
-        outage_at=args.outage_at,
-        outage_s=args.outage_s,
     )
-    print(json.dumps(result, indent=2) if args.json else bench.render_load(result))
-    ok = result["lost"] == 0 and result["duplicates"] == 0 and result["stripe_equals_billed"]
-    return 0 if ok else EXIT_FAILURE

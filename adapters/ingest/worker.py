@@ -13,6 +13,14 @@ One poll is one batch. For each batch, in this order:
    prefix, with headers saying it was truncated and the whole one's size and SHA-256;
 4. only then the consumed offsets are committed.
 
+A batch is a fair round (``domain.fairness``), not simply what one poll returned: the
+worker reads ahead (up to ``READ_AHEAD_ROUNDS`` batches) and takes each customer (the
+record's key) a max-min fair share of ``batch_max_records``, from the front of that
+customer's records. A customer whose records sit behind another customer's burst, in the same
+partition or another, is recorded in the next batch, not after the burst. Offsets are
+committed per partition only up to the first record still waiting, so a crash hands
+every record not done to the next reader again.
+
 A crash anywhere before step 4 redelivers the batch; step 2 then finds the
 transactions already recorded and counts them as duplicates. Nothing is locked.
 
@@ -46,7 +54,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import CommitFailedError
+from kafka.errors import CommitFailedError, RebalanceInProgressError
 from kafka.structs import OffsetAndMetadata
 
 from adapters.ingest.decoding import decode_usage_fast
@@ -56,6 +64,7 @@ from adapters.observability.logs import step_fields
 from adapters.observability.metrics import metrics
 from domain.duplicates import Recorded, conflict
 from domain.errors import InvalidUsage
+from domain.fairness import committable, fair_round
 from domain.metering import Metering
 from domain.metering_events import MeteredBatch, meter_batch_events
 from domain.ports import DeadLetter, DeadLetterSink
@@ -66,6 +75,10 @@ from store.ledger import BillingLedger
 __all__ = ["IngestStats", "IngestWorker"]
 
 log = logging.getLogger(__name__)
+
+# Records a worker holds read ahead, in batches: it polls again only while it holds
+# fewer (memory stays bounded; a poll takes records from every partition in turn).
+READ_AHEAD_ROUNDS = 5
 
 # Contention and the database: never blamed on a record by the last-resort guard.
 _NOT_A_RECORDS_FAULT: tuple[type[Exception], ...] = (ConcurrencyExhausted, *DATABASE_ERRORS)
@@ -102,6 +115,7 @@ class IngestWorker:
         max_record_bytes: int,
         poll_timeout_ms: int = 200,
         dlq_max_message_bytes: int = 1_000_000,
+        batch_max_records: int = 2000,
     ) -> None:
         self.ledger = ledger
         self.pulse: Callable[[], None] = lambda: None  # called each turn of the loop
@@ -112,19 +126,44 @@ class IngestWorker:
         self.max_record_bytes = max_record_bytes
         self.poll_timeout_ms = poll_timeout_ms
         self.dlq_max_message_bytes = dlq_max_message_bytes
+        self.batch_max_records = batch_max_records
         self.stats = IngestStats()
+        self._waiting: list[Any] = []  # read ahead, not yet in a batch, oldest first
+        # per partition, the offset after the last record read: every record
+        # before it is recorded or waiting
+        self._read_to: dict[tuple[str, int], int] = {}
 
     def run(
         self, stop: threading.Event, on_batch: Callable[[IngestStats], None] | None = None
     ) -> None:
-        """Poll and process until ``stop`` is set."""
+        """Read ahead and process a fair round at a time until ``stop`` is set."""
         while not stop.is_set():
             self.pulse()
-            polled = self.consumer.poll(timeout_ms=self.poll_timeout_ms)
-            records = [r for batch in polled.values() for r in batch]
-            saved = bool(records) and self._process_until_saved(records, stop)
+            self._read_ahead()
+            if not self._waiting:
+                continue
+            records, self._waiting = fair_round(self._waiting, _customer, self.batch_max_records)
+            saved = self._process_until_saved(records, stop)
             if saved and on_batch is not None:
                 on_batch(self.stats)
+
+    def _read_ahead(self) -> None:
+        """Poll into the waiting records: waiting for the broker only when none wait,
+        then as long as polls bring records and fewer than ``READ_AHEAD_ROUNDS`` batches
+        wait. Records are never dropped, not even those of a partition that moved to
+        another worker meanwhile (both record them: the store refuses the second), so
+        every record read before ``_read_to`` is recorded or waiting."""
+        timeout = 0 if self._waiting else self.poll_timeout_ms
+        while len(self._waiting) < READ_AHEAD_ROUNDS * self.batch_max_records:
+            polled = self.consumer.poll(timeout_ms=timeout)
+            records = [r for batch in polled.values() for r in batch]
+            if not records:
+                return
+            self._waiting += records
+            for r in records:
+                tp = (r.topic, r.partition)
+                self._read_to[tp] = max(self._read_to.get(tp, 0), r.offset + 1)
+            timeout = 0
 
     def _process_until_saved(self, records: Sequence[Any], stop: threading.Event) -> bool:
         """``process``, again after a jittered pause while the batch keeps losing
@@ -281,18 +320,30 @@ class IngestWorker:
         self.producer.flush()
 
     def _commit(self, records: Sequence[Any]) -> None:
-        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
-        for rec in records:
-            tp = TopicPartition(rec.topic, rec.partition)
-            if tp not in offsets or offsets[tp].offset <= rec.offset:
-                offsets[tp] = OffsetAndMetadata(rec.offset + 1, "", -1)
+        """Commit past the batch's records and what was done before, never past a
+        record still waiting."""
+        offsets = {
+            TopicPartition(*tp): OffsetAndMetadata(offset, "", -1)
+            for tp, offset in committable(
+                (((r.topic, r.partition), r.offset) for r in records),
+                (((r.topic, r.partition), r.offset) for r in self._waiting),
+                self._read_to,
+            ).items()
+        }
         try:
             self.consumer.commit(offsets)
-        except CommitFailedError as exc:
-            # The partitions moved to another worker mid-batch; it will see these
-            # records again and find them recorded. Nothing is lost or doubled.
+        except (CommitFailedError, RebalanceInProgressError) as exc:
+            # The partitions moved to another worker mid-batch, or are moving (a batch
+            # read ahead is done while the group rebalances); whoever reads them next
+            # finds these records recorded. Nothing is lost or doubled.
             self.stats.commit_failures += 1
             log.warning("offset commit refused after a rebalance: %s", exc)
+
+
+def _customer(record: Any) -> bytes | None:
+    """Whose record it is, for fairness: its key (producers key usage by customer)."""
+    key: bytes | None = record.key
+    return key
 
 
 def _count(decision: MeteredBatch, dead_letters: int, duplicates: int) -> None:

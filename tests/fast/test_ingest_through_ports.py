@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from typing import Any
 
 import pytest
+from kafka.errors import RebalanceInProgressError
 
 from adapters.ingest.worker import IngestWorker
 from domain.ids import transaction_id
@@ -34,6 +36,7 @@ def _worker(
     ledger: BillingLedger | None = None,
     *,
     dlq_max_message_bytes: int = 1_000_000,
+    batch_max_records: int = 2000,
 ) -> tuple[IngestWorker, FakeDeadLetters]:
     letters = FakeDeadLetters()
     worker = IngestWorker(
@@ -44,6 +47,7 @@ def _worker(
         dlq_topic="usage.dlq",
         max_record_bytes=4096,
         dlq_max_message_bytes=dlq_max_message_bytes,
+        batch_max_records=batch_max_records,
     )
     return worker, letters
 
@@ -180,3 +184,78 @@ def test_a_conflict_inside_one_batch_keeps_the_first_and_sets_the_second_aside()
     assert worker.ledger.transaction(transaction_id("acme", "r1")).quantity == 5
     assert letters.letters["usage", 0, 1].reason.startswith("conflicting duplicate: ")
     assert (worker.stats.transactions, worker.stats.dead_letters) == (1, 1)
+
+
+def _keyed(customer: str, offset: int, partition: int = 0) -> FakeRecord:
+    value = usage(f"{customer}-{offset}", customer=customer).to_json()
+    return FakeRecord("usage", partition, offset, customer.encode(), value)
+
+
+def _run(worker: IngestWorker) -> tuple[list[list[str]], list[int]]:
+    """Run until the fake consumer has nothing left: the customers of each batch, and
+    how many records were still at the broker after each."""
+    consumer: Any = worker.consumer
+    batches: list[list[str]] = []
+    unread: list[int] = []
+    stop = threading.Event()
+
+    def on_batch(stats: Any) -> None:
+        metered = [e for e in worker.ledger.all_events() if type(e).__name__ == "Metered"]
+        batches.append([e.customer_id for e in metered[sum(map(len, batches)) :]])
+        unread.append(sum(map(len, consumer.batches)))
+        if not unread[-1] and not worker._waiting:
+            stop.set()
+
+    worker.run(stop, on_batch)
+    return batches, unread
+
+
+def _all(batches: list[list[str]]) -> list[str]:
+    return [customer for batch in batches for customer in batch]
+
+
+def test_a_customer_behind_a_burst_is_recorded_in_the_next_batch_not_after_the_burst() -> None:
+    # One poll: a burst of 10 from one customer, then one record of another, in the
+    # same partition; batches of 4 records.
+    poll = [_keyed("burst", i) for i in range(10)] + [_keyed("late", 10)]
+    worker, _ = _worker([poll], batch_max_records=4)
+    batches, _ = _run(worker)
+
+    assert batches[0] == ["burst", "burst", "burst", "late"]
+    assert _all(batches).count("burst") == 10
+    # Offsets: never past a burst record still waiting, then past everything read.
+    commits = [o.offset for c in worker.consumer.commits for o in c.values()]  # type: ignore[attr-defined]
+    assert commits == [3, 7, 11]
+
+
+def test_reading_ahead_stops_at_five_batches_and_goes_on_as_they_are_done() -> None:
+    polls = [[_keyed("burst", 2 * i + j) for j in range(2)] for i in range(15)]
+    polls.append([_keyed("other", i, partition=1) for i in range(3)])
+    worker, _ = _worker(polls, batch_max_records=2)
+    batches, unread = _run(worker)
+
+    # Five batches (5 x 2 records) read ahead, then one batch done, one more poll each
+    # turn: the rest waits at the broker, not in memory, and all of it is recorded.
+    assert batches[0] == ["burst", "burst"]
+    assert unread[0] == 30 + 3 - 10
+    assert _all(batches).count("burst") == 30 and _all(batches).count("other") == 3
+    # Once read, the other customer has half of every batch until its records are done,
+    # ahead of the burst's records read before them.
+    first_other = next(i for i, b in enumerate(batches) if "other" in b)
+    assert batches[first_other : first_other + 3] == [["burst", "other"]] * 3
+
+
+class _Rebalancing(FakeConsumer):
+    def commit(self, offsets: dict[Any, Any] | None = None) -> None:
+        raise RebalanceInProgressError("the group is rebalancing")
+
+
+def test_a_commit_refused_while_the_group_rebalances_leaves_the_batch_recorded() -> None:
+    # A batch read ahead can be done while the group rebalances; its offsets are then
+    # not committed (whoever reads the records next finds them recorded), and the
+    # worker goes on instead of failing its role.
+    worker, _ = _worker([])
+    worker.consumer = _Rebalancing([])  # type: ignore[assignment]
+    worker.process([_keyed("acme", 0), _keyed("acme", 1)])
+    assert worker.stats.commit_failures == 1
+    assert worker.stats.transactions == 2
