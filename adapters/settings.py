@@ -22,7 +22,7 @@ from domain.saga import RetryPolicy
 from domain.usage import DEFAULT_MAX_RECORD_BYTES
 from store.schema import DEFAULT_DLQ_TOPIC, DEFAULT_EVENTS_TOPIC, DEFAULT_USAGE_TOPIC
 
-__all__ = ["DEFAULT_PRICE_LIST", "SECRETS_DIR_ENV", "Settings", "StripeSettings"]
+__all__ = ["DEFAULT_PRICE_LIST", "SECRETS_DIR_ENV", "Settings", "StripeSettings", "child_env"]
 
 DEFAULT_PRICE_LIST = Path(__file__).resolve().parent.parent / "infra" / "prices.example.toml"
 # A directory of files named after settings (``billing_ledger_database_password``, ...):
@@ -286,3 +286,15 @@ class Settings(BaseSettings):
     def load_prices(self) -> PriceList:
         """The price list named by ``price_list`` (raises PriceListError / OSError)."""
         return PriceList.from_toml(self.price_list.read_text(encoding="utf-8"))
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """The environment a ``billing-ledger`` child process needs to use ``settings``: this
+    process's, without its ``BILLING_LEDGER_*`` variables, plus one for every setting
+    that is set (an unset one, None, is left out: the child's default applies)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BILLING_LEDGER_")}
+    for key, value in settings.model_dump().items():
+        if value is not None:
+            shown = value.get_secret_value() if isinstance(value, SecretStr) else value
+            env[f"BILLING_LEDGER_{key.upper()}"] = str(shown)
+    return env

@@ -27,9 +27,8 @@ from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import Link, SpanKind, TraceState
 from opentelemetry.util.types import Attributes
 from psycopg import sql
-from pydantic import SecretStr
 
-from adapters.settings import Settings
+from adapters.settings import Settings, child_env
 from infra.embedded import EmbeddedPostgres, TansuBroker
 from infra.stripe_emulator import StripeEmulator
 
@@ -104,12 +103,7 @@ def charge_settings(settings: Settings, emulator: StripeEmulator) -> Settings:
 
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment a ``billing-ledger`` subprocess needs to use ``settings``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BILLING_LEDGER_")}
-    for key, value in settings.model_dump().items():
-        if value is not None:
-            shown = value.get_secret_value() if isinstance(value, SecretStr) else value
-            env[f"BILLING_LEDGER_{key.upper()}"] = str(shown)
-    return env
+    return child_env(settings)
 
 
 class _Switch(Sampler):

@@ -20,7 +20,6 @@ timeout (``drained: false``; ``lost`` is then unknown) or a worker process ended
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -40,7 +39,7 @@ from adapters.bootstrap import migrate, prepare
 from adapters.broker import make_producer
 from adapters.observability.logs import configure_logging
 from adapters.progress import step
-from adapters.settings import Settings
+from adapters.settings import Settings, child_env
 from domain.invoice_line import InvoiceLine
 from domain.usage import UsageRecord
 from infra.embedded import EmbeddedPostgres, TansuBroker
@@ -152,8 +151,7 @@ ROLE_PROCESSES = (("ingest",), ("relay", "project"), ("charge", "reconcile"))
 
 @contextmanager
 def _worker(settings: Settings, roles: tuple[str, ...]) -> Iterator[subprocess.Popen[bytes]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BILLING_LEDGER_")}
-    env.update({f"BILLING_LEDGER_{k.upper()}": str(v) for k, v in settings.model_dump().items()})
+    env = child_env(settings)
     args = [a for role in roles for a in ("--role", role)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "adapters.cli", "run", *args, "--health-port", "0",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -28,12 +27,11 @@ from typing import Any
 
 import psycopg
 from eventsourcing.utils import get_topic
-from pydantic import SecretStr
 
 from adapters.bootstrap import open_ledger
 from adapters.observability.logs import configure_logging
 from adapters.progress import step
-from adapters.settings import Settings
+from adapters.settings import Settings, child_env
 from adapters.webhooks.app import PATH
 from domain.invoice import Invoice
 from infra.stripe_emulator import StripeEmulator
@@ -96,14 +94,10 @@ def _listener(settings: Settings) -> Iterator[None]:
     a process of its own, so the client threads do not share its interpreter; yields
     once it answers. (Not ``billing-ledger run --role webhooks``: that needs a broker
     for its topics, which this bench does without.)"""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BILLING_LEDGER_")}
-    for key, value in settings.model_dump().items():
-        if value is not None:
-            shown = value.get_secret_value() if isinstance(value, SecretStr) else value
-            env[f"BILLING_LEDGER_{key.upper()}"] = str(shown)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tools.bench_webhooks"], env=env, stderr=subprocess.DEVNULL
-    )
+        [sys.executable, "-m", "tools.bench_webhooks"], env=child_env(settings),
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
         while not _answers(settings.webhook_port):
