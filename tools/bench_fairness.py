@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,13 +42,13 @@ from domain.ids import transaction_id
 from domain.usage import UsageRecord
 from infra.stripe_emulator import StripeEmulator
 from tools.bench_charge import METERS, Load, Pipeline, charged_count, money, pipeline, produce
-from tools.measure import cores, percentile
+from tools.fairness_report import Txn, render_fairness, window
+from tools.measure import cores
 
 __all__ = ["BURST_CUSTOMER", "render_fairness", "run_fairness"]
 
 BURST_CUSTOMER = "burst-000"
 SAMPLE_S = 0.25  # how often the relay's and the projector's positions are read
-WINDOWS = ("before", "during", "after")
 
 _TXN = "domain.transaction:BillingTransaction."
 
@@ -70,15 +69,6 @@ SELECT m.s ->> 'customer_id',
        extract(epoch FROM (c.s -> 'timestamp' ->> '_data_')::timestamptz)::float8
 FROM m LEFT JOIN c USING (originator_id)
 """
-
-
-@dataclass(frozen=True)
-class _Txn:
-    customer: str
-    occurred: float
-    recorded: float
-    position: tuple[int, int]
-    charged: float | None
 
 
 @dataclass
@@ -294,11 +284,11 @@ def _compensated(settings: Settings) -> int:
     return int(row[0]) if row else 0
 
 
-def _transactions(settings: Settings) -> list[_Txn]:
+def _transactions(settings: Settings) -> list[Txn]:
     with psycopg.connect(settings.database_url) as conn:
         rows = conn.execute(_TRANSACTIONS, (_TXN + "Metered", _TXN + "Charged")).fetchall()
     return [
-        _Txn(customer, occurred, recorded, (int(xid), nid), charged)
+        Txn(customer, occurred, recorded, (int(xid), nid), charged)
         for customer, occurred, recorded, xid, nid, charged in rows
     ]
 
@@ -319,7 +309,7 @@ def _report(
     compensated = _compensated(run.settings)
     api = [r for r in stripe.requests() if str(r["path"]).startswith("/v1/")]
     windows = {
-        name: _window(others, lo, hi, run.positions)
+        name: window(others, lo, hi, run.positions)
         | {"seconds": round(hi - lo, 1), "stripe_requests": sum(lo <= r["at"] < hi for r in api)}
         for name, (lo, hi) in bounds.items()
     }
@@ -345,86 +335,3 @@ def _report(
         "stripe_requests": len(api),
         **money_check,
     }
-
-
-def _window(
-    txns: list[_Txn],
-    lo: float,
-    hi: float,
-    positions: list[tuple[float, tuple[int, int], tuple[int, int]]],
-) -> dict[str, Any]:
-    inside = [t for t in txns if lo <= t.occurred < hi]
-    return {
-        "records": len(inside),
-        "usage_to_recorded_s": _stats([t.recorded - t.occurred for t in inside]),
-        "recorded_to_relayed_s": _stats(_reached(inside, [(at, r) for at, r, _ in positions])),
-        "recorded_to_projected_s": _stats(_reached(inside, [(at, p) for at, _, p in positions])),
-        "recorded_to_charged_s": _stats([t.charged - t.recorded for t in inside if t.charged]),
-        "usage_to_charged_s": _stats([t.charged - t.occurred for t in inside if t.charged]),
-    }
-
-
-def _reached(txns: list[_Txn], samples: list[tuple[float, tuple[int, int]]]) -> list[float]:
-    """How long after its recording a follower's sampled position first covered each
-    transaction's Metered event (positions only move forward)."""
-    positions = [p for _, p in samples]
-    waits: list[float] = []
-    for t in txns:
-        i = bisect_left(positions, t.position)
-        if i < len(samples):
-            waits.append(samples[i][0] - t.recorded)
-    return waits
-
-
-def _stats(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "p50": round(percentile(ordered, 50), 2),
-        "p99": round(percentile(ordered, 99), 2),
-        "max": round(ordered[-1], 2) if ordered else 0.0,
-    }
-
-
-def render_fairness(result: dict[str, Any]) -> str:
-    s = result["settings"]
-    lines = [
-        f"{s['steady_customers']} steady customers at {s['steady_rate_per_s']:g} records/s"
-        f" in total, {s['meters_per_customer']} meters each; a burst of"
-        f" {s['burst_records']:,} records from one more; Stripe {s['stripe_rate_limit_per_s']}"
-        f" requests/s, settle interval {s['settle_interval_s']:g}s; {result['cores']} cores,"
-        f" load average {_load(result, 'start')} -> {_load(result, 'end')}",
-        "",
-        f"{'others (p50 / p99 / max, s)':<30}" + "".join(f"{w:>22}" for w in WINDOWS),
-    ]
-    windows = result["others"]
-    for label, key in (
-        ("usage -> recorded", "usage_to_recorded_s"),
-        ("recorded -> relayed", "recorded_to_relayed_s"),
-        ("recorded -> projected", "recorded_to_projected_s"),
-        ("recorded -> Charged", "recorded_to_charged_s"),
-        ("usage -> Charged", "usage_to_charged_s"),
-    ):
-        cells = (windows[w][key] for w in WINDOWS)
-        lines.append(
-            f"{label:<30}" + "".join(f"{c['p50']:>8} /{c['p99']:>6} /{c['max']:>5}" for c in cells)
-        )
-    for label, key in (("records", "records"), ("window, s", "seconds"),
-                       ("Stripe requests", "stripe_requests")):  # fmt: skip
-        lines.append(f"{label:<30}" + "".join(f"{windows[w][key]:>22}" for w in WINDOWS))
-    b = result["burst"]
-    lines += [
-        "",
-        f"{'others p99 during - before, s':<38} {result['others_p99_during_minus_before_s']}",
-        f"{'burst sent / recorded / charged in, s':<38} {b['sent_in_s']} / {b['recorded_in_s']}"
-        f" / {b['charged_in_s']}",
-    ]
-    for key in ("produced", "charged", "compensated", "drained", "lost", "stripe_requests",
-                "lines", "stripe_holds", "lines_billed", "stripe_equals_billed", "duplicates",
-                "max_abs_billed_minus_exact", "workers_ended"):  # fmt: skip
-        if key in result:
-            lines.append(f"{key:<38} {result[key]}")
-    return "\n".join(lines)
-
-
-def _load(result: dict[str, Any], when: str) -> str:
-    return " ".join(f"{x:.2f}" for x in result["load_average_1_5_15"][when])
