@@ -19,7 +19,7 @@ from typing import Any
 from uuid import UUID
 
 from psycopg import Cursor
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 
 from store.connections import Database
 
@@ -48,7 +48,7 @@ _INSERT = (
 )
 
 
-def insert_receipts(curs: Cursor[Any], receipts: Sequence[WebhookReceipt]) -> None:
+def insert_receipts(curs: Cursor[DictRow], receipts: Sequence[WebhookReceipt]) -> None:
     """Record ``receipts`` (distinct event ids) in the caller's transaction, in one
     statement; ``AlreadyReceived`` if any of them was recorded before."""
     curs.execute(
@@ -61,7 +61,7 @@ def insert_receipts(curs: Cursor[Any], receipts: Sequence[WebhookReceipt]) -> No
             [r.created_at for r in receipts],
         ),
     )
-    written = {row[0] if isinstance(row, tuple) else row["event_id"] for row in curs.fetchall()}
+    written = {row["event_id"] for row in curs.fetchall()}
     missing = [r.event_id for r in receipts if r.event_id not in written]
     if missing:
         raise AlreadyReceived(", ".join(missing[:5]))
