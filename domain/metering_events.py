@@ -20,7 +20,7 @@ events' rows, byte for byte.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -32,6 +32,7 @@ from eventsourcing.utils import get_topic
 
 from domain.account import CustomerAccount
 from domain.errors import InvalidUsage
+from domain.ids import account_id
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine
 from domain.metering import (
@@ -42,7 +43,7 @@ from domain.metering import (
     Metering,
     refusal,
 )
-from domain.periods import PeriodPolicy
+from domain.periods import Period, PeriodPolicy
 from domain.pricing import PriceList
 from domain.transaction import BillingTransaction, TxnState
 
@@ -162,12 +163,21 @@ def meter_batch_events(
     periods: PeriodPolicy,
     now: datetime,
     already_recorded: Collection[UUID] = (),
+    expect: Callable[[Sequence[UUID]], None] | None = None,
 ) -> MeteredBatch:
     """``meter_batch``'s decision, without the transactions' aggregates (see the module
-    docstring)."""
+    docstring).
+
+    ``expect``, when given, is called once before anything is loaded with the ids of
+    the accounts and lines the batch will load (each meter and period's own line: a
+    late line or an invoice is loaded only when that one is closed or new), so the
+    caller can read them all in one query instead of one by one. It decides nothing.
+    """
     result = MeteredBatch()
     seen: set[UUID] = set(already_recorded)
     by_account: dict[tuple[str, str], list[NewTransaction]] = {}
+    periods_of: dict[NewTransaction, Period] = {}
+    last: Period | None = None
     for metering in batch:
         txn_id = metering.transaction_id
         if txn_id in seen:
@@ -182,7 +192,14 @@ def meter_batch_events(
         new = NewTransaction(metering, fields)
         result.transactions.append(new)
         by_account.setdefault((fields["customer_id"], fields["currency"]), []).append(new)
+        occurred_at = fields["occurred_at"]
+        # A batch's usage mostly falls in one period: reuse it rather than cut it again.
+        if last is None or not last.start <= occurred_at < last.end:
+            last = periods.period_of(occurred_at)
+        periods_of[new] = last
 
+    if expect is not None:
+        expect(_expected(by_account, periods_of))
     for (customer_id, currency), txns in by_account.items():
         account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
         granted = account.reserve_all([(t.id, t.amount) for t in txns])
@@ -190,8 +207,7 @@ def meter_batch_events(
         by_line: dict[UUID, list[NewTransaction]] = {}
         for txn, ok in zip(txns, granted, strict=True):
             if ok:
-                occurred = periods.period_of(txn.fields["occurred_at"])
-                line = book.line_for(txn.fields["meter"], occurred)
+                line = book.line_for(txn.fields["meter"], periods_of[txn])
                 by_line.setdefault(line.id, []).append(txn)
             else:
                 txn.refusal = refusal(account, txn.amount)
@@ -204,3 +220,19 @@ def meter_batch_events(
         result.invoices.extend(book.touched_invoices())
         result.accounts.append(account)
     return result
+
+
+def _expected(
+    by_account: dict[tuple[str, str], list[NewTransaction]],
+    periods_of: dict[NewTransaction, Period],
+) -> list[UUID]:
+    """The accounts, and each meter and period's own line, a decision loads first."""
+    ids: list[UUID] = []
+    for (customer_id, currency), txns in by_account.items():
+        ids.append(account_id(customer_id, currency))
+        pairs = {(t.fields["meter"], periods_of[t]) for t in txns}
+        ids.extend(
+            InvoiceLine.create_id(customer_id, currency, meter, period.start)
+            for meter, period in pairs
+        )
+    return ids

@@ -48,6 +48,7 @@ from domain.metering_events import MeteredBatch, meter_batch_events
 from domain.periods import Period, PeriodPolicy
 from domain.pricing import PriceList
 from domain.transaction import BillingTransaction
+from store.batch_reads import BatchReads
 from store.errors import ConcurrencyExhausted
 from store.ingest_rows import transaction_rows
 from store.recorder import LedgerRecorder, OrjsonTranscoder
@@ -103,15 +104,17 @@ class BillingLedger(Application[UUID]):
             recorded = (
                 self._recorded_ids([m.transaction_id for m in batch]) if check_existing else ()
             )
+            reads = self._batch_reads()
             decision = meter_batch_events(
                 batch,
                 self.prices,
-                load_account=self._load_account,
-                load_line=self.line_or_none,
-                load_invoice=self.invoice_by_id,
+                load_account=reads.account,
+                load_line=reads.line,
+                load_invoice=reads.invoice,
                 periods=self.periods,
                 now=datetime.now(UTC),
                 already_recorded=recorded,
+                expect=reads.expect,
             )
             touched = decision.touched
             events_count = 2 * len(decision.transactions) + sum(
@@ -127,11 +130,17 @@ class BillingLedger(Application[UUID]):
             except IntegrityError:
                 check_existing = True
                 continue
+            reads.remember(touched)
             self.last_save = SaveStats(attempts=attempt, events=events_count)
             return decision
         raise ConcurrencyExhausted(
             f"batch of {len(batch)} records lost {self.max_attempts} concurrency races"
         )
+
+    def _batch_reads(self) -> BatchReads:
+        """Reads for one decision, together where the recorder can (``store.batch_reads``)."""
+        recorder = self.recorder if isinstance(self.recorder, LedgerRecorder) else None
+        return BatchReads(self.repository, recorder, self.mapper, self._get)
 
     def construct_snapshot_store(self) -> EventStore[UUID]:
         """Snapshots that are used only when sealed to their head event

@@ -115,6 +115,12 @@ class LedgerRecorder(PostgresApplicationRecorder):
             "SELECT originator_id, originator_version, topic, state FROM {0}"
             " WHERE originator_id = ANY(%s) ORDER BY originator_id, originator_version"
         ).format(table)
+        self._select_after = SQL(
+            "SELECT e.originator_id, e.originator_version, e.topic, e.state"
+            " FROM unnest(%s::{1}[], %s::bigint[]) AS known(id, version)"
+            " JOIN {0} e ON e.originator_id = known.id AND e.originator_version > known.version"
+            " ORDER BY e.originator_id, e.originator_version"
+        ).format(table, SQL(self.datastore.originator_id_type))
         self._select_first = SQL(
             "SELECT originator_id, originator_version, topic, state FROM {0}"
             " WHERE originator_id = ANY(%s) AND originator_version = 1"
@@ -256,6 +262,17 @@ class LedgerRecorder(PostgresApplicationRecorder):
     def select_histories(self, originator_ids: Iterable[UUID]) -> list[StoredEvent]:
         """Every event of these aggregates, each aggregate's in order (one query)."""
         return self._stored(self._select_histories, originator_ids)
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def select_after(self, versions: dict[UUID, int]) -> list[StoredEvent]:
+        """The events of these aggregates after the given versions, each aggregate's in
+        order (one query: how a batch fast-forwards the aggregates it has cached)."""
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute(self._select_after, (list(versions), list(versions.values())))
+            return [
+                StoredEvent(r["originator_id"], r["originator_version"], r["topic"], r["state"])
+                for r in curs.fetchall()
+            ]
 
     def select_first_events(self, originator_ids: Iterable[UUID]) -> list[StoredEvent]:
         """The first event (version 1) of each of these aggregates that has one (one query)."""

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from adapters.bootstrap import migrate, open_ledger
+from adapters.bootstrap import migrate, open_ledger, prepare
 from adapters.settings import Settings
 from infra.embedded import OWNER
 from infra.stripe_emulator import StripeEmulator
@@ -26,6 +26,15 @@ def stripe_settings(settings: Settings, emulator: StripeEmulator) -> Settings:
 def ledger(stripe_settings: Settings) -> Iterator[BillingLedger]:
     migrate(stripe_settings)
     with open_ledger(stripe_settings) as app:
+        yield app
+
+
+@pytest.fixture
+def ingest_ledger(settings: Settings) -> Iterator[BillingLedger]:
+    """A ledger on a migrated database with the usage topics made (no Stripe)."""
+    migrate(settings)
+    prepare(settings)
+    with open_ledger(settings) as app:
         yield app
 
 

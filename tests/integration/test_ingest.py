@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -15,7 +14,7 @@ import psycopg
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from adapters.bootstrap import build_ingest_worker, close_worker, migrate, open_ledger, prepare
+from adapters.bootstrap import build_ingest_worker, close_worker, open_ledger
 from adapters.settings import Settings
 from domain.ids import transaction_id
 from domain.transaction import TxnState
@@ -40,11 +39,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def ledger(settings: Settings) -> Iterator[BillingLedger]:
-    migrate(settings)
-    prepare(settings)
-    with open_ledger(settings) as app:
-        yield app
+def ledger(ingest_ledger: BillingLedger) -> BillingLedger:
+    return ingest_ledger
 
 
 def _worker_cmd(*extra: str) -> list[str]:
@@ -300,17 +296,24 @@ def test_a_batch_that_keeps_losing_concurrency_races_waits_and_is_saved_not_fata
     one save attempt per batch: three real version conflicts, three pauses, no crash."""
     ledger.max_attempts = 1
     contentions = [3]
-    load = ledger._load_account
+    batch_reads = ledger._batch_reads
 
-    def contended_load(customer_id: str, currency: str) -> Any:
-        account = load(customer_id, currency)
-        if contentions[0]:
-            contentions[0] -= 1
-            with open_ledger(settings) as other:
-                other.set_spend_limit(customer_id, currency, 1_000_000 + contentions[0])
-        return account
+    def contended_reads() -> Any:
+        reads = batch_reads()
+        load = reads.account
 
-    ledger._load_account = contended_load  # type: ignore[method-assign]
+        def contended_load(customer_id: str, currency: str) -> Any:
+            account = load(customer_id, currency)
+            if contentions[0]:
+                contentions[0] -= 1
+                with open_ledger(settings) as other:
+                    other.set_spend_limit(customer_id, currency, 1_000_000 + contentions[0])
+            return account
+
+        reads.account = contended_load  # type: ignore[method-assign]
+        return reads
+
+    ledger._batch_reads = contended_reads  # type: ignore[method-assign]
     records = [usage(f"c-{i}") for i in range(5)]
     produce_records(settings, records)
     worker = build_ingest_worker(settings, ledger)

@@ -1,0 +1,145 @@
+"""A batch reads its accounts and lines together (``store.batch_reads``), on real
+PostgreSQL: one query where it used to make one per aggregate, the same state a
+one-by-one read would give, rivals' writes seen, and nothing cached that was not saved."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from adapters.bootstrap import open_ledger
+from adapters.settings import Settings
+from domain.ids import account_id
+from domain.metering import Metering
+from domain.transaction import Source
+from store.batch_reads import BatchReads
+from store.ledger import BillingLedger
+from tests.integration.support import usage
+
+pytestmark = pytest.mark.integration
+
+CUSTOMERS = ("acme", "globex", "initech")
+METERS = ("api.requests", "gpt-4o.input_tokens")
+
+
+@pytest.fixture
+def ledger(ingest_ledger: BillingLedger) -> BillingLedger:
+    return ingest_ledger
+
+
+class Spy:
+    """The ledger's batch reads, kept, with every one-by-one read they fell back to."""
+
+    def __init__(self, ledger: BillingLedger) -> None:
+        self.reads: list[BatchReads] = []
+        self.one_by_one: list[UUID] = []
+        make = ledger._batch_reads
+
+        def spied() -> BatchReads:
+            reads = make()
+            read_one = reads.read_one
+
+            def counted(aggregate_id: UUID) -> Any:
+                self.one_by_one.append(aggregate_id)
+                return read_one(aggregate_id)
+
+            reads.read_one = counted
+            self.reads.append(reads)
+            return reads
+
+        ledger._batch_reads = spied  # type: ignore[method-assign]
+
+
+def _batch(tag: str, start: int = 0) -> list[Metering]:
+    return [
+        Metering(
+            usage(f"{tag}-{n}", customer=c, meter=m, quantity=1000 + start + n),
+            Source("usage", 0, start + n),
+        )
+        for n, (c, m) in enumerate((c, m) for c in CUSTOMERS for m in METERS for _ in range(2))
+    ]
+
+
+def _state(ledger: BillingLedger) -> dict[str, Any]:
+    accounts = {c: ledger.account(c, "USD") for c in CUSTOMERS}
+    return {c: (a.version, a.reserved) for c, a in accounts.items() if a is not None}
+
+
+def test_a_batch_reads_its_accounts_and_lines_in_one_query_and_keeps_what_it_saved(
+    settings: Settings, ledger: BillingLedger
+) -> None:
+    spy = Spy(ledger)
+    first = ledger.record_usage(_batch("one"))
+    # Nothing exists yet: one query says so; only the new lines' invoices are read alone.
+    assert spy.reads[0].queries == 1
+    assert set(spy.one_by_one) == {line.invoice_id for line in first.lines}
+
+    spy.one_by_one.clear()
+    second = ledger.record_usage(_batch("two", 100))
+    assert len(second.transactions) == 12 and ledger.last_save.attempts == 1
+    # Nine aggregates (3 accounts, 6 lines), all cached at the versions saved: one query,
+    # no event read back, nothing read one by one.
+    assert (spy.reads[1].queries, spy.reads[1].events_read, spy.one_by_one) == (1, 0, [])
+
+    with open_ledger(settings) as rival:
+        rival.record_usage(_batch("rival", 200))
+        rival_view = _state(rival)
+    third = ledger.record_usage(_batch("three", 300))
+    # The rival's events after our cached versions are folded in: no lost race.
+    assert spy.reads[2].events_read == 9 and ledger.last_save.attempts == 1
+    assert len(third.transactions) == 12
+    with open_ledger(settings) as fresh:  # read whole from the store by a ledger with no cache
+        assert _state(ledger) == _state(fresh)
+        assert all(_state(fresh)[c][0] == rival_view[c][0] + 1 for c in CUSTOMERS)
+
+
+def test_after_a_restart_existing_aggregates_are_read_whole_and_absent_ones_not_at_all(
+    settings: Settings, ledger: BillingLedger
+) -> None:
+    ledger.record_usage(_batch("before"))
+    with open_ledger(settings) as restarted:
+        spy = Spy(restarted)
+        batch = [*_batch("after", 100), Metering(usage("new", customer="hooli"), Source("u", 1, 1))]
+        restarted.record_usage(batch)
+        # Not cached: the 9 that exist are read one by one (snapshot first), the new
+        # customer's account and line are known absent from the one query, and its new
+        # line's invoice is read alone.
+        assert spy.reads[0].queries == 1
+        assert account_id("hooli", "USD") not in spy.one_by_one
+        assert len(spy.one_by_one) == 9 + 1
+        assert restarted.last_save.attempts == 1
+        restarted_view = _state(restarted)
+    with open_ledger(settings) as fresh:
+        assert _state(fresh) == restarted_view
+
+
+def test_a_decision_that_loses_its_race_leaves_the_cache_as_the_store_has_it(
+    settings: Settings, ledger: BillingLedger
+) -> None:
+    """A rival writes between our reads and our save: the save fails, the batch is
+    decided again, and what we cached and saved equals a fresh read of the store."""
+    ledger.record_usage(_batch("warm"))
+    raced = [False]
+    make = ledger._batch_reads
+
+    def racing() -> BatchReads:
+        reads = make()
+        expect = reads.expect
+
+        def expect_then_race(ids: Any) -> None:
+            expect(ids)
+            if not raced[0]:
+                raced[0] = True
+                with open_ledger(settings) as rival:
+                    rival.record_usage(_batch("rival", 500))
+
+        reads.expect = expect_then_race  # type: ignore[method-assign]
+        return reads
+
+    ledger._batch_reads = racing  # type: ignore[method-assign]
+    decision = ledger.record_usage(_batch("ours", 600))
+    assert raced[0] and ledger.last_save.attempts == 2 and len(decision.transactions) == 12
+    with open_ledger(settings) as fresh:
+        assert _state(ledger) == _state(fresh)
