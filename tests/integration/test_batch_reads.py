@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+import psycopg
 import pytest
+from psycopg.sql import SQL
 
 from adapters.bootstrap import open_ledger
 from adapters.settings import Settings
@@ -16,6 +18,7 @@ from domain.metering import Metering
 from domain.transaction import Source
 from store.batch_reads import BatchReads
 from store.ledger import BillingLedger
+from store.recorder import LedgerRecorder
 from tests.integration.support import usage
 
 pytestmark = pytest.mark.integration
@@ -143,3 +146,35 @@ def test_a_decision_that_loses_its_race_leaves_the_cache_as_the_store_has_it(
     assert raced[0] and ledger.last_save.attempts == 2 and len(decision.transactions) == 12
     with open_ledger(settings) as fresh:
         assert _state(ledger) == _state(fresh)
+
+
+@pytest.mark.parametrize("statistics", ["none yet", "analyzed"])
+def test_reads_by_id_go_through_the_primary_key_however_the_table_was_analyzed(
+    settings: Settings, ledger: BillingLedger, statistics: str
+) -> None:
+    """Every read of a set of aggregates by id (a batch's, a webhook group's, a save's
+    previous hashes) probes the primary key per id: none scans the events table, which
+    grows by millions of rows, whatever the planner's statistics say."""
+    recorder = ledger.recorder
+    assert isinstance(recorder, LedgerRecorder)
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO billingledger_events"
+            " (originator_id, originator_version, topic, state, prev_hash, hash)"
+            " SELECT gen_random_uuid(), v, 'x', '\\x7b7d', '\\x00', '\\x00'"
+            " FROM generate_series(1, 20000), generate_series(1, 3) AS v"
+        )
+        if statistics == "analyzed":
+            conn.execute("ANALYZE billingledger_events")
+        ids = [
+            row[0]
+            for row in conn.execute("SELECT originator_id FROM billingledger_events LIMIT 300")
+        ]
+        distinct = list(dict.fromkeys(ids))
+        versions = [1] * len(distinct)
+        for name in ("latest", "recorded", "histories", "after", "first", "hashes"):
+            statement = getattr(recorder, f"_select_{name}")
+            args = (distinct, versions) if name in ("after", "hashes") else (distinct,)
+            plan = "\n".join(str(row[0]) for row in conn.execute(SQL("EXPLAIN ") + statement, args))
+            assert "Seq Scan on billingledger_events" not in plan, (name, plan)
+            assert "billingledger_events_pkey" in plan, (name, plan)

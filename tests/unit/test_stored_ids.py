@@ -10,13 +10,17 @@ out of date.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from uuid import UUID
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from domain import ids
 from domain.duplicates import Recorded, canonical_body
 from domain.ids import (
     account_id,
@@ -138,3 +142,17 @@ def test_a_records_wire_form_is_compact_json_in_field_order() -> None:
         b'{"usage_id":"req-8812","customer_id":"acme-42","meter":"gpt-4o.input_tokens",'
         b'"quantity":"1520.5","occurred_at":"2026-12-02T10:15:00Z","currency":"EUR"}'
     )
+
+
+@given(namespace=st.uuids(), name=st.text())
+def test_the_ids_uuid5_is_the_standard_librarys(namespace: UUID, name: str) -> None:
+    """``domain.ids`` computes name-based ids itself, faster: any namespace and any name
+    (NULs and astral characters included) give ``uuid.uuid5``'s id."""
+    assert ids.uuid5(namespace, name) == uuid.uuid5(namespace, name)
+
+
+@given(customer=st.text(), usage_id=st.text())
+def test_a_transaction_id_is_the_uuid5_of_its_key(customer: str, usage_id: str) -> None:
+    expected = uuid.uuid5(ids.NAMESPACE, f"{customer}:{usage_id}")
+    assert transaction_id(customer, usage_id) == expected
+    assert transaction_id(customer, usage_id).version == 5
