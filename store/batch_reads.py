@@ -7,9 +7,10 @@ were a quarter of an ingest process's time. ``meter_batch_events`` names the
 aggregates it will load before it loads any (its ``expect``); ``BatchReads`` then reads
 them together:
 
-* cached aggregates: every event after each one's cached version, in one query
-  (``LedgerRecorder.select_after``), folded onto a deep copy: the cached object is never
-  changed, so another thread reading it through the repository is unaffected;
+* cached aggregates: each copied (under the repository's lock of its id, which other
+  threads' reads take to fast-forward the cached object in place), then every event
+  after each copy's version read in one query (``LedgerRecorder.select_after``) and
+  folded onto the copy: the cached object is never changed here;
 * the rest: which of them exist at all, in one query. One that does not is answered
   None with no further read; one that does (not cached: after a restart, or evicted)
   is read as the repository reads it, snapshot first.
@@ -74,7 +75,7 @@ class BatchReads:
         if cache is not None:
             for i in wanted:
                 try:
-                    cached[i] = cache.get(i)
+                    cached[i] = self._copy(i, cache.get(i))
                 except KeyError:
                     continue
         if cached:
@@ -82,15 +83,29 @@ class BatchReads:
             after = self.recorder.select_after({i: a.version for i, a in cached.items()})
             self.events_read += len(after)
             newer = _by_aggregate(self.mapper.to_domain_event(s) for s in after)
-            for i, aggregate in cached.items():
-                copy = deepcopy(aggregate)
-                events = newer.get(i)
+            for i, copy in cached.items():
+                events = [e for e in newer.get(i, ()) if e.originator_version > copy.version]
                 self._read[i] = project_aggregate(copy, events) if events else copy
         uncached = [i for i in wanted if i not in cached]
         if uncached:
             self.queries += 1
             recorded = self.recorder.select_recorded_ids(uncached)
             self._read.update({i: None for i in uncached if i not in recorded})
+
+    def _copy(self, aggregate_id: UUID, cached: Any) -> Any:
+        """A copy of the cached aggregate, taken under the repository's fast-forward lock
+        of its id: another thread's ``Repository.get`` fast-forwards the cached object in
+        place, under that lock, and a copy taken meanwhile could be torn (an event's
+        state applied, its version not yet). It is the library's in-process lock of its
+        cache (private, as the ledger's ``save`` calls ``_record``), never a lock on
+        billing data: writers still settle by the event store's version constraint."""
+        repository = self.repository
+        lock = repository._use_fastforward_lock(aggregate_id)
+        try:
+            with lock:
+                return deepcopy(cached)
+        finally:
+            repository._disuse_fastforward_lock(aggregate_id)
 
     def account(self, customer_id: str, currency: str) -> CustomerAccount | None:
         return _typed(self.get(account_id(customer_id, currency)), CustomerAccount)
@@ -108,7 +123,9 @@ class BatchReads:
         return self.read_one(aggregate_id)
 
     def remember(self, saved: Iterable[Any]) -> None:
-        """Cache aggregates just saved, at the versions saved (see the module docstring)."""
+        """Cache aggregates just saved, at the versions saved (see the module docstring).
+        The objects themselves, not copies: whoever holds them (the batch's decision)
+        only reads them from then on; the next batch reads copies."""
         cache = self.repository.cache
         if cache is None:
             return

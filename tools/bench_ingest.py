@@ -62,8 +62,15 @@ CUSTOMERS = 50
 
 
 def run_ingest_bench(
-    records: int, *, batch: int = 2000, database_url: str | None = None, workers: int = 1
+    records: int,
+    *,
+    batch: int = 2000,
+    database_url: str | None = None,
+    workers: int = 1,
+    end_to_end_only: bool = False,
 ) -> dict[str, Any]:
+    """The figures above; ``end_to_end_only`` measures end to end and the raw ``COPY``
+    of its rows only (no store appends: a third of the time)."""
     with ExitStack() as stack:
         if database_url is None:
             step("starting embedded PostgreSQL")
@@ -72,7 +79,11 @@ def run_ingest_bench(
             admin_url = database_url
         step("starting the Tansu broker")
         broker = stack.enter_context(TansuBroker())
-        names = ("e2e", *(("e2e_workers",) if workers > 1 else ()), *RECORDERS)
+        names = (
+            "e2e",
+            *(("e2e_workers",) if workers > 1 else ()),
+            *(() if end_to_end_only else RECORDERS),
+        )
         urls = {name: fresh_database(admin_url, f"bench_{name}") for name in names}
         settings = Settings(
             database_url=urls["e2e"],
@@ -99,6 +110,10 @@ def run_ingest_bench(
             migrate(group)
             prepare(group, topics=False)
             result["end_to_end_workers"] = _end_to_end(group, records, workers)
+        if end_to_end_only:
+            result["raw_copy"] = raw_copy(urls["e2e"])
+            result["ratios"] = _ratios(result, 0)
+            return result
         small = min(batch, STOCK_MAX_BATCH)
         result["store_append"] = {
             "ours": store_append(settings, urls["ours"], usage, batch, "ours"),
@@ -114,11 +129,6 @@ def run_ingest_bench(
 
 def _ratios(r: dict[str, Any], small: int) -> dict[str, float]:
     copy = r["raw_copy"]["rows_per_s"]
-    at_small = r["store_append"][f"at_{small}"]
-
-    def rate(name: str, writers: str) -> float:
-        return float(at_small[name][writers]["events_per_s"])
-
     scaling: dict[str, float] = {}
     if "end_to_end_workers" in r:
         many = r["end_to_end_workers"]
@@ -128,13 +138,23 @@ def _ratios(r: dict[str, Any], small: int) -> dict[str, float]:
                 many["records_per_s"] / r["end_to_end"]["records_per_s"], 2
             ),
         }
+    ratios = {
+        "end_to_end_events_vs_copy": round(r["end_to_end"]["events_per_s"] / copy, 3),
+        "end_to_end_records_vs_copy": round(r["end_to_end"]["records_per_s"] / copy, 3),
+        **scaling,
+    }
+    if "store_append" not in r:  # end to end only
+        return ratios
+    at_small = r["store_append"][f"at_{small}"]
+
+    def rate(name: str, writers: str) -> float:
+        return float(at_small[name][writers]["events_per_s"])
+
     return {
         "store_append_vs_copy": round(
             r["store_append"]["ours"]["1_writer"]["events_per_s"] / copy, 3
         ),
-        "end_to_end_events_vs_copy": round(r["end_to_end"]["events_per_s"] / copy, 3),
-        "end_to_end_records_vs_copy": round(r["end_to_end"]["records_per_s"] / copy, 3),
-        **scaling,
+        **ratios,
         **{
             f"{name}_vs_ours_{w}": round(rate(name, w) / rate("ours", w), 3)
             for name in ("stock", "ours_locking")
@@ -277,9 +297,7 @@ def _ingest_process(settings_data: dict[str, Any], index: int, group: _Group) ->
 
 
 def render(r: dict[str, Any]) -> str:
-    e2e, sa, one = r["end_to_end"], r["store_append"], r["single_append"]
-    small = min(r["batch"], STOCK_MAX_BATCH)
-    at_small = sa[f"at_{small}"]
+    e2e = r["end_to_end"]
     rate = "{:>10,} {}".format
 
     def appends(label: str, figures: dict[str, Any]) -> list[tuple[str, str]]:
@@ -317,10 +335,25 @@ def render(r: dict[str, Any]) -> str:
             ),
         ]
     rows += [
-        *appends(f"store append, ours, batch {r['batch']}", sa["ours"]),
         ("raw binary COPY of the same rows", rate(r["raw_copy"]["rows_per_s"], "rows/s")),
-        ("store append (ours, 1 writer) / COPY", f"{ratios['store_append_vs_copy']:>10}"),
         ("end-to-end events / COPY", f"{ratios['end_to_end_events_vs_copy']:>10}"),
+    ]
+    if "store_append" in r:
+        rows += _appends_rows(r, appends)
+    head = (
+        f"billing-ledger bench ingest: {r['records']:,} records, batch {r['batch']}, "
+        f"1 and {r['workers']} ingest processes, {r['cores']} cores, PostgreSQL {r['server']}"
+    )
+    return "\n".join([head, ""] + [f"{name:<42} {value}" for name, value in rows])
+
+
+def _appends_rows(r: dict[str, Any], appends: Any) -> list[tuple[str, str]]:
+    sa, one, ratios = r["store_append"], r["single_append"], r["ratios"]
+    small = min(r["batch"], STOCK_MAX_BATCH)
+    at_small = sa[f"at_{small}"]
+    return [
+        *appends(f"store append, ours, batch {r['batch']}", sa["ours"]),
+        ("store append (ours, 1 writer) / COPY", f"{ratios['store_append_vs_copy']:>10}"),
         (f"-- at batch {small} (the stock recorder stalls on larger batches):", ""),
         *appends("store append, ours", at_small["ours"]),
         *appends("  ours + LOCK TABLE + NOTIFY", at_small["ours_locking"]),
@@ -331,11 +364,6 @@ def render(r: dict[str, Any]) -> str:
         ("append 1 record, stock p50/p99", _ms(one["stock_append_ms"])),
         ("raw single-row INSERT commit p50/p99", _ms(one["raw_insert_commit_ms"])),
     ]
-    head = (
-        f"billing-ledger bench ingest: {r['records']:,} records, batch {r['batch']}, "
-        f"1 and {r['workers']} ingest processes, {r['cores']} cores, PostgreSQL {r['server']}"
-    )
-    return "\n".join([head, ""] + [f"{name:<42} {value}" for name, value in rows])
 
 
 def _pair(ratios: dict[str, float], name: str) -> str:

@@ -38,6 +38,11 @@ def add_commands(sub: Any) -> None:
         help="also measure this many ingest processes in a consumer group (beside 1)",
     )
     b_ingest.add_argument("--database-url", help="use this PostgreSQL instead of an embedded one")
+    b_ingest.add_argument(
+        "--end-to-end-only",
+        action="store_true",
+        help="measure end to end and the raw COPY only (no store appends)",
+    )
     b_ingest.add_argument("--json", action="store_true")
     b_ingest.set_defaults(handler=_bench_ingest)
     _add_pipeline_benches(bench_sub)
@@ -133,7 +138,11 @@ def _demo(args: argparse.Namespace) -> int:
 def _bench_ingest(args: argparse.Namespace) -> int:
     bench = _tool("bench_ingest")
     result = bench.run_ingest_bench(
-        args.records, batch=args.batch, database_url=args.database_url, workers=args.workers
+        args.records,
+        batch=args.batch,
+        database_url=args.database_url,
+        workers=args.workers,
+        end_to_end_only=args.end_to_end_only,
     )
     print(json.dumps(result, indent=2) if args.json else bench.render(result))
     return 0

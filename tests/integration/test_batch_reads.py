@@ -88,10 +88,12 @@ def test_a_batch_reads_its_accounts_and_lines_in_one_query_and_keeps_what_it_sav
 
     with open_ledger(settings) as rival:
         rival.record_usage(_batch("rival", 200))
+        rival.record_usage(_batch("rival-again", 250))
         rival_view = _state(rival)
     third = ledger.record_usage(_batch("three", 300))
-    # The rival's events after our cached versions are folded in: no lost race.
-    assert spy.reads[2].events_read == 9 and ledger.last_save.attempts == 1
+    # The rival's two events of each aggregate after our cached versions are folded in,
+    # in order: no lost race.
+    assert spy.reads[2].events_read == 18 and ledger.last_save.attempts == 1
     assert len(third.transactions) == 12
     with open_ledger(settings) as fresh:  # read whole from the store by a ledger with no cache
         assert _state(ledger) == _state(fresh)
@@ -178,3 +180,28 @@ def test_reads_by_id_go_through_the_primary_key_however_the_table_was_analyzed(
             plan = "\n".join(str(row[0]) for row in conn.execute(SQL("EXPLAIN ") + statement, args))
             assert "Seq Scan on billingledger_events" not in plan, (name, plan)
             assert "billingledger_events_pkey" in plan, (name, plan)
+
+
+def test_a_read_that_fast_forwards_the_cache_meanwhile_does_not_tear_the_batch_reads(
+    settings: Settings, ledger: BillingLedger
+) -> None:
+    """Another role of the process reads an account through the repository (which
+    fast-forwards the cached object in place) while a batch's reads are under way: the
+    batch reads copies taken before, each at its own version, and is saved first time."""
+    ledger.record_usage(_batch("warm"))
+    with open_ledger(settings) as rival:
+        rival.record_usage(_batch("rival", 200))
+    recorder = ledger.recorder
+    assert isinstance(recorder, LedgerRecorder)
+    select_after = recorder.select_after
+    meanwhile: list[Any] = []
+
+    def with_a_read_meanwhile(versions: dict[UUID, int]) -> Any:
+        meanwhile.append(ledger.account("acme", "USD"))  # another thread's read, in effect
+        return select_after(versions)
+
+    recorder.select_after = with_a_read_meanwhile  # type: ignore[method-assign]
+    ledger.record_usage(_batch("ours", 300))
+    assert meanwhile and ledger.last_save.attempts == 1
+    with open_ledger(settings) as fresh:
+        assert _state(ledger) == _state(fresh)

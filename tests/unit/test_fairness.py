@@ -25,6 +25,15 @@ def test_equal_backlogs_split_the_round_equally_the_longest_waiting_first() -> N
     assert fair_shares({"x": 2, "y": 100, "z": 100}, 10) == {"x": 2, "y": 4, "z": 4}
 
 
+def test_ties_go_to_the_longest_waiting_whatever_the_customers_keys() -> None:
+    """By who waits longest (the demands' order), never by the keys: real keys are
+    bytes or None (a record without a key), which do not even sort together."""
+    assert fair_shares({"z": 100, "a": 100}, 5) == {"z": 3, "a": 2}
+    assert fair_shares({None: 100, b"acme": 100, b"zeta": 100}, 7) == {
+        None: 3, b"acme": 2, b"zeta": 2,
+    }  # fmt: skip
+
+
 def test_a_round_smaller_than_the_customers_serves_the_longest_waiting() -> None:
     assert fair_shares({"a": 1, "b": 1, "c": 1}, 2) == {"a": 1, "b": 1, "c": 0}
 
