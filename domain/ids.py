@@ -37,7 +37,11 @@ _VERSION_5 = (5 << 76) | (0x8000 << 48)
 
 def uuid5(namespace: UUID, name: str) -> UUID:
     """``uuid.uuid5(namespace, name)``."""
-    digest = sha1(namespace.bytes + name.encode(), usedforsecurity=False).digest()
+    return _name_based(namespace.bytes, name)
+
+
+def _name_based(namespace: bytes, name: str) -> UUID:
+    digest = sha1(namespace + name.encode(), usedforsecurity=False).digest()
     return UUID(int=int.from_bytes(digest[:16]) & _VERSION_BITS | _VERSION_5)
 
 
@@ -49,9 +53,7 @@ def transaction_id(customer_id: str, usage_id: str) -> UUID:
 
     Unambiguous because a customer id cannot contain ``:`` (see ``domain.usage``).
     """
-    name = f"{customer_id}:{usage_id}".encode()
-    digest = sha1(_TRANSACTION_PREFIX + name, usedforsecurity=False).digest()
-    return UUID(int=int.from_bytes(digest[:16]) & _VERSION_BITS | _VERSION_5)
+    return _name_based(_TRANSACTION_PREFIX, f"{customer_id}:{usage_id}")
 
 
 def account_id(customer_id: str, currency: str) -> UUID:

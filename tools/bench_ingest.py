@@ -298,20 +298,13 @@ def _ingest_process(settings_data: dict[str, Any], index: int, group: _Group) ->
 
 def render(r: dict[str, Any]) -> str:
     e2e = r["end_to_end"]
-    rate = "{:>10,} {}".format
-
-    def appends(label: str, figures: dict[str, Any]) -> list[tuple[str, str]]:
-        return [
-            (f"{label}, 1 writer", rate(figures["1_writer"]["events_per_s"], "events/s")),
-            (f"{label}, 2 writers", rate(figures["2_writers"]["events_per_s"], "events/s")),
-        ]
 
     ratios = r["ratios"]
     many = r.get("end_to_end_workers")
     rows = [
-        ("produce (kafka-python -> Tansu)", rate(r["produce"]["records_per_s"], "records/s")),
-        ("end to end (1 ingest process): records", rate(e2e["records_per_s"], "records/s")),
-        ("end to end: events", rate(e2e["events_per_s"], "events/s")),
+        ("produce (kafka-python -> Tansu)", _RATE(r["produce"]["records_per_s"], "records/s")),
+        ("end to end (1 ingest process): records", _RATE(e2e["records_per_s"], "records/s")),
+        ("end to end: events", _RATE(e2e["events_per_s"], "events/s")),
         (
             "  batch commit p50 / p99",
             f"{e2e['batch_commit_ms_p50']} / {e2e['batch_commit_ms_p99']} ms",
@@ -322,7 +315,7 @@ def render(r: dict[str, Any]) -> str:
         rows += [
             (
                 f"end to end ({many['workers']} ingest processes): records",
-                rate(many["records_per_s"], "records/s"),
+                _RATE(many["records_per_s"], "records/s"),
             ),
             (
                 "  batch commit p50 / p99",
@@ -335,11 +328,11 @@ def render(r: dict[str, Any]) -> str:
             ),
         ]
     rows += [
-        ("raw binary COPY of the same rows", rate(r["raw_copy"]["rows_per_s"], "rows/s")),
+        ("raw binary COPY of the same rows", _RATE(r["raw_copy"]["rows_per_s"], "rows/s")),
         ("end-to-end events / COPY", f"{ratios['end_to_end_events_vs_copy']:>10}"),
     ]
     if "store_append" in r:
-        rows += _appends_rows(r, appends)
+        rows += _appends_rows(r)
     head = (
         f"billing-ledger bench ingest: {r['records']:,} records, batch {r['batch']}, "
         f"1 and {r['workers']} ingest processes, {r['cores']} cores, PostgreSQL {r['server']}"
@@ -347,17 +340,27 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join([head, ""] + [f"{name:<42} {value}" for name, value in rows])
 
 
-def _appends_rows(r: dict[str, Any], appends: Any) -> list[tuple[str, str]]:
+_RATE = "{:>10,} {}".format
+
+
+def _appends(label: str, figures: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
+        (f"{label}, 1 writer", _RATE(figures["1_writer"]["events_per_s"], "events/s")),
+        (f"{label}, 2 writers", _RATE(figures["2_writers"]["events_per_s"], "events/s")),
+    ]
+
+
+def _appends_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     sa, one, ratios = r["store_append"], r["single_append"], r["ratios"]
     small = min(r["batch"], STOCK_MAX_BATCH)
     at_small = sa[f"at_{small}"]
     return [
-        *appends(f"store append, ours, batch {r['batch']}", sa["ours"]),
+        *_appends(f"store append, ours, batch {r['batch']}", sa["ours"]),
         ("store append (ours, 1 writer) / COPY", f"{ratios['store_append_vs_copy']:>10}"),
         (f"-- at batch {small} (the stock recorder stalls on larger batches):", ""),
-        *appends("store append, ours", at_small["ours"]),
-        *appends("  ours + LOCK TABLE + NOTIFY", at_small["ours_locking"]),
-        *appends("  eventsourcing stock recorder", at_small["stock"]),
+        *_appends("store append, ours", at_small["ours"]),
+        *_appends("  ours + LOCK TABLE + NOTIFY", at_small["ours_locking"]),
+        *_appends("  eventsourcing stock recorder", at_small["stock"]),
         ("  ours+lock / ours, 1 / 2 writers", _pair(ratios, "ours_locking")),
         ("  stock / ours, 1 / 2 writers", _pair(ratios, "stock")),
         ("append 1 record, lock-free p50/p99", _ms(one["ours_append_ms"])),

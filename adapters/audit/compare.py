@@ -10,6 +10,7 @@ repeatable-read connection (``adapters.audit.report.audit``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -191,22 +192,11 @@ def compare_lines(
     conn: psycopg.Connection[Any], result: Replay, customer: str | None
 ) -> list[Finding]:
     """Every difference between the replayed lines and pushes and ``billing.invoice_lines``."""
-    query = sql.SQL("SELECT line_id, {} FROM billing.invoice_lines{}").format(
-        sql.SQL(", ").join(map(sql.Identifier, _LINE_COMPARED + _PUSH_COMPARED)),
-        sql.SQL(" WHERE customer_id = %s" if customer else ""),
-    )
-    with conn.cursor(row_factory=dict_row) as cur:
-        rows = {str(r["line_id"]): r for r in cur.execute(query, [customer] if customer else [])}
     push_of = {p.line_id: p for p in result.pushes.values()}
-    findings: list[Finding] = []
-    for line_id in sorted(rows.keys() | result.lines.keys()):
-        row, line = rows.get(line_id), result.lines.get(line_id)
-        if row is None or line is None:
-            where = "billing.invoice_lines" if row is None else "history"
-            findings.append(Finding("projection", line_id, f"line missing from {where}"))
-            continue
+
+    def want(line_id: str, line: Any) -> dict[str, Any]:
         push = push_of.get(line_id)
-        want = {
+        return {
             "exact_total": line.exact_total,
             "billed": line.billed,
             "transactions": line.transactions,
@@ -215,12 +205,10 @@ def compare_lines(
             "stripe_amount": push.pushed_billed if push else 0,
             "charged_through": push.charged_through if push else 0,
         }
-        findings += [
-            Finding("projection", line_id, f"invoice_lines.{c}: {row[c]!r}, history says {v!r}")
-            for c, v in want.items()
-            if row[c] != v
-        ]
-    return findings
+
+    return _compare_projection(
+        conn, "invoice_lines", "line", _LINE_COMPARED + _PUSH_COMPARED, customer, result.lines, want
+    )
 
 
 def webhook_ids(conn: psycopg.Connection[Any]) -> set[str]:
@@ -236,29 +224,50 @@ def compare_invoices(
 ) -> list[Finding]:
     """Every difference between the replayed invoices and ``billing.invoices`` (of one
     customer, if given)."""
-    query = sql.SQL("SELECT invoice_id, {} FROM billing.invoices{}").format(
-        sql.SQL(", ").join(map(sql.Identifier, _INVOICE_COMPARED)),
-        sql.SQL(" WHERE customer_id = %s" if customer else ""),
-    )
-    with conn.cursor(row_factory=dict_row) as cur:
-        rows = {str(r["invoice_id"]): r for r in cur.execute(query, [customer] if customer else [])}
-    findings: list[Finding] = []
-    for invoice_id in sorted(rows.keys() | result.invoices.keys()):
-        row, inv = rows.get(invoice_id), result.invoices.get(invoice_id)
-        if row is None or inv is None:
-            where = "billing.invoices" if row is None else "history"
-            findings.append(Finding("projection", invoice_id, f"invoice missing from {where}"))
-            continue
-        want = {
+
+    def want(_: str, inv: Any) -> dict[str, Any]:
+        return {
             "state": str(inv.state),
             "expected_total": inv.expected_total or 0,
             "total": inv.total or 0,
             "amount_paid": inv.amount_paid,
             "credited": sum(amount for _, amount in inv.credited.values()),
         }
+
+    return _compare_projection(
+        conn, "invoices", "invoice", _INVOICE_COMPARED, customer, result.invoices, want
+    )
+
+
+def _compare_projection(  # noqa: PLR0917
+    conn: psycopg.Connection[Any],
+    table: str,
+    kind: str,
+    columns: tuple[str, ...],
+    customer: str | None,
+    replayed: dict[str, Any],
+    want: Callable[[str, Any], dict[str, Any]],
+) -> list[Finding]:
+    """Every difference between ``billing.<table>`` (keyed by ``<kind>_id``; of one
+    customer, if given) and what the replay says each row's ``columns`` hold (``want``)."""
+    query = sql.SQL("SELECT {}, {} FROM billing.{}{}").format(
+        sql.Identifier(f"{kind}_id"),
+        sql.SQL(", ").join(map(sql.Identifier, columns)),
+        sql.Identifier(table),
+        sql.SQL(" WHERE customer_id = %s" if customer else ""),
+    )
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = {str(r[f"{kind}_id"]): r for r in cur.execute(query, [customer] if customer else [])}
+    findings: list[Finding] = []
+    for key in sorted(rows.keys() | replayed.keys()):
+        row, item = rows.get(key), replayed.get(key)
+        if row is None or item is None:
+            where = f"billing.{table}" if row is None else "history"
+            findings.append(Finding("projection", key, f"{kind} missing from {where}"))
+            continue
         findings += [
-            Finding("projection", invoice_id, f"invoices.{c}: {row[c]!r}, history says {v!r}")
-            for c, v in want.items()
+            Finding("projection", key, f"{table}.{c}: {row[c]!r}, history says {v!r}")
+            for c, v in want(key, item).items()
             if row[c] != v
         ]
     return findings
