@@ -17,7 +17,8 @@ input                                      reason (its prefix is the log's error
 =========================================  ============================================
 no value (a tombstone)                     ``empty message (no value)``
 more than ``max_bytes`` bytes              ``payload of N bytes exceeds the M-byte limit``
-not UTF-8, not JSON, nested too deeply     ``not valid JSON: ...``
+not UTF-8, not JSON, nested deeper than    ``not valid JSON: ...``
+``MAX_NESTING`` (500) levels
 a JSON number of more than                 ``number too long: ...``
 ``MAX_NUMBER_CHARS`` characters, in any
 field (also one nobody reads)
@@ -39,6 +40,7 @@ with ``InvalidOperation``, neither of which is a JSON error. Pricing adds
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from decimal import Decimal
 from typing import Annotated
@@ -53,6 +55,7 @@ __all__ = [
     "CUSTOMER_ID_PATTERN",
     "DEFAULT_MAX_RECORD_BYTES",
     "MAX_EXPONENT",
+    "MAX_NESTING",
     "MAX_NUMBER_CHARS",
     "UsageRecord",
     "check_size",
@@ -65,6 +68,11 @@ DEFAULT_MAX_RECORD_BYTES = 16 * 1024
 # valid quantity has at most 30 digits, so these refuse nothing a record may hold.
 MAX_NUMBER_CHARS = 100
 MAX_EXPONENT = 1000
+# Arrays and objects nested deeper than this are refused, whatever the stack (see
+# ``_check_nesting``); a record is flat, so this refuses nothing a record may hold.
+MAX_NESTING = 500
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(rb"[\[\]{}]")
 
 UsageId = Annotated[
     str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/+=-]+$")
@@ -141,6 +149,7 @@ class _NumberOutOfBounds(Exception):
 
 def _parse(raw: bytes) -> object:
     """The JSON value of ``raw``, numbers as int or Decimal; every failure a reason."""
+    _check_nesting(raw)
     try:
         return json.loads(raw, parse_int=_bounded_int, parse_float=_bounded_decimal)
     except _NumberOutOfBounds as exc:
@@ -151,6 +160,20 @@ def _parse(raw: bytes) -> object:
         raise InvalidUsage(f"not valid JSON: {_one_line(str(exc))}") from None
     except ArithmeticError as exc:  # a number the bounds let through still failed
         raise InvalidUsage(f"number out of range: {type(exc).__name__}") from None
+
+
+def _check_nesting(raw: bytes) -> None:
+    """Refuse JSON nested deeper than ``MAX_NESTING`` before parsing it, so the verdict
+    never depends on how deep the caller's stack is (the parser's ``RecursionError``
+    comes at the interpreter's limit minus the frames already in use). Strings are
+    taken out first, so brackets inside them do not count."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_NESTING:
+        return
+    depth = 0
+    for bracket in _BRACKET.finditer(_JSON_STRING.sub(b'""', raw)):
+        depth += 1 if bracket.group() in b"[{" else -1
+        if depth > MAX_NESTING:
+            raise InvalidUsage("not valid JSON: nested too deeply")
 
 
 def _bounded_int(text: str) -> int:

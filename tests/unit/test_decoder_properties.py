@@ -10,7 +10,9 @@ valid records with one field replaced by any of those.
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +20,7 @@ import store.ledger  # noqa: F401 (imports every aggregate, so their events are 
 from adapters.charging.messages import EventMessage, MalformedEvent, decode_event
 from adapters.stripe.views import StripeEvent, invoice_view, stripe_event
 from domain.errors import InvalidUsage
-from domain.usage import UsageRecord, decode_usage
+from domain.usage import MAX_NESTING, UsageRecord, decode_usage
 
 QUICK = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -272,3 +274,35 @@ def test_the_valid_webhook_the_properties_start_from_is_read() -> None:
         "evt_1", "invoice.paid", "paid", 250, "A-0001",
     )  # fmt: skip
     assert str(event.metadata_uuid("invoice_id")) == "0b1c2d3e-0000-5000-8000-000000000001"
+
+
+def _at_depth(frames: int, call: Any) -> Any:
+    """``call()`` with ``frames`` more Python frames beneath it."""
+    return call() if frames == 0 else _at_depth(frames - 1, call)
+
+
+def _reason(raw: bytes) -> str:
+    try:
+        return f"record {decode_usage(raw).usage_id}"
+    except InvalidUsage as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize("levels", [MAX_NESTING - 1, MAX_NESTING, MAX_NESTING + 1, 1985])
+def test_nesting_gets_the_same_verdict_however_deep_the_callers_stack(levels: int) -> None:
+    """Nested data in a field nobody reads: within ``MAX_NESTING`` the record is read,
+    past it refused, and neither depends on the caller's stack (json's own
+    ``RecursionError`` did: a 1,985-level object was 'nested too deeply' near the top of
+    the stack and 'Expecting value' a few frames up the raised limit)."""
+    nested = "[" * (levels - 1) + "]" * (levels - 1)  # inside the record: one level more
+    raw = (
+        '{"usage_id":"r","customer_id":"a","meter":"m","quantity":1,'
+        f'"occurred_at":"2026-12-02T10:15:00Z","extra":{nested},"also":"[[[["'
+        "}"
+    ).encode()
+    expected = "record r" if levels <= MAX_NESTING else "not valid JSON: nested too deeply"
+    assert _reason(raw) == expected
+    assert _at_depth(400, lambda: _reason(raw)) == expected
+    unbalanced = ('{"a":' * levels).encode()
+    verdicts = {_reason(unbalanced), _at_depth(400, lambda: _reason(unbalanced))}
+    assert len(verdicts) == 1

@@ -89,6 +89,7 @@ def test_any_bytes_get_the_same_verdict(raw: bytes | None) -> None:
 @example("[" * 100_000)
 @example("[]")
 @example('{"a":' + "[" * 900 + "]" * 900 + "}")  # deeper than json recurses, not orjson
+@example('{"a":' * 1985)  # once 'nested too deeply' one way and 'Expecting value' the other
 def test_any_json_gets_the_same_verdict(text: str) -> None:
     _same(text.encode("utf-8", "surrogatepass"))
 
