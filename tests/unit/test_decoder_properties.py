@@ -10,6 +10,7 @@ valid records with one field replaced by any of those.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -306,3 +307,36 @@ def test_nesting_gets_the_same_verdict_however_deep_the_callers_stack(levels: in
     unbalanced = ('{"a":' * levels).encode()
     verdicts = {_reason(unbalanced), _at_depth(400, lambda: _reason(unbalanced))}
     assert len(verdicts) == 1
+
+
+def _record_with(extra: str) -> bytes:
+    return (
+        '{"usage_id":"r","customer_id":"a","meter":"m","quantity":1,'
+        f'"occurred_at":"2026-12-02T10:15:00Z","extra":{extra}}}'
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("extra", "depth"),
+    [
+        ('{"a":' * (MAX_NESTING - 1) + "1" + "}" * (MAX_NESTING - 1), MAX_NESTING),
+        ('{"a":' * MAX_NESTING + "1" + "}" * MAX_NESTING, MAX_NESTING + 1),
+        # deepest only after a bracket closed: every closer takes exactly one level off
+        ("[" * (MAX_NESTING - 3) + "[],[[]]" + "]" * (MAX_NESTING - 3), MAX_NESTING),
+        ("[" * (MAX_NESTING - 2) + "[],[[]]" + "]" * (MAX_NESTING - 2), MAX_NESTING + 1),
+    ],
+)
+def test_nesting_counts_objects_and_arrays_level_by_level(extra: str, depth: int) -> None:
+    """``depth`` counts the record's own object too."""
+    expected = "record r" if depth <= MAX_NESTING else "not valid JSON: nested too deeply"
+    assert _reason(_record_with(extra)) == expected
+
+
+def test_a_parser_out_of_stack_within_the_nesting_bound_gives_the_same_reason() -> None:
+    """Within ``MAX_NESTING`` a caller already deep in its stack can still run the parser
+    out of recursion: that record gets the same reason, not an exception."""
+    extra = "[" * (MAX_NESTING - 1) + "]" * (MAX_NESTING - 1)
+    frames = sys.getrecursionlimit() - MAX_NESTING // 2
+    assert _at_depth(frames, lambda: _reason(_record_with(extra))) == (
+        "not valid JSON: nested too deeply"
+    )
