@@ -207,6 +207,7 @@ def build_ingest_worker(
         poll_timeout_ms=settings.poll_timeout_ms,
         batch_max_records=settings.batch_max_records,
         dlq_max_message_bytes=settings.dlq_max_message_bytes,
+        overlap_saves=settings.ingest_overlap_saves,
     )
 
 
@@ -218,7 +219,9 @@ def build_retention(settings: Settings) -> DeadLetterRetention:
 
 
 def close_worker(worker: IngestWorker) -> None:
-    """Close the worker's Kafka clients (the ledger is closed by its owner)."""
+    """Close the worker's writer thread and Kafka clients (the ledger is closed by its
+    owner)."""
+    worker.close()
     worker.consumer.close()
     worker.producer.close(timeout=5)
 

@@ -42,7 +42,7 @@ def install_drill(drill: str, *, ledger: BillingLedger | None, pusher: LinePushe
     if drill not in DRILLS:
         raise ValueError(f"unknown drill {drill!r} (one of: {', '.join(DRILLS)})")
     if drill == "kill_after_save" and ledger is not None:
-        _wrap(ledger, "record_usage", after=_die)
+        _wrap(ledger, "save_decided", after=_die)  # record_usage's saves and write-behind's
     if pusher is not None and drill == "kill_before_stripe":
         _wrap(pusher.gateway, "set_line_items", before=_die)
     elif pusher is not None and drill == "kill_after_stripe":

@@ -41,6 +41,7 @@ from adapters.drills import fail_first_call, install_drill
 from adapters.ingest.processes import child_roles, watch_parent
 from adapters.ingest.worker import IngestStats
 from adapters.observability.heartbeat import Heartbeat, Pulses
+from adapters.runtime import tune_switching
 from adapters.settings import Settings
 from adapters.stripe.breaker import CircuitBreaker
 from adapters.stripe.client import StripeGateway
@@ -188,6 +189,8 @@ def _ingest_role(
     """The ingest role's factory (a fresh consumer and producer each time, the counters
     kept) and its heartbeat counters."""
     totals = IngestStats()
+    if settings.ingest_overlap_saves:
+        tune_switching()  # its writer thread gets the GIL back sooner (adapters.runtime)
 
     def build() -> RoleRun:
         worker = build_ingest_worker(settings, ledger, db)

@@ -118,6 +118,9 @@ class Settings(BaseSettings):
     ingest_processes: int | None = Field(
         None, ge=1, description="ingest processes `run` starts (default: the cores it may use)"
     )
+    ingest_overlap_saves: bool = Field(
+        True, description="save a batch on a writer thread while the next is decided"
+    )
     poll_timeout_ms: int = Field(200, ge=1)
     fetch_max_wait_ms: int = Field(
         10, ge=1, description="longest a fetch waits for data (latency of each Kafka hop)"

@@ -23,11 +23,16 @@ someone else after it is caught by the save's version constraint, as before, and
 batch is decided again from fresh reads. After a save, ``remember`` puts the saved
 aggregates in the repository's cache at their new versions, so the next batch
 fast-forwards from there instead of reading this batch's own events back.
+
+``pending``: the aggregates as a decision whose save is still in flight left them (the
+ingest's write-behind decides batch k+1 while batch k is saved). They are read as if
+cached at those versions: copied, and anything newer in the store folded on. If that
+save fails, the decision made from them is dropped and made again (``BillingLedger.decide``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from copy import deepcopy
 from typing import Any, TypeVar
 from uuid import UUID
@@ -56,11 +61,14 @@ class BatchReads:
         recorder: LedgerRecorder | None,
         mapper: Mapper[UUID],
         read_one: Callable[[UUID], Any],
+        pending: Mapping[UUID, Any] | None = None,
     ) -> None:
         self.repository = repository
         self.recorder = recorder
         self.mapper = mapper
         self.read_one = read_one  # the repository's read, None when absent
+        # aggregates as a decision whose save is in flight left them: read as if cached
+        self.pending = pending or {}
         self._read: dict[UUID, Any] = {}
         self.queries = 0  # how many queries ``expect`` made
         self.events_read = 0  # events it folded onto cached aggregates
@@ -72,8 +80,10 @@ class BatchReads:
             return
         wanted = [i for i in dict.fromkeys(ids) if i not in self._read]
         cached: dict[UUID, Any] = {}
-        if cache is not None:
-            for i in wanted:
+        for i in wanted:
+            if i in self.pending:
+                cached[i] = self._copy(i, self.pending[i])
+            elif cache is not None:
                 try:
                     cached[i] = self._copy(i, cache.get(i))
                 except KeyError:
@@ -120,6 +130,8 @@ class BatchReads:
         """The aggregate (a copy of its own), or None when it has no events."""
         if aggregate_id in self._read:
             return self._read.pop(aggregate_id)
+        if aggregate_id in self.pending:
+            return self._copy(aggregate_id, self.pending[aggregate_id])
         return self.read_one(aggregate_id)
 
     def remember(self, saved: Iterable[Any]) -> None:

@@ -8,11 +8,15 @@ hashes), else as events. When that save loses an optimistic-concurrency race (an
 account or a transaction was written by someone else first), it reloads and
 re-decides, with events; a redelivered record then finds its transaction already recorded and
 is counted as a duplicate, with no second write.
+
+``record_usage`` is ``decide`` then ``save_decided``; the ingest worker calls the two
+apart to save one batch on a writer thread while it decides the next on the state the
+first leaves (``decide(after=...)``; the rules are in ``adapters.ingest.worker``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, cast
@@ -55,13 +59,23 @@ from store.recorder import LedgerRecorder, OrjsonTranscoder
 from store.schema import SNAPSHOTS_TABLE
 from store.snapshots import SealedSnapshotRecorder
 
-__all__ = ["BillingLedger", "ConcurrencyExhausted"]
+__all__ = ["BillingLedger", "ConcurrencyExhausted", "Decided"]
 
 
 @dataclass(frozen=True)
 class SaveStats:
     attempts: int
     events: int
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A batch's decision with everything its save writes, not yet saved."""
+
+    decision: MeteredBatch
+    reads: BatchReads
+    processing: ProcessingEvent[UUID]
+    events: int  # how many events the save records (its transactions' as rows or not)
 
 
 MONTHLY = PeriodPolicy()
@@ -99,48 +113,75 @@ class BillingLedger(Application[UUID]):
 
     def record_usage(self, batch: Sequence[Metering]) -> MeteredBatch:
         """Record a batch of valid usage in one save; see the module docstring."""
-        check_existing = False
-        for attempt in range(1, self.max_attempts + 1):
-            recorded = (
-                self._recorded_ids([m.transaction_id for m in batch]) if check_existing else ()
-            )
-            reads = self._batch_reads()
-            decision = meter_batch_events(
-                batch,
-                self.prices,
-                load_account=reads.account,
-                load_line=reads.line,
-                load_invoice=reads.invoice,
-                periods=self.periods,
-                now=datetime.now(UTC),
-                already_recorded=recorded,
-                expect=reads.expect,
-            )
-            touched = decision.touched
-            events_count = 2 * len(decision.transactions) + sum(
-                len(a.pending_events) for a in touched
-            )
+        try:
+            return self.save_decided(self.decide(batch))
+        except IntegrityError:
+            pass
+        ids = [m.transaction_id for m in batch]
+        for attempt in range(2, self.max_attempts + 1):
+            decided = self.decide(batch, recorded=self._recorded_ids(ids), first_attempt=False)
             try:
-                # Nothing reads this save's notification ids, so the recorder may skip them.
-                if attempt == 1 and self._fast_rows(decision):
-                    rows = transaction_rows(decision.transactions, self.mapper.transcoder)
-                    self.save(*touched, notification_ids=False, rows=rows)
-                else:
-                    self.save(*touched, *decision.transaction_events, notification_ids=False)
+                return self.save_decided(decided, attempts=attempt)
             except IntegrityError:
-                check_existing = True
                 continue
-            reads.remember(touched)
-            self.last_save = SaveStats(attempts=attempt, events=events_count)
-            return decision
         raise ConcurrencyExhausted(
             f"batch of {len(batch)} records lost {self.max_attempts} concurrency races"
         )
 
-    def _batch_reads(self) -> BatchReads:
+    def decide(
+        self,
+        batch: Sequence[Metering],
+        *,
+        after: Decided | None = None,
+        recorded: Collection[UUID] = (),
+        first_attempt: bool = True,
+    ) -> Decided:
+        """What saving ``batch`` writes, decided now and not yet saved.
+
+        ``after``: a decision whose save is still in flight (the ingest's write-behind):
+        the aggregates it touched are read as it left them, as if it were saved. If it
+        is not saved after all, this decision is void (its save would lose the version
+        race anyway). Events are collected here, in the caller's thread, so that
+        ``save_decided`` only writes."""
+        pending = {a.id: a for a in after.decision.touched} if after is not None else {}
+        reads = self._batch_reads(pending)
+        decision = meter_batch_events(
+            batch,
+            self.prices,
+            load_account=reads.account,
+            load_line=reads.line,
+            load_invoice=reads.invoice,
+            periods=self.periods,
+            now=datetime.now(UTC),
+            already_recorded=recorded,
+            expect=reads.expect,
+        )
+        touched = decision.touched
+        events = 2 * len(decision.transactions) + sum(len(a.pending_events) for a in touched)
+        processing = _ProcessingEvent()
+        # Nothing reads this save's notification ids, so the recorder may skip them.
+        if first_attempt and self._fast_rows(decision):
+            rows = transaction_rows(decision.transactions, self.mapper.transcoder)
+            processing.collect_events(*touched, notification_ids=False, rows=rows)
+        else:
+            processing.collect_events(
+                *touched, *decision.transaction_events, notification_ids=False
+            )
+        return Decided(decision, reads, processing, events)
+
+    def save_decided(self, decided: Decided, *, attempts: int = 1) -> MeteredBatch:
+        """Write a decision (raises ``IntegrityError`` when it lost a version race: it
+        must then be decided again). Safe to run in another thread than ``decide``'s,
+        one save at a time."""
+        self._save_processing(decided.processing)
+        decided.reads.remember(decided.decision.touched)
+        self.last_save = SaveStats(attempts=attempts, events=decided.events)
+        return decided.decision
+
+    def _batch_reads(self, pending: dict[UUID, Any]) -> BatchReads:
         """Reads for one decision, together where the recorder can (``store.batch_reads``)."""
         recorder = self.recorder if isinstance(self.recorder, LedgerRecorder) else None
-        return BatchReads(self.repository, recorder, self.mapper, self._get)
+        return BatchReads(self.repository, recorder, self.mapper, self._get, pending)
 
     def construct_snapshot_store(self) -> EventStore[UUID]:
         """Snapshots that are used only when sealed to their head event
@@ -185,6 +226,9 @@ class BillingLedger(Application[UUID]):
         """
         processing_event = _ProcessingEvent()
         processing_event.collect_events(*objs, **kwargs)
+        return self._save_processing(processing_event)
+
+    def _save_processing(self, processing_event: ProcessingEvent[UUID]) -> list[Recording[UUID]]:
         recordings = self._record(processing_event)
         self._take_snapshots(processing_event)
         self._notify(recordings)

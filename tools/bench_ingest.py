@@ -8,6 +8,8 @@ with each other rather than with another machine:
   ingest process, and then (``workers`` > 1) by ``workers`` processes in a consumer
   group of their own on a database of their own (timed from when the group has
   settled: each worker holds its partitions paused until all are assigned);
+  with ``saves_inline``, one process again with its saves in line (``INGEST_OVERLAP_SAVES``
+  off: each batch saved before the next is decided), which is what saving behind gains;
 * store append: the same batches saved straight to the event store (no Kafka), 1 and
   2 concurrent writers (threads of one process, so client CPU does not add up; the
   figure shows what the database lets through), with
@@ -39,7 +41,7 @@ from adapters.bootstrap import (
 )
 from adapters.broker import make_producer
 from adapters.progress import Progress, step
-from adapters.runtime import tune_gc
+from adapters.runtime import tune_gc, tune_switching
 from adapters.settings import Settings
 from domain.usage import UsageRecord
 from infra.embedded import EmbeddedPostgres, TansuBroker
@@ -68,6 +70,7 @@ def run_ingest_bench(
     database_url: str | None = None,
     workers: int = 1,
     end_to_end_only: bool = False,
+    saves_inline: bool = False,
 ) -> dict[str, Any]:
     """The figures above; ``end_to_end_only`` measures end to end and the raw ``COPY``
     of its rows only (no store appends: a third of the time)."""
@@ -82,6 +85,7 @@ def run_ingest_bench(
         names = (
             "e2e",
             *(("e2e_workers",) if workers > 1 else ()),
+            *(("e2e_inline",) if saves_inline else ()),
             *(() if end_to_end_only else RECORDERS),
         )
         urls = {name: fresh_database(admin_url, f"bench_{name}") for name in names}
@@ -110,6 +114,17 @@ def run_ingest_bench(
             migrate(group)
             prepare(group, topics=False)
             result["end_to_end_workers"] = _end_to_end(group, records, workers)
+        if saves_inline:
+            inline = settings.model_copy(
+                update={
+                    "database_url": urls["e2e_inline"],
+                    "ingest_group": "bench-inline",
+                    "ingest_overlap_saves": False,
+                }
+            )
+            migrate(inline)
+            prepare(inline, topics=False)
+            result["end_to_end_inline"] = _end_to_end(inline, records, 1)
         if end_to_end_only:
             result["raw_copy"] = raw_copy(urls["e2e"])
             result["ratios"] = _ratios(result, 0)
@@ -138,6 +153,10 @@ def _ratios(r: dict[str, Any], small: int) -> dict[str, float]:
                 many["records_per_s"] / r["end_to_end"]["records_per_s"], 2
             ),
         }
+    if "end_to_end_inline" in r:
+        scaling["end_to_end_behind_vs_inline"] = round(
+            r["end_to_end"]["records_per_s"] / r["end_to_end_inline"]["records_per_s"], 2
+        )
     ratios = {
         "end_to_end_events_vs_copy": round(r["end_to_end"]["events_per_s"] / copy, 3),
         "end_to_end_records_vs_copy": round(r["end_to_end"]["records_per_s"] / copy, 3),
@@ -276,6 +295,8 @@ def _ingest_process(settings_data: dict[str, Any], index: int, group: _Group) ->
             consumer.poll(timeout_ms=100)  # joins the group; paused partitions yield nothing
         consumer.resume(*consumer.assignment())
         tune_gc()  # as ``billing-ledger run`` does after start-up
+        if settings.ingest_overlap_saves:
+            tune_switching()  # as its ingest role does
         counted = [0, time.monotonic()]
 
         def on_batch(stats: Any) -> None:
@@ -326,6 +347,16 @@ def render(r: dict[str, Any]) -> str:
                 f"{ratios['end_to_end_workers_records_vs_copy']:>10} /"
                 f" {ratios['end_to_end_workers_vs_1']}",
             ),
+        ]
+    inline = r.get("end_to_end_inline")
+    if inline is not None:
+        rows += [
+            ("end to end, 1 process, saves in line", _RATE(inline["records_per_s"], "records/s")),
+            (
+                "  batch commit p50 / p99",
+                f"{inline['batch_commit_ms_p50']} / {inline['batch_commit_ms_p99']} ms",
+            ),
+            ("  saving behind / in line", f"{ratios['end_to_end_behind_vs_inline']:>10}"),
         ]
     rows += [
         ("raw binary COPY of the same rows", _RATE(r["raw_copy"]["rows_per_s"], "rows/s")),

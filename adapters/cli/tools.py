@@ -43,6 +43,11 @@ def add_commands(sub: Any) -> None:
         action="store_true",
         help="measure end to end and the raw COPY only (no store appends)",
     )
+    b_ingest.add_argument(
+        "--saves-inline",
+        action="store_true",
+        help="also measure 1 process saving each batch before deciding the next",
+    )
     b_ingest.add_argument("--json", action="store_true")
     b_ingest.set_defaults(handler=_bench_ingest)
     _add_pipeline_benches(bench_sub)
@@ -143,6 +148,7 @@ def _bench_ingest(args: argparse.Namespace) -> int:
         database_url=args.database_url,
         workers=args.workers,
         end_to_end_only=args.end_to_end_only,
+        saves_inline=args.saves_inline,
     )
     print(json.dumps(result, indent=2) if args.json else bench.render(result))
     return 0

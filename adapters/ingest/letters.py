@@ -1,21 +1,50 @@
 """The ingest's dead letters: a reason's code, the letter of a record, and the message
-on the dead-letter topic (the worker stores them in ``billing.dead_letters`` first)."""
+on the dead-letter topic.
+
+``quarantine`` stores a batch's letters in ``billing.dead_letters`` (idempotent by
+source offset; a bounded prefix of the payload with its size and hash), then produces
+each to the dead-letter topic with the reason in headers and flushes. The topic gets
+the whole payload up to ``dlq_max_message_bytes`` (its message limit), else the stored
+prefix, with headers saying it was truncated and the whole one's size and SHA-256."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from kafka import KafkaProducer
 
 from adapters.observability.logs import step_fields
-from domain.ports import DeadLetter
+from domain.ports import DeadLetter, DeadLetterSink
 from domain.transaction import Source
 from store.dead_letters import bounded
 
-__all__ = ["error_code", "internal_reason", "letter", "send_to_dlq"]
+__all__ = ["error_code", "internal_reason", "letter", "quarantine", "send_to_dlq"]
 
 log = logging.getLogger(__name__)
+
+
+def quarantine(
+    letters: Sequence[DeadLetter],
+    sink: DeadLetterSink,
+    producer: KafkaProducer,
+    topic: str,
+    max_message_bytes: int,
+) -> None:
+    """Store a batch's dead letters, then put them on the dead-letter topic (see the
+    module docstring)."""
+    if not letters:
+        return
+    sink.record(letters)
+    for d in letters:
+        log.warning(
+            "usage record quarantined",
+            extra=step_fields("ingest", "dead_letter", error_code=d.code,
+                              reason=d.reason, source=f"{d.topic}/{d.partition}@{d.offset}"),
+        )  # fmt: skip
+        send_to_dlq(producer, topic, d, max_message_bytes)
+    producer.flush()
 
 
 def send_to_dlq(producer: KafkaProducer, topic: str, d: DeadLetter, max_message_bytes: int) -> None:

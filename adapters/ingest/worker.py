@@ -1,17 +1,35 @@
 """The usage consumer: Kafka records in, billing transactions and dead letters out.
 
-One poll is one batch. For each batch, in this order:
+A batch goes through these steps, in this order (``adapters.ingest.batch`` holds the
+ones that need no consumer):
 
 1. decode every record (``adapters.ingest.decoding``: ``domain.usage.decode_usage``'s
    verdicts, faster); invalid ones become dead letters;
-2. ``BillingLedger.record_usage``: Metered + Reserved (or Compensated) for every new
-   transaction and the touched accounts, in ONE database transaction;
-3. dead letters: stored in ``billing.dead_letters`` (idempotent by source offset; a
-   bounded prefix of the payload with its size and hash) and produced to the
-   dead-letter topic with the reason in headers, then flushed. The topic gets the
-   whole payload up to ``dlq_max_message_bytes`` (its message limit), else the stored
-   prefix, with headers saying it was truncated and the whole one's size and SHA-256;
+2. decide and save, in ONE database transaction, Metered + Reserved (or Compensated)
+   for every new transaction and the touched accounts and lines
+   (``BillingLedger.decide`` / ``save_decided``, or ``record_usage`` which does both
+   and retries after a lost race);
+3. dead letters: stored, then produced to the dead-letter topic with the reason in
+   headers (``adapters.ingest.letters.quarantine``);
 4. only then the consumed offsets are committed.
+
+Write-behind (``overlap_saves``, on by default): batch k's save (step 2's write) runs
+on one writer thread while this thread decodes and decides batch k+1 on the state k's
+decision left (``BillingLedger.decide(after=...)``); then k is landed (steps 3 and 4)
+and k+1's save starts. PostgreSQL's time is no longer the worker's. The rules stay
+those of one batch at a time:
+
+* at most one save is in flight and saves land in order, so the offsets committed for
+  k never pass a record of k+1 (k+1's records count as waiting until k+1 lands);
+* if k's save fails (a lost version race, anything), k is done again the ordinary way
+  (``record_usage``, with its retries and culprit probing) and k+1's decision, made on
+  a state that was never saved, is thrown away and made again before k+1 is saved.
+  The version constraint alone would not always catch it: when k done again leaves an
+  aggregate alone (its records were duplicates), k+1's events for it would follow
+  versions never written, and its money would include k's;
+* if k's save succeeded, k+1's save still goes through the version constraint: a
+  writer that moved one of its aggregates meanwhile makes it fail, and it is done
+  again the ordinary way.
 
 A batch is a fair round (``domain.fairness``), not simply what one poll returned: the
 worker reads ahead (up to ``READ_AHEAD_ROUNDS`` batches) and takes each customer (the
@@ -23,22 +41,6 @@ every record not done to the next reader again.
 
 A crash anywhere before step 4 redelivers the batch; step 2 then finds the
 transactions already recorded and counts them as duplicates. Nothing is locked.
-
-A duplicate that is not the same record (``domain.duplicates``: a producer that
-changed its mind) is not silent: the first stays billed and the duplicate becomes a
-dead letter ``conflicting duplicate: ...`` naming what differs and both bodies'
-hashes. The recorded side is read from the transactions' ``Metered`` events, one
-query per batch that has duplicates, none otherwise.
-
-One record can never stop a batch. Decoding is total (``decode_usage`` raises only
-``InvalidUsage``), and as a last resort anything else a record raises while it is
-decoded or priced makes that record a dead letter with reason ``internal: <type>``
-(logged with its traceback) while the rest of the batch is recorded. Pricing runs
-inside the batch's save, so a batch whose save raises something unexpected is probed
-record by record, with the same pure decision and event encoding but no write; the
-records that raise alone are set aside and the others saved. An error no single record
-causes (the database went away) still fails the batch, uncommitted, to be delivered
-again.
 """
 
 from __future__ import annotations
@@ -49,28 +51,26 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
+from eventsourcing.persistence import IntegrityError
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import CommitFailedError, RebalanceInProgressError
 from kafka.structs import OffsetAndMetadata
 
-from adapters.ingest.decoding import decode_usage_fast
-from adapters.ingest.letters import internal_reason, letter, send_to_dlq
+from adapters.ingest import batch as steps
+from adapters.ingest.letters import letter, quarantine
 from adapters.observability import telemetry
 from adapters.observability.logs import step_fields
-from adapters.observability.metrics import metrics
-from domain.duplicates import Recorded, conflict
-from domain.errors import InvalidUsage
 from domain.fairness import committable, fair_round
 from domain.metering import Metering
-from domain.metering_events import MeteredBatch, meter_batch_events
+from domain.metering_events import MeteredBatch
 from domain.ports import DeadLetter, DeadLetterSink
-from domain.transaction import BillingTransaction, Source
-from store.errors import DATABASE_ERRORS, ConcurrencyExhausted
-from store.ledger import BillingLedger
+from store.errors import ConcurrencyExhausted
+from store.ledger import BillingLedger, Decided
 
 __all__ = ["IngestStats", "IngestWorker"]
 
@@ -80,8 +80,7 @@ log = logging.getLogger(__name__)
 # fewer (memory stays bounded; a poll takes records from every partition in turn).
 READ_AHEAD_ROUNDS = 5
 
-# Contention and the database: never blamed on a record by the last-resort guard.
-_NOT_A_RECORDS_FAULT: tuple[type[Exception], ...] = (ConcurrencyExhausted, *DATABASE_ERRORS)
+OnBatch = Callable[["IngestStats"], None] | None
 
 
 @dataclass
@@ -101,6 +100,20 @@ class IngestStats:
     batch_seconds: list[float] = field(default_factory=list)
 
 
+@dataclass
+class _Batch:
+    """A batch decided on this thread whose save runs (or will run) on the writer's."""
+
+    records: Sequence[Any]
+    valid: list[Metering]
+    letters: list[DeadLetter]
+    span: telemetry.Span
+    started: float
+    decided: Decided | None  # None: to decide (again) before saving
+    saving_ns: int = 0
+    future: Future[MeteredBatch] | None = None
+
+
 class IngestWorker:
     """Consumes the usage topic until stopped (see the module docstring)."""
 
@@ -116,6 +129,7 @@ class IngestWorker:
         poll_timeout_ms: int = 200,
         dlq_max_message_bytes: int = 1_000_000,
         batch_max_records: int = 2000,
+        overlap_saves: bool = True,
     ) -> None:
         self.ledger = ledger
         self.pulse: Callable[[], None] = lambda: None  # called each turn of the loop
@@ -129,31 +143,77 @@ class IngestWorker:
         self.batch_max_records = batch_max_records
         self.stats = IngestStats()
         self._waiting: list[Any] = []  # read ahead, not yet in a batch, oldest first
+        self._holding: Sequence[Any] = ()  # the next batch, decided while one is saved
         # per partition, the offset after the last record read: every record
-        # before it is recorded or waiting
+        # before it is recorded, waiting, held or being saved
         self._read_to: dict[tuple[str, int], int] = {}
+        self._writer = ThreadPoolExecutor(1, "ingest-save") if overlap_saves else None
 
-    def run(
-        self, stop: threading.Event, on_batch: Callable[[IngestStats], None] | None = None
-    ) -> None:
+    def close(self) -> None:
+        """Stop the writer thread (after the save in flight, if any)."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+
+    def run(self, stop: threading.Event, on_batch: OnBatch = None) -> None:
         """Read ahead and process a fair round at a time until ``stop`` is set."""
-        while not stop.is_set():
-            self.pulse()
-            self._read_ahead()
-            if not self._waiting:
-                continue
-            records, self._waiting = fair_round(self._waiting, _customer, self.batch_max_records)
-            saved = self._process_until_saved(records, stop)
-            if saved and on_batch is not None:
-                on_batch(self.stats)
+        saving: _Batch | None = None  # the batch whose save is in flight
+        try:
+            while not stop.is_set():
+                self.pulse()
+                self._read_ahead(wait=saving is None)
+                if not self._waiting:
+                    if saving is not None:
+                        landing, saving = saving, None
+                        self._land(landing, stop, on_batch)
+                    continue
+                records, self._waiting = fair_round(
+                    self._waiting, _customer, self.batch_max_records
+                )
+                if self._writer is None:
+                    if self._process_until_saved(records, stop) and on_batch is not None:
+                        on_batch(self.stats)
+                    continue
+                previous, saving = saving, None  # _next lands it or fails with it
+                saving = self._next(records, previous, stop, on_batch)
+            if saving is not None:  # stopped: the save in flight lands, its offsets too
+                landing, saving = saving, None
+                self._land(landing, stop, on_batch)
+        finally:
+            if saving is not None:  # failed with a save in flight: let it end, uncommitted
+                assert saving.future is not None
+                wait_for_futures([saving.future])
+                saving.span.end()
 
-    def _read_ahead(self) -> None:
-        """Poll into the waiting records: waiting for the broker only when none wait,
-        then as long as polls bring records and fewer than ``READ_AHEAD_ROUNDS`` batches
-        wait. Records are never dropped, not even those of a partition that moved to
-        another worker meanwhile (both record them: the store refuses the second), so
-        every record read before ``_read_to`` is recorded or waiting."""
-        timeout = 0 if self._waiting else self.poll_timeout_ms
+    def _next(
+        self, records: Sequence[Any], saving: _Batch | None, stop: threading.Event,
+        on_batch: OnBatch,
+    ) -> _Batch | None:  # fmt: skip
+        """Decide ``records`` while ``saving`` is saved, land ``saving``, then start
+        saving ``records`` (the write-behind of the module docstring). Returns the batch
+        now in flight: ``saving`` is landed or failed here, never left to the caller."""
+        self._holding = records
+        batch = self._begin(records, saving.decided if saving is not None else None)
+        try:
+            if saving is not None and not self._land(saving, stop, on_batch):
+                batch.decided = None  # decided on a state that was not saved
+        except BaseException:
+            batch.span.end()
+            raise
+        finally:
+            self._holding = ()
+        if stop.is_set():  # not saved, not committed: delivered again
+            batch.span.end()
+            return None
+        return self._launch(batch, stop, on_batch)
+
+    def _read_ahead(self, *, wait: bool = True) -> None:
+        """Poll into the waiting records: waiting for the broker only when none wait
+        (and ``wait``), then as long as polls bring records and fewer than
+        ``READ_AHEAD_ROUNDS`` batches wait. Records are never dropped, not even those of
+        a partition that moved to another worker meanwhile (both record them: the store
+        refuses the second), so every record read before ``_read_to`` is recorded,
+        waiting, held or being saved."""
+        timeout = 0 if self._waiting or not wait else self.poll_timeout_ms
         while len(self._waiting) < READ_AHEAD_ROUNDS * self.batch_max_records:
             polled = self.consumer.poll(timeout_ms=timeout)
             records = [r for batch in polled.values() for r in batch]
@@ -164,6 +224,64 @@ class IngestWorker:
                 tp = (r.topic, r.partition)
                 self._read_to[tp] = max(self._read_to.get(tp, 0), r.offset + 1)
             timeout = 0
+
+    def _begin(self, records: Sequence[Any], after: Decided | None) -> _Batch:
+        """Decode and decide a batch (on ``after``'s state, if given), without saving."""
+        started = time.perf_counter()
+        span = telemetry.start_span("ingest batch", billing__records=len(records))
+        valid, letters = steps.decode(records, self.max_record_bytes)
+        return _Batch(records, valid, letters, span, started, self._decide(valid, after))
+
+    def _decide(self, valid: list[Metering], after: Decided | None) -> Decided | None:
+        try:
+            return self.ledger.decide(valid, after=after)
+        except Exception:  # not dropped: the ordinary path meets it again
+            return None  # and sets a culprit aside, retries, or fails the batch
+
+    def _launch(self, batch: _Batch, stop: threading.Event, on_batch: OnBatch) -> _Batch | None:
+        """Start saving ``batch`` on the writer thread; the ordinary way, here and now,
+        when it cannot be decided without a record's fault or the database's."""
+        assert self._writer is not None
+        if batch.decided is None:
+            batch.decided = self._decide(batch.valid, None)
+        if batch.decided is None:
+            batch.span.end()
+            if self._process_until_saved(batch.records, stop) and on_batch is not None:
+                on_batch(self.stats)
+            return None
+        batch.saving_ns = time.time_ns()
+        batch.future = self._writer.submit(self.ledger.save_decided, batch.decided)
+        return batch
+
+    def _land(self, batch: _Batch, stop: threading.Event, on_batch: OnBatch) -> bool:
+        """Wait for ``batch``'s save, then its dead letters and offsets. False when the
+        save failed and the batch was done again the ordinary way."""
+        assert batch.future is not None
+        try:
+            decision = batch.future.result()
+        except Exception as exc:  # done again below, where it is handled
+            batch.span.end()
+            if isinstance(exc, IntegrityError):
+                self.stats.conflicts += 1
+            log.info(
+                "batch saved behind lost its save (%s), saving it again", type(exc).__name__,
+                extra={"step": "ingest", "status": "retry"},
+            )  # fmt: skip
+            if self._process_until_saved(batch.records, stop) and on_batch is not None:
+                on_batch(self.stats)
+            return False
+        with telemetry.ending(batch.span):
+            steps.trace_reserve(
+                batch.span, batch.records, batch.valid, decision,
+                (batch.saving_ns, time.time_ns()),
+            )  # fmt: skip
+            self._complete(
+                batch.records, decision, letters=batch.letters, set_aside=[],
+                span=batch.span, started=batch.started,
+            )  # fmt: skip
+        if on_batch is not None:
+            on_batch(self.stats)
+        return True
 
     def _process_until_saved(self, records: Sequence[Any], stop: threading.Event) -> bool:
         """``process``, again after a jittered pause while the batch keeps losing
@@ -185,43 +303,44 @@ class IngestWorker:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def process(self, records: Sequence[Any]) -> None:
-        """Handle one polled batch of ConsumerRecords, then commit their offsets."""
-        with telemetry.span("ingest batch", billing__records=len(records)) as batch:
-            self._process(records, batch)
+        """Handle one batch of ConsumerRecords, here and now, then commit their offsets."""
+        with telemetry.span("ingest batch", billing__records=len(records)) as span:
+            started = time.perf_counter()
+            valid, letters = steps.decode(records, self.max_record_bytes)
+            saving = time.time_ns()
+            decision, culprits = steps.record(self.ledger, valid)
+            if culprits:
+                set_aside = {id(m) for m, _ in culprits}
+                valid = [m for m in valid if id(m) not in set_aside]
+            steps.trace_reserve(span, records, valid, decision, (saving, time.time_ns()))
+            self._complete(
+                records, decision, letters=letters, set_aside=culprits, span=span, started=started
+            )
 
-    def _process(self, records: Sequence[Any], batch: telemetry.Span) -> None:
-        started = time.perf_counter()
-        valid: list[Metering] = []
-        letters: list[DeadLetter] = []
-        for rec in records:
-            source = Source(rec.topic, rec.partition, rec.offset)
-            try:
-                valid.append(
-                    Metering(decode_usage_fast(rec.value, max_bytes=self.max_record_bytes), source)
-                )
-            except InvalidUsage as exc:
-                letters.append(letter(rec, str(exc)))
-            except Exception as exc:  # the last resort: one record never stops a batch
-                letters.append(letter(rec, internal_reason(exc, source)))
-
+    def _complete(
+        self,
+        records: Sequence[Any],
+        decision: MeteredBatch,
+        *,
+        letters: list[DeadLetter],
+        set_aside: list[tuple[Metering, str]],
+        span: telemetry.Span,
+        started: float,
+    ) -> None:
+        """Steps 3 and 4 for a saved batch, and its counts."""
+        conflicts = steps.conflicts(self.ledger, decision)
         raw_by_source = {(r.topic, r.partition, r.offset): r for r in records}
-        saving = time.time_ns()
-        decision, culprits = self._record(valid)
-        if culprits:
-            set_aside = {id(m) for m, _ in culprits}
-            valid = [m for m in valid if id(m) not in set_aside]
-        _trace_reserve(batch, records, valid, decision, (saving, time.time_ns()))
-        conflicts = self._conflicts(decision)
-        for metering, reason in [*culprits, *decision.rejected, *conflicts]:
+        for metering, reason in [*set_aside, *decision.rejected, *conflicts]:
             s = metering.source
             letters.append(letter(raw_by_source[(s.topic, s.partition, s.offset)], reason))
         letters.sort(key=lambda d: (d.topic, d.partition, d.offset))  # source order
-        self._quarantine(letters)
+        quarantine(letters, self.dead_letters, self.producer, self.dlq_topic,
+                   self.dlq_max_message_bytes)  # fmt: skip
         self._commit(records)
 
         elapsed = time.perf_counter() - started
         duplicates = len(decision.duplicates) - len(conflicts)
-        _count(decision, len(letters), duplicates)
+        steps.count_outcomes(decision, len(letters), duplicates)
         st = self.stats
         st.records += len(records)
         st.transactions += len(decision.transactions)
@@ -239,94 +358,21 @@ class IngestWorker:
             "refused": len(decision.refused),
             "dead_letters": len(letters),
         }
-        batch.set_attributes({f"billing.{k}": v for k, v in counts.items()})
+        span.set_attributes({f"billing.{k}": v for k, v in counts.items()})
         log.info(
             "ingest batch",
             extra={**step_fields("ingest", "ok"), **counts, "seconds": round(elapsed, 4)},
         )
 
-    def _record(self, valid: list[Metering]) -> tuple[MeteredBatch, list[tuple[Metering, str]]]:
-        """``record_usage``; when it raises something no rule explains, the records that
-        raise on their own are set aside (``internal: <type>``) and the rest saved."""
-        culprits: list[tuple[Metering, str]] = []
-        while True:
-            try:
-                return self.ledger.record_usage(valid), culprits
-            except _NOT_A_RECORDS_FAULT:
-                raise
-            except Exception:
-                found = self._culprits(valid)
-                if not found:
-                    raise  # no single record causes it: fail the batch, uncommitted
-            culprits += found
-            bad = {id(m) for m, _ in found}
-            valid = [m for m in valid if id(m) not in bad]
-
-    def _culprits(self, valid: Sequence[Metering]) -> list[tuple[Metering, str]]:
-        """The records whose decision or event encoding raises on its own (no write)."""
-        found: list[tuple[Metering, str]] = []
-        ledger = self.ledger
-        for metering in valid:
-            try:
-                decision = meter_batch_events(
-                    [metering], ledger.prices, load_account=ledger.account,
-                    load_line=ledger.line_or_none, load_invoice=ledger.invoice_by_id,
-                    periods=ledger.periods, now=datetime.now(UTC),
-                )  # fmt: skip
-                touched = [*decision.accounts, *decision.lines, *decision.invoices]
-                events = [e for a in touched for e in a.collect_events()]
-                for event in [*decision.transaction_events, *events]:
-                    ledger.mapper.to_stored_event(event)
-            except InvalidUsage:
-                continue  # a reason of its own: record_usage rejects it, it does not raise
-            except DATABASE_ERRORS:
-                raise  # loading the account failed: not this record's fault
-            except Exception as exc:
-                found.append((metering, internal_reason(exc, metering.source)))
-        return found
-
-    def _conflicts(self, decision: MeteredBatch) -> list[tuple[Metering, str]]:
-        """The duplicates that are not the same record as the one recorded, with their
-        reasons (``domain.duplicates``); the rest are silent duplicates."""
-        if not decision.duplicates:
-            return []
-        wanted = {m.transaction_id for m in decision.duplicates}
-        # Only the duplicated ones: a transaction's Metered event is built when asked for.
-        first: dict[Any, Any] = {t.id: t.metered for t in decision.transactions if t.id in wanted}
-        earlier = [m.transaction_id for m in decision.duplicates if m.transaction_id not in first]
-        if earlier:
-            first.update(self.ledger.first_events(earlier))
-        found: list[tuple[Metering, str]] = []
-        for metering in decision.duplicates:
-            metered = first.get(metering.transaction_id)
-            if not isinstance(metered, BillingTransaction.Metered):
-                continue  # not a transaction's history: nothing to compare with
-            reason = conflict(metering.record, Recorded.of(metered))
-            if reason is not None:
-                found.append((metering, reason))
-        return found
-
-    def _quarantine(self, letters: list[DeadLetter]) -> None:
-        if not letters:
-            return
-        self.dead_letters.record(letters)
-        for d in letters:
-            log.warning(
-                "usage record quarantined",
-                extra=step_fields("ingest", "dead_letter", error_code=d.code,
-                                  reason=d.reason, source=f"{d.topic}/{d.partition}@{d.offset}"),
-            )  # fmt: skip
-            send_to_dlq(self.producer, self.dlq_topic, d, self.dlq_max_message_bytes)
-        self.producer.flush()
-
     def _commit(self, records: Sequence[Any]) -> None:
         """Commit past the batch's records and what was done before, never past a
-        record still waiting."""
+        record still waiting or held (the next batch, decided while this one was saved)."""
+        not_done = [*self._waiting, *self._holding]
         offsets = {
             TopicPartition(*tp): OffsetAndMetadata(offset, "", -1)
             for tp, offset in committable(
                 (((r.topic, r.partition), r.offset) for r in records),
-                (((r.topic, r.partition), r.offset) for r in self._waiting),
+                (((r.topic, r.partition), r.offset) for r in not_done),
                 self._read_to,
             ).items()
         }
@@ -344,53 +390,3 @@ def _customer(record: Any) -> bytes | None:
     """Whose record it is, for fairness: its key (producers key usage by customer)."""
     key: bytes | None = record.key
     return key
-
-
-def _count(decision: MeteredBatch, dead_letters: int, duplicates: int) -> None:
-    """Count the batch's records by outcome (every record has exactly one)."""
-    m = metrics()
-    refused = len(decision.refused)
-    for outcome, n in (
-        ("reserved", len(decision.transactions) - refused),
-        ("refused", refused),
-        ("duplicate", duplicates),
-        ("dead_letter", dead_letters),
-    ):
-        if n:
-            m.ingested.add(n, {"outcome": outcome})
-    if dead_letters:
-        m.dead_letters.add(dead_letters)
-
-
-def _trace_reserve(
-    batch: telemetry.Span,
-    records: Sequence[Any],
-    valid: Sequence[Metering],
-    decision: MeteredBatch,
-    save_ns: tuple[int, int],
-) -> None:
-    """A ``reserve`` span per valid record, timed as the batch's save, in the record's
-    transaction trace (``telemetry.usage_parent``) and linked to the batch span. Skipped
-    when the batch is not recorded (no exporter): thousands of no-op spans cost time."""
-    if not batch.is_recording():
-        return
-    headers = {(r.topic, r.partition, r.offset): r.headers for r in records}
-    results: dict[Any, str] = {id(m): "duplicate" for m in decision.duplicates}
-    results.update({id(m): "rejected" for m, _ in decision.rejected})
-    refused = {t.id for t in decision.refused}
-    batch_link = telemetry.link_to(batch)
-    for m in valid:
-        txn_id, s = m.transaction_id, m.source
-        parent, links = telemetry.usage_parent(headers[(s.topic, s.partition, s.offset)], txn_id)
-        result = results.get(id(m)) or ("refused" if txn_id in refused else "reserved")
-        telemetry.start_span(
-            "reserve",
-            parent,
-            [*links, batch_link],
-            start_time=save_ns[0],
-            billing__transaction_id=str(txn_id),
-            billing__customer_id=m.record.customer_id,
-            billing__usage_id=m.record.usage_id,
-            billing__result=result,
-            billing__source=str(s),
-        ).end(save_ns[1])

@@ -36,6 +36,7 @@ __all__ = [
     "configure_tracing",
     "current_ids",
     "current_span",
+    "ending",
     "extract_headers",
     "inject_headers",
     "link_to",
@@ -66,6 +67,14 @@ def span(
     with _tracer.start_as_current_span(
         name, context=parent, links=links, attributes=attrs
     ) as current:
+        yield current
+
+
+@contextmanager
+def ending(started: trace.Span) -> Iterator[trace.Span]:
+    """Make a span from ``start_span`` current for a while, then end it (an exception
+    escaping it is recorded on it)."""
+    with trace.use_span(started, end_on_exit=True) as current:
         yield current
 
 

@@ -10,18 +10,15 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from adapters.audit.replay import Scope
-from adapters.audit.report import audit, stripe_invoice_items
-from adapters.bootstrap import build_projector
+from adapters.audit.report import stripe_invoice_items
 from adapters.settings import Settings
 from domain.metering import Metering
 from domain.money import round_minor
 from domain.transaction import Source, TxnState
 from infra.stripe_emulator import StripeEmulator
-from store.connections import Database
 from store.ledger import BillingLedger
 from tests.conftest import settings_env
-from tests.integration.support import usage
+from tests.integration.support import audit_findings, usage
 from tools.summary import Balances
 
 
@@ -68,16 +65,8 @@ def assert_invariants(
         for bal in currencies.values():
             assert bal.conserved, bal
             assert bal.in_flight == 0, bal
-    with build_projector(settings, ledger) as projector:
-        projector.pump_all()
-    report = audit(
-        Database(settings.database_url),
-        Scope(),
-        horizon=settings.overdue_after(),
-        stripe_items=lambda: stripe_invoice_items(settings.stripe()),
-        progress=False,
-    )
-    assert report.ok, [f"{f.kind} {f.subject}: {f.detail}" for f in report.findings]
+    findings = audit_findings(settings, ledger, lambda: stripe_invoice_items(settings.stripe()))
+    assert findings == []
     return states
 
 

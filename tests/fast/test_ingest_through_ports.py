@@ -125,15 +125,23 @@ def test_a_record_whose_pricing_raises_unexpectedly_is_set_aside_and_its_batch_r
     assert [o.offset for o in offsets.values()] == [5]
 
 
-def test_a_failure_no_single_record_causes_fails_the_batch_and_commits_nothing() -> None:
-    class StoreOnFire(BillingLedger):
-        def save(self, *objs: Any, **kwargs: Any) -> Any:
-            raise RuntimeError("the store is on fire")
+@pytest.mark.parametrize("path", ["process", "write-behind"])
+def test_a_failure_no_single_record_causes_fails_the_batch_and_commits_nothing(
+    path: str,
+) -> None:
+    ledger = memory_ledger()
 
-    ledger = StoreOnFire(memory_ledger().prices, env={"PERSISTENCE_MODULE": "eventsourcing.popo"})
-    worker, letters = _worker([], ledger)
+    def on_fire(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the store is on fire")
+
+    ledger.recorder.insert_events = on_fire  # type: ignore[method-assign]
+    batch = [_record(0, usage("r0").to_json()), _record(1, usage("r1").to_json())]
+    worker, letters = _worker([batch] if path == "write-behind" else [], ledger)
     with pytest.raises(RuntimeError, match="on fire"):
-        worker.process([_record(0, usage("r0").to_json()), _record(1, usage("r1").to_json())])
+        if path == "process":
+            worker.process(batch)
+        else:
+            worker.run(threading.Event())
     assert letters.letters == {}  # no record was blamed for what none of them did
     assert worker.consumer.commits == []  # type: ignore[attr-defined]
 
@@ -203,7 +211,7 @@ def _run(worker: IngestWorker) -> tuple[list[list[str]], list[int]]:
         metered = [e for e in worker.ledger.all_events() if type(e).__name__ == "Metered"]
         batches.append([e.customer_id for e in metered[sum(map(len, batches)) :]])
         unread.append(sum(map(len, consumer.batches)))
-        if not unread[-1] and not worker._waiting:
+        if not unread[-1] and not worker._waiting and not worker._holding:
             stop.set()
 
     worker.run(stop, on_batch)
@@ -234,10 +242,12 @@ def test_reading_ahead_stops_at_five_batches_and_goes_on_as_they_are_done() -> N
     worker, _ = _worker(polls, batch_max_records=2)
     batches, unread = _run(worker)
 
-    # Five batches (5 x 2 records) read ahead, then one batch done, one more poll each
-    # turn: the rest waits at the broker, not in memory, and all of it is recorded.
+    # Five batches (5 x 2 records) read ahead, then one more poll each turn: when the
+    # first batch lands, its save ran while one more was read and the next decided
+    # (write-behind); the rest waits at the broker, not in memory, and all of it is
+    # recorded.
     assert batches[0] == ["burst", "burst"]
-    assert unread[0] == 30 + 3 - 10
+    assert unread[0] == 30 + 3 - 10 - 2
     assert _all(batches).count("burst") == 30 and _all(batches).count("other") == 3
     # Once read, the other customer has half of every batch until its records are done,
     # ahead of the burst's records read before them.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -11,10 +12,13 @@ from uuid import UUID
 
 import psycopg
 
-from adapters.bootstrap import build_corrections, build_pusher
+from adapters.audit.replay import Scope
+from adapters.audit.report import audit
+from adapters.bootstrap import build_corrections, build_projector, build_pusher, close_worker
 from adapters.broker import consumer_lag, make_producer
 from adapters.ingest.worker import IngestWorker
 from adapters.settings import Settings
+from domain.audit import InvoiceItem
 from domain.customer import CustomerLink
 from domain.metering import Metering
 from domain.saga import StepResult
@@ -22,6 +26,7 @@ from domain.transaction import Source
 from domain.usage import UsageRecord
 from infra.stripe_emulator import StripeEmulator
 from projections.projector import Projector
+from store.connections import Database
 from store.ledger import BillingLedger
 
 METERED_TOPIC = "domain.transaction:BillingTransaction.Metered"
@@ -156,3 +161,35 @@ def mixed_workload(
         "failed": perm[0],
         "retry": slow[1],
     }
+
+
+def run_worker_until(worker: IngestWorker, records: int, what: str) -> None:
+    """Run the worker's own loop (read-ahead, write-behind) in a thread until it has done
+    ``records`` records (or died); then stop and close it."""
+    stop = threading.Event()
+    runner = threading.Thread(target=worker.run, args=(stop,))
+    runner.start()
+    try:
+        wait_for(lambda: worker.stats.records == records or not runner.is_alive(), what=what)
+    finally:
+        stop.set()
+        runner.join(30)
+        close_worker(worker)
+
+
+def audit_findings(
+    settings: Settings,
+    ledger: BillingLedger,
+    stripe_items: Callable[[], list[InvoiceItem]] | None = None,
+) -> list[str]:
+    """The read models brought up to date, then the audit's findings (none: clean)."""
+    with build_projector(settings, ledger) as projector:
+        projector.pump_all()
+    report = audit(
+        Database(settings.database_url),
+        Scope(),
+        horizon=settings.overdue_after(),
+        stripe_items=stripe_items,
+        progress=False,
+    )
+    return [f"{f.kind} {f.subject}: {f.detail}" for f in report.findings]

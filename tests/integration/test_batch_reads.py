@@ -40,8 +40,8 @@ class Spy:
         self.one_by_one: list[UUID] = []
         make = ledger._batch_reads
 
-        def spied() -> BatchReads:
-            reads = make()
+        def spied(*args: Any) -> BatchReads:
+            reads = make(*args)
             read_one = reads.read_one
 
             def counted(aggregate_id: UUID) -> Any:
@@ -129,8 +129,8 @@ def test_a_decision_that_loses_its_race_leaves_the_cache_as_the_store_has_it(
     raced = [False]
     make = ledger._batch_reads
 
-    def racing() -> BatchReads:
-        reads = make()
+    def racing(*args: Any) -> BatchReads:
+        reads = make(*args)
         expect = reads.expect
 
         def expect_then_race(ids: Any) -> None:

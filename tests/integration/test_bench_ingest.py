@@ -1,7 +1,7 @@
 """``billing-ledger bench ingest`` at a small size: every record produced is ingested by
 one process and again by two, the same rows are copied raw, and the report has every
-figure (or, with ``--end-to-end-only``, no store appends). Only what it counts is
-asserted, never its rates."""
+figure (or, with ``--end-to-end-only``, no store appends; with ``--saves-inline``, one
+process again saving in line). Only what it counts is asserted, never its rates."""
 
 from __future__ import annotations
 
@@ -43,9 +43,11 @@ def test_bench_ingest_ingests_every_record_with_one_and_two_processes() -> None:
 
 
 def test_bench_ingest_end_to_end_only_skips_the_store_appends() -> None:
-    text = _bench("--end-to-end-only").stdout
+    text = _bench("--end-to-end-only", "--saves-inline").stdout
 
     assert "end to end (1 ingest process): records" in text
+    assert "end to end, 1 process, saves in line" in text
+    assert "saving behind / in line" in text
     assert "raw binary COPY of the same rows" in text
     assert "end-to-end records / COPY" in text
     assert "store append" not in text

@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 from decimal import Decimal
 from typing import Any
 
@@ -30,6 +29,7 @@ from tests.integration.support import (
     metered_usage_ids,
     produce,
     produce_records,
+    run_worker_until,
     total_lag,
     usage,
     wait_for,
@@ -292,14 +292,16 @@ def test_a_spend_limit_refuses_usage_past_it_and_releases_nothing_it_did_not_res
 def test_a_batch_that_keeps_losing_concurrency_races_waits_and_is_saved_not_fatal(
     settings: Settings, ledger: BillingLedger
 ) -> None:
-    """Another writer moves acme's account between each of three loads and saves, with
-    one save attempt per batch: three real version conflicts, three pauses, no crash."""
+    """Another writer moves acme's account between each of four loads and saves, with
+    one save attempt per batch: the write-behind save loses, then the batch done again
+    the ordinary way loses three times: four real version conflicts, three pauses, no
+    crash."""
     ledger.max_attempts = 1
-    contentions = [3]
+    contentions = [4]
     batch_reads = ledger._batch_reads
 
-    def contended_reads() -> Any:
-        reads = batch_reads()
+    def contended_reads(*args: Any) -> Any:
+        reads = batch_reads(*args)
         load = reads.account
 
         def contended_load(customer_id: str, currency: str) -> Any:
@@ -317,17 +319,10 @@ def test_a_batch_that_keeps_losing_concurrency_races_waits_and_is_saved_not_fata
     records = [usage(f"c-{i}") for i in range(5)]
     produce_records(settings, records)
     worker = build_ingest_worker(settings, ledger)
-    stop = threading.Event()
-    runner = threading.Thread(target=worker.run, args=(stop,))
-    runner.start()
-    try:
-        wait_for(lambda: worker.stats.records == 5 or not runner.is_alive(), what="the batch")
-    finally:
-        stop.set()
-        runner.join(30)
-        close_worker(worker)
+    run_worker_until(worker, 5, what="the batch")
 
     assert worker.stats.records == 5 and worker.stats.contended_batches == 3
+    assert worker.stats.conflicts == 1  # the save behind
     assert sorted(metered_usage_ids(settings.database_url)) == [r.usage_id for r in records]
     account = ledger.account("acme", "USD")
     assert account is not None and account.spend_limit == 1_000_000  # the rival's last write

@@ -9,15 +9,14 @@ from decimal import Decimal
 
 import pytest
 
-from adapters.audit.replay import Scope
-from adapters.audit.report import audit, stripe_invoice_items
-from adapters.bootstrap import build_projector, build_pusher, build_reconciler, build_scheduler
+from adapters.audit.report import stripe_invoice_items
+from adapters.bootstrap import build_pusher, build_reconciler, build_scheduler
 from adapters.settings import Settings
 from domain.transaction import TxnState
 from infra.stripe_emulator import StripeEmulator
-from store.connections import Database
 from store.ledger import BillingLedger
 from tests.integration.legacy import CHARGED, RESERVED, old_stripe_item, version_1_history
+from tests.integration.support import audit_findings
 
 pytestmark = pytest.mark.integration
 
@@ -31,16 +30,9 @@ def test_a_history_from_before_lines_audits_clean_and_its_open_transaction_joins
     assert ledger.transaction(reserved).line_id is None
 
     def audited() -> list[str]:
-        with build_projector(stripe_settings, ledger) as projector:
-            projector.pump_all()
-        report = audit(
-            Database(stripe_settings.database_url),
-            Scope(),
-            horizon=stripe_settings.overdue_after(),
-            stripe_items=lambda: stripe_invoice_items(stripe_settings.stripe()),
-            progress=False,
+        return audit_findings(
+            stripe_settings, ledger, lambda: stripe_invoice_items(stripe_settings.stripe())
         )
-        return [f"{f.kind} {f.subject}: {f.detail}" for f in report.findings]
 
     assert audited() == []
 
