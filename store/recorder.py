@@ -22,7 +22,8 @@ when the caller does not need the notification ids (``save(...,
 notification_ids=False)``; the ingest's batches), else as one ``INSERT ... SELECT
 FROM unnest(...) RETURNING notification_id``. A duplicate ``(originator_id,
 originator_version)`` fails either statement with the same ``IntegrityError``, and
-the whole batch with it.
+the whole batch with it; so does an event whose previous version is neither in the
+batch nor stored (decided on a state that was never saved: a gap the key cannot see).
 
 ``OrjsonTranscoder`` writes the very bytes eventsourcing's ``JSONTranscoder`` writes
 (and reads them with it), ~2.5x faster for the flat events of the ingest.
@@ -38,6 +39,7 @@ from uuid import UUID
 import orjson
 import psycopg
 from eventsourcing.persistence import (
+    IntegrityError,
     InterfaceError,
     JSONTranscoder,
     OperationalError,
@@ -231,8 +233,10 @@ class LedgerRecorder(PostgresApplicationRecorder):
                 prev = GENESIS
             elif prev_key in chained:
                 prev = chained[prev_key][1]
+            elif prev_key not in hashes:
+                raise IntegrityError(f"{key}: version {e.originator_version - 1} is not stored")
             else:
-                prev = hashes.get(prev_key) or GENESIS  # a row from before hashes: audit says so
+                prev = hashes[prev_key] or GENESIS  # a row from before hashes: audit says so
             chained[key] = (
                 prev,
                 # The ledger's ids are UUIDs (the table's originator_id is uuid).
@@ -365,11 +369,8 @@ class OrjsonTranscoder(JSONTranscoder):
 
 
 def postgres_env(url: str, *, pool_size: int = 4, lock_free: bool = True) -> dict[str, str]:
-    """eventsourcing's environment for the PostgreSQL at ``url`` (a libpq URI).
-
-    ``CREATE_TABLE`` is ``n``: eventsourcing makes no table at start (it defaults to
-    yes); the migrations own the schema.
-    """
+    """eventsourcing's environment for the PostgreSQL at ``url`` (a libpq URI); with
+    ``CREATE_TABLE`` ``n`` (its default is yes): the migrations own the schema."""
     params: dict[str, Any] = conninfo_to_dict(url)
     env = {
         "PERSISTENCE_MODULE": "eventsourcing.postgres",

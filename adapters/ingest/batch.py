@@ -19,6 +19,7 @@ dead letter ``conflicting duplicate: ...`` naming what differs and both bodies' 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,7 +36,63 @@ from domain.transaction import BillingTransaction, Source
 from store.errors import DATABASE_ERRORS, ConcurrencyExhausted
 from store.ledger import BillingLedger
 
-__all__ = ["conflicts", "count_outcomes", "decode", "record", "trace_reserve"]
+__all__ = [
+    "IngestStats",
+    "conflicts",
+    "count_outcomes",
+    "decode",
+    "record",
+    "trace_reserve",
+]
+
+
+@dataclass
+class IngestStats:
+    """Running totals for one worker (read by progress displays and benchmarks)."""
+
+    records: int = 0
+    transactions: int = 0
+    duplicates: int = 0
+    refused: int = 0
+    dead_letters: int = 0
+    batches: int = 0
+    conflicts: int = 0  # optimistic-concurrency retries of saves
+    conflicting_duplicates: int = 0
+    commit_failures: int = 0
+    contended_batches: int = 0  # batches that lost every concurrency retry and waited
+    in_line: int = 0  # batches saved behind that failed or were not decided: done in line
+    batch_seconds: list[float] = field(default_factory=list)  # read to offsets committed
+
+    def add(
+        self,
+        records: int,
+        decision: MeteredBatch,
+        *,
+        dead_letters: int,
+        conflicting: int,
+        attempts: int,
+        seconds: float,
+    ) -> dict[str, int]:
+        """Count a batch done (and its records by outcome in the metrics); its counts."""
+        duplicates = len(decision.duplicates) - conflicting
+        count_outcomes(decision, dead_letters, duplicates)
+        self.records += records
+        self.transactions += len(decision.transactions)
+        self.duplicates += duplicates
+        self.conflicting_duplicates += conflicting
+        self.refused += len(decision.refused)
+        self.dead_letters += dead_letters
+        self.batches += 1
+        self.conflicts += attempts - 1
+        self.batch_seconds.append(seconds)
+        return {
+            "records": records,
+            "transactions": len(decision.transactions),
+            "duplicates": duplicates,
+            "refused": len(decision.refused),
+            "dead_letters": dead_letters,
+        }
+
 
 # Contention and the database: never blamed on a record by the last-resort guard.
 _NOT_A_RECORDS_FAULT: tuple[type[Exception], ...] = (ConcurrencyExhausted, *DATABASE_ERRORS)

@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from eventsourcing.persistence import IntegrityError
@@ -62,6 +62,7 @@ from kafka.errors import CommitFailedError, RebalanceInProgressError
 from kafka.structs import OffsetAndMetadata
 
 from adapters.ingest import batch as steps
+from adapters.ingest.batch import IngestStats
 from adapters.ingest.letters import letter, quarantine
 from adapters.observability import telemetry
 from adapters.observability.logs import step_fields
@@ -84,23 +85,6 @@ OnBatch = Callable[["IngestStats"], None] | None
 
 
 @dataclass
-class IngestStats:
-    """Running totals for one worker (read by progress displays and benchmarks)."""
-
-    records: int = 0
-    transactions: int = 0
-    duplicates: int = 0
-    refused: int = 0
-    dead_letters: int = 0
-    batches: int = 0
-    conflicts: int = 0  # optimistic-concurrency retries of saves
-    conflicting_duplicates: int = 0
-    commit_failures: int = 0
-    contended_batches: int = 0  # batches that lost every concurrency retry and waited
-    batch_seconds: list[float] = field(default_factory=list)
-
-
-@dataclass
 class _Batch:
     """A batch decided on this thread whose save runs (or will run) on the writer's."""
 
@@ -111,6 +95,7 @@ class _Batch:
     started: float
     decided: Decided | None  # None: to decide (again) before saving
     saving_ns: int = 0
+    saved_ns: int = 0  # when the writer was done with it
     future: Future[MeteredBatch] | None = None
 
 
@@ -144,6 +129,7 @@ class IngestWorker:
         self.stats = IngestStats()
         self._waiting: list[Any] = []  # read ahead, not yet in a batch, oldest first
         self._holding: Sequence[Any] = ()  # the next batch, decided while one is saved
+        self._saving: _Batch | None = None  # the batch whose save is in flight
         # per partition, the offset after the last record read: every record
         # before it is recorded, waiting, held or being saved
         self._read_to: dict[tuple[str, int], int] = {}
@@ -156,15 +142,12 @@ class IngestWorker:
 
     def run(self, stop: threading.Event, on_batch: OnBatch = None) -> None:
         """Read ahead and process a fair round at a time until ``stop`` is set."""
-        saving: _Batch | None = None  # the batch whose save is in flight
         try:
             while not stop.is_set():
                 self.pulse()
-                self._read_ahead(wait=saving is None)
+                self._read_ahead(wait=self._saving is None)
                 if not self._waiting:
-                    if saving is not None:
-                        landing, saving = saving, None
-                        self._land(landing, stop, on_batch)
+                    self._land(stop, on_batch)
                     continue
                 records, self._waiting = fair_round(
                     self._waiting, _customer, self.batch_max_records
@@ -173,38 +156,33 @@ class IngestWorker:
                     if self._process_until_saved(records, stop) and on_batch is not None:
                         on_batch(self.stats)
                     continue
-                previous, saving = saving, None  # _next lands it or fails with it
-                saving = self._next(records, previous, stop, on_batch)
-            if saving is not None:  # stopped: the save in flight lands, its offsets too
-                landing, saving = saving, None
-                self._land(landing, stop, on_batch)
+                self._next(records, stop, on_batch)
+            self._land(stop, on_batch)  # stopped: the save in flight lands, its offsets too
         finally:
+            saving, self._saving = self._saving, None
             if saving is not None:  # failed with a save in flight: let it end, uncommitted
                 assert saving.future is not None
                 wait_for_futures([saving.future])
                 saving.span.end()
 
-    def _next(
-        self, records: Sequence[Any], saving: _Batch | None, stop: threading.Event,
-        on_batch: OnBatch,
-    ) -> _Batch | None:  # fmt: skip
-        """Decide ``records`` while ``saving`` is saved, land ``saving``, then start
-        saving ``records`` (the write-behind of the module docstring). Returns the batch
-        now in flight: ``saving`` is landed or failed here, never left to the caller."""
+    def _next(self, records: Sequence[Any], stop: threading.Event, on_batch: OnBatch) -> None:
+        """Decide ``records`` while the batch in flight is saved, land that one, then
+        start saving ``records`` (the write-behind of the module docstring)."""
         self._holding = records
-        batch = self._begin(records, saving.decided if saving is not None else None)
         try:
-            if saving is not None and not self._land(saving, stop, on_batch):
-                batch.decided = None  # decided on a state that was not saved
-        except BaseException:
-            batch.span.end()
-            raise
+            batch = self._begin(records, self._saving.decided if self._saving else None)
+            try:
+                if not self._land(stop, on_batch):
+                    batch.decided = None  # decided on a state that was not saved
+            except BaseException:
+                batch.span.end()
+                raise
         finally:
             self._holding = ()
         if stop.is_set():  # not saved, not committed: delivered again
             batch.span.end()
-            return None
-        return self._launch(batch, stop, on_batch)
+            return
+        self._launch(batch, stop, on_batch)
 
     def _read_ahead(self, *, wait: bool = True) -> None:
         """Poll into the waiting records: waiting for the broker only when none wait
@@ -230,37 +208,58 @@ class IngestWorker:
         started = time.perf_counter()
         span = telemetry.start_span("ingest batch", billing__records=len(records))
         valid, letters = steps.decode(records, self.max_record_bytes)
-        return _Batch(records, valid, letters, span, started, self._decide(valid, after))
-
-    def _decide(self, valid: list[Metering], after: Decided | None) -> Decided | None:
-        try:
-            return self.ledger.decide(valid, after=after)
-        except Exception:  # not dropped: the ordinary path meets it again
-            return None  # and sets a culprit aside, retries, or fails the batch
-
-    def _launch(self, batch: _Batch, stop: threading.Event, on_batch: OnBatch) -> _Batch | None:
-        """Start saving ``batch`` on the writer thread; the ordinary way, here and now,
-        when it cannot be decided without a record's fault or the database's."""
-        assert self._writer is not None
-        if batch.decided is None:
-            batch.decided = self._decide(batch.valid, None)
-        if batch.decided is None:
-            batch.span.end()
-            if self._process_until_saved(batch.records, stop) and on_batch is not None:
-                on_batch(self.stats)
-            return None
-        batch.saving_ns = time.time_ns()
-        batch.future = self._writer.submit(self.ledger.save_decided, batch.decided)
+        batch = _Batch(records, valid, letters, span, started, None)
+        batch.decided = self._decide(batch, after)
         return batch
 
-    def _land(self, batch: _Batch, stop: threading.Event, on_batch: OnBatch) -> bool:
-        """Wait for ``batch``'s save, then its dead letters and offsets. False when the
-        save failed and the batch was done again the ordinary way."""
+    def _decide(self, batch: _Batch, after: Decided | None) -> Decided | None:
+        """``decide``, or None when it raises: the batch is then done in line, where
+        whatever raised is met again and handled (a record set aside, a retry, or the
+        batch failed)."""
+        try:
+            return self.ledger.decide(batch.valid, after=after)
+        except Exception as exc:
+            batch.span.record_exception(exc)
+            log.warning(
+                "batch not decided behind (%s: %s), doing it in line", type(exc).__name__, exc,
+                extra={"step": "ingest", "status": "in_line"},
+            )  # fmt: skip
+            return None
+
+    def _launch(self, batch: _Batch, stop: threading.Event, on_batch: OnBatch) -> None:
+        """Start saving ``batch`` on the writer thread; in line, here and now, when it
+        cannot be decided."""
+        assert self._writer is not None
+        if batch.decided is None:
+            batch.decided = self._decide(batch, None)
+        if batch.decided is None:
+            batch.span.end()
+            self.stats.in_line += 1
+            if self._process_until_saved(batch.records, stop) and on_batch is not None:
+                on_batch(self.stats)
+            return
+        batch.saving_ns = time.time_ns()
+        try:
+            batch.future = self._writer.submit(self.ledger.save_decided, batch.decided)
+        except BaseException:
+            batch.span.end()
+            raise
+        batch.future.add_done_callback(lambda _: setattr(batch, "saved_ns", time.time_ns()))
+        self._saving = batch
+
+    def _land(self, stop: threading.Event, on_batch: OnBatch) -> bool:
+        """Wait for the save in flight (if any), then its dead letters and offsets. False
+        when the save failed and the batch was done again in line."""
+        batch = self._saving
+        if batch is None:
+            return True
         assert batch.future is not None
         try:
             decision = batch.future.result()
-        except Exception as exc:  # done again below, where it is handled
-            batch.span.end()
+        except Exception as exc:  # done again below, in line, where it is handled
+            self._saving = None
+            telemetry.end_failed(batch.span, exc)
+            self.stats.in_line += 1
             if isinstance(exc, IntegrityError):
                 self.stats.conflicts += 1
             log.info(
@@ -270,10 +269,11 @@ class IngestWorker:
             if self._process_until_saved(batch.records, stop) and on_batch is not None:
                 on_batch(self.stats)
             return False
+        self._saving = None
         with telemetry.ending(batch.span):
             steps.trace_reserve(
                 batch.span, batch.records, batch.valid, decision,
-                (batch.saving_ns, time.time_ns()),
+                (batch.saving_ns, batch.saved_ns or time.time_ns()),
             )  # fmt: skip
             self._complete(
                 batch.records, decision, letters=batch.letters, set_aside=[],
@@ -339,25 +339,10 @@ class IngestWorker:
         self._commit(records)
 
         elapsed = time.perf_counter() - started
-        duplicates = len(decision.duplicates) - len(conflicts)
-        steps.count_outcomes(decision, len(letters), duplicates)
-        st = self.stats
-        st.records += len(records)
-        st.transactions += len(decision.transactions)
-        st.duplicates += duplicates
-        st.conflicting_duplicates += len(conflicts)
-        st.refused += len(decision.refused)
-        st.dead_letters += len(letters)
-        st.batches += 1
-        st.conflicts += self.ledger.last_save.attempts - 1
-        st.batch_seconds.append(elapsed)
-        counts = {
-            "records": len(records),
-            "transactions": len(decision.transactions),
-            "duplicates": duplicates,
-            "refused": len(decision.refused),
-            "dead_letters": len(letters),
-        }
+        counts = self.stats.add(
+            len(records), decision, dead_letters=len(letters), conflicting=len(conflicts),
+            attempts=self.ledger.last_save.attempts, seconds=elapsed,
+        )  # fmt: skip
         span.set_attributes({f"billing.{k}": v for k, v in counts.items()})
         log.info(
             "ingest batch",

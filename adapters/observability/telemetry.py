@@ -36,6 +36,7 @@ __all__ = [
     "configure_tracing",
     "current_ids",
     "current_span",
+    "end_failed",
     "ending",
     "extract_headers",
     "inject_headers",
@@ -68,6 +69,13 @@ def span(
         name, context=parent, links=links, attributes=attrs
     ) as current:
         yield current
+
+
+def end_failed(started: trace.Span, exc: BaseException) -> None:
+    """End a span from ``start_span`` as failed by ``exc``."""
+    started.record_exception(exc)
+    started.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+    started.end()
 
 
 @contextmanager

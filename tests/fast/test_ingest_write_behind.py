@@ -13,7 +13,7 @@ from eventsourcing.application import AggregateNotFoundError
 
 from adapters.ingest.worker import IngestWorker
 from domain.ids import transaction_id
-from domain.transaction import TxnState
+from domain.transaction import BillingTransaction, TxnState
 from store.ledger import BillingLedger, Decided
 from tests.fast.fakes import (
     FakeConsumer,
@@ -111,6 +111,7 @@ def test_a_rival_write_while_a_batch_is_saved_behind_redoes_it_and_the_batch_dec
     # attempt); batch 2, decided behind it, was decided again before it was saved.
     assert made == [False, True, False, False, True]
     assert worker.stats.conflicts == 1 and worker.stats.contended_batches == 0
+    assert worker.stats.in_line == 1
     txns = [ledger.transaction(transaction_id("acme", f"acme-{i}")) for i in range(6)]
     assert all(t.state is TxnState.RESERVED for t in txns)
     account = ledger.account("acme", "USD")
@@ -138,6 +139,70 @@ def test_offsets_are_never_committed_past_a_batch_decided_but_not_saved() -> Non
     # Batch 1 landed while batch 2 was held: its commit stops at batch 2's first record.
     assert _commits(worker) == [2]
     assert worker.stats.transactions == 2
+
+
+def test_a_batch_redelivered_after_a_crash_then_new_usage_bills_each_record_once() -> None:
+    """Records 0 and 1 were saved by a worker that died before committing. Batch 1 (them
+    again) loses its save behind and, done in line, finds only duplicates: it leaves the
+    account alone. Batch 2 was decided on batch 1's state, which was never saved: it is
+    decided again, so the account holds each record once, with no version skipped."""
+    ledger = memory_ledger()
+    records = [_keyed("acme", i) for i in range(4)]
+    crashed, _ = _worker([], ledger)
+    crashed.process(records[:2])
+    worker, _ = _worker([records], ledger)
+    _drive(worker)
+
+    assert (worker.stats.duplicates, worker.stats.transactions) == (2, 2)
+    account = ledger.account("acme", "USD")
+    assert account is not None
+    txns = [ledger.transaction(transaction_id("acme", f"acme-{i}")) for i in range(4)]
+    assert account.reserved == sum(t.amount for t in txns)
+    versions = [e.originator_version for e in ledger.events.get(account.id)]
+    assert versions == list(range(1, len(versions) + 1))
+
+
+def _stop_in(worker: IngestWorker, stop: threading.Event, *, decision: int) -> None:
+    """Set ``stop`` while the ledger makes its ``decision``-th decision (this thread)."""
+    decide, made = worker.ledger.decide, [0]
+
+    def stopping(batch: Any, **kwargs: Any) -> Decided:
+        made[0] += 1
+        if made[0] == decision:
+            stop.set()
+        return decide(batch, **kwargs)
+
+    worker.ledger.decide = stopping  # type: ignore[method-assign]
+
+
+def test_stopped_while_the_next_batch_is_decided_the_batch_in_flight_lands_and_no_other() -> None:
+    ledger = memory_ledger()
+    worker, _ = _worker([[_keyed("acme", i) for i in range(6)]], ledger)
+    stop = threading.Event()
+    _stop_in(worker, stop, decision=2)  # batch 2, decided behind batch 1's save
+    worker.run(stop)
+    worker.close()
+    # Batch 1 saved and committed; batch 2 decided but never saved: delivered again.
+    assert worker.stats.transactions == 2 and _commits(worker) == [2]
+    metered = [e for e in ledger.all_events() if isinstance(e, BillingTransaction.Metered)]
+    assert sorted(e.usage_id for e in metered) == ["acme-0", "acme-1"]
+
+
+def test_stopped_with_a_save_in_flight_it_lands_with_its_offsets() -> None:
+    ledger = memory_ledger()
+    worker, _ = _worker([[_keyed("acme", i) for i in range(2)]], ledger)
+    stop = threading.Event()
+    writer: Any = worker._writer
+    submit = writer.submit
+
+    def submit_then_stop(*args: Any) -> Any:
+        stop.set()  # as the save starts: the loop sees the stop before it lands the batch
+        return submit(*args)
+
+    writer.submit = submit_then_stop
+    worker.run(stop)
+    worker.close()
+    assert worker.stats.transactions == 2 and _commits(worker) == [2]
 
 
 def _outcome(worker: IngestWorker, ledger: BillingLedger, letters: FakeDeadLetters) -> Any:

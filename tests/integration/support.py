@@ -174,6 +174,8 @@ def run_worker_until(worker: IngestWorker, records: int, what: str) -> None:
     finally:
         stop.set()
         runner.join(30)
+        if runner.is_alive():  # closing its clients under it would race its loop
+            raise AssertionError(f"the worker did not stop within 30 s: {worker.stats}")
         close_worker(worker)
 
 

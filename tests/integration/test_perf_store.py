@@ -96,6 +96,27 @@ def test_a_copy_that_hits_the_primary_key_writes_nothing_and_raises_integrity_er
     assert recorder.select_recorded_ids([taken, fresh[0].originator_id]) == {taken}
 
 
+@pytest.mark.parametrize("notification_ids", [True, False])
+def test_an_event_whose_previous_version_is_not_stored_is_refused_with_integrity_error(
+    ledger: BillingLedger, settings: Settings, notification_ids: bool
+) -> None:
+    """A version gap is what a decision made on a state never saved would write: the
+    primary key cannot see it, so the append refuses it."""
+    ledger.record_usage(_batch(1))  # the transaction holds versions 1 and 2
+    before = count_events(settings.database_url)
+    recorder = ledger.recorder
+    assert isinstance(recorder, LedgerRecorder)
+    txn = transaction_id("c0", "p-0")
+    with pytest.raises(IntegrityError, match="version 3 is not stored"):
+        recorder.insert_events([StoredEvent(txn, 4, "t", b"{}")], notification_ids=notification_ids)
+    assert count_events(settings.database_url) == before
+    recorder.insert_events(  # its next version, and one after it in the same append, are fine
+        [StoredEvent(txn, 3, "t", b"{}"), StoredEvent(txn, 4, "t", b"{}")],
+        notification_ids=notification_ids,
+    )
+    assert count_events(settings.database_url) == before + 2
+
+
 def test_appends_that_want_notification_ids_still_get_them(ledger: BillingLedger) -> None:
     account = CustomerAccount.open("solo", "USD", 100)
     account.set_limit(200)
