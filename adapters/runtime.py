@@ -22,8 +22,8 @@ few times a save (the previous hashes, the ``COPY``, the commit), while its own 
 decides the next batch and holds the GIL. Each time the writer wakes it waits for the
 GIL, which CPython takes from a running thread only after a switch interval (5 ms by
 default): measured end to end in one process, the deciding thread then waited 8.8 to
-10.5 us a record for saves that had started a whole batch earlier, against 2.0 to 2.5
-us at 1 ms (``SWITCH_INTERVAL_S``), for 1 to 3 us a record more CPU.
+13.5 us a record for saves that had started a whole batch earlier, against 0.4 to 3.2
+us at 1 ms (``SWITCH_INTERVAL_S``; README, Benchmarks, "Saving behind").
 """
 
 from __future__ import annotations

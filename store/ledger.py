@@ -16,7 +16,7 @@ first leaves (``decide(after=...)``; the rules are in ``adapters.ingest.worker``
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, cast
@@ -178,7 +178,7 @@ class BillingLedger(Application[UUID]):
         self.last_save = SaveStats(attempts=attempts, events=decided.events)
         return decided.decision
 
-    def _batch_reads(self, pending: dict[UUID, Any]) -> BatchReads:
+    def _batch_reads(self, pending: Mapping[UUID, Any]) -> BatchReads:
         """Reads for one decision, together where the recorder can (``store.batch_reads``)."""
         recorder = self.recorder if isinstance(self.recorder, LedgerRecorder) else None
         return BatchReads(self.repository, recorder, self.mapper, self._get, pending)

@@ -352,7 +352,7 @@ class IngestWorker:
     def _commit(self, records: Sequence[Any]) -> None:
         """Commit past the batch's records and what was done before, never past a
         record still waiting or held (the next batch, decided while this one was saved)."""
-        not_done = [*self._waiting, *self._holding]
+        not_done = itertools.chain(self._waiting, self._holding)
         offsets = {
             TopicPartition(*tp): OffsetAndMetadata(offset, "", -1)
             for tp, offset in committable(
