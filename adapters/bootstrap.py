@@ -233,6 +233,7 @@ def build_pusher(settings: Settings, ledger: BillingLedger) -> LinePusher:
         StripeGateway(settings.stripe()),
         settings.retry_policy(),
         key_window=timedelta(seconds=settings.stripe_key_window_s),
+        landing=settings.landing_window(),
     )
 
 
@@ -263,6 +264,7 @@ def build_closer(
         else (lambda line, _customer: pusher.push(line)),
         settings.retry_policy(),
         timedelta(seconds=settings.invoice_grace_s),
+        landing=settings.landing_window(),
     )
 
 

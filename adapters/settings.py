@@ -20,6 +20,7 @@ from domain.periods import PeriodPolicy
 from domain.pricing import PriceList
 from domain.saga import RetryPolicy
 from domain.usage import DEFAULT_MAX_RECORD_BYTES
+from domain.verification import LandingWindow
 from store.schema import DEFAULT_DLQ_TOPIC, DEFAULT_EVENTS_TOPIC, DEFAULT_USAGE_TOPIC
 
 __all__ = ["DEFAULT_PRICE_LIST", "SECRETS_DIR_ENV", "Settings", "StripeSettings", "child_env"]
@@ -150,6 +151,12 @@ class Settings(BaseSettings):
     stripe_rate_per_s: int = Field(25, ge=1, description="Stripe requests per second, at most")
     stripe_max_concurrency: int = Field(8, ge=1)
     stripe_timeout_s: float = Field(10.0, gt=0)
+    stripe_landing_margin_s: float = Field(
+        30.0,
+        ge=0,
+        description="how long after its client gave up a request may still take effect in"
+        " Stripe: the closer reads a draft back only when no request can still land",
+    )
     stripe_key_window_s: float = Field(
         23 * 3600.0, gt=0, description="past this age, look a charge up before creating it"
     )
@@ -272,6 +279,13 @@ class Settings(BaseSettings):
             base_delay=timedelta(seconds=self.retry_base_s),
             max_delay=timedelta(seconds=self.retry_max_delay_s),
             stale_after=timedelta(seconds=self.stale_after_s),
+        )
+
+    def landing_window(self) -> LandingWindow:
+        """How long a request sent to Stripe may still take effect (domain.verification)."""
+        return LandingWindow(
+            per_call=timedelta(seconds=3 * self.stripe_timeout_s),
+            margin=timedelta(seconds=self.stripe_landing_margin_s),
         )
 
     def stripe(self) -> StripeSettings:

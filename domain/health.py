@@ -95,9 +95,18 @@ def _lines_late(figures: Mapping[str, Any], limits: Thresholds) -> list[str]:
 
 
 def _invoices(figures: Mapping[str, Any]) -> list[str]:
-    """Invoices not closed or finalized by their deadline, and webhooks refused for their
-    signature (a wrong secret, a rotation gone wrong, or someone forging them)."""
+    """Invoices stopped for an operator (Stripe's draft or finalized total differs from the
+    ledger in a way no push can repair), invoices not closed or finalized by their
+    deadline, and webhooks refused for their signature (a wrong secret, a rotation gone
+    wrong, or someone forging them)."""
     reasons = []
+    if figures.get("invoices_needing_attention"):
+        first = (figures.get("invoices_attention") or [{}])[0]
+        reasons.append(
+            f"{figures['invoices_needing_attention']} invoice(s) need attention"
+            f" (billing-ledger invoices settle); first: {first.get('invoice_id')}:"
+            f" {first.get('attention')}"
+        )
     if figures.get("invoices_past_deadline"):
         reasons.append(
             f"{figures['invoices_past_deadline']} invoice(s) past their close deadline and"

@@ -30,6 +30,16 @@ data, checked by every method like the transaction's lifecycle)::
   nothing.
 * **CreditRequested** (a reversal after finalizing: the transaction's billed share,
   ``domain.closing.billed_shares``) and **Credited** (the credit note Stripe issued).
+* While finalizing, Stripe's draft is read back before the finalize call
+  (``domain.verification``): **Verified** when every item and the total equal the
+  ledger's; **DriftFound** when an item differs (both amounts, and the repair it
+  starts, with the moment after which that repair can no longer land), **Repaired**
+  when Stripe answered the repair. **MismatchFound**: the total Stripe finalized
+  differs from the expected total (never silent: an alert until settled).
+* **AttentionNeeded** stops the invoice with a reason an operator must settle (the
+  draft holds what setting amounts cannot repair, Stripe refused a line of an
+  invoice that is no longer a draft, a finalized total differs); **AttentionSettled**
+  records who settled it and how (``billing-ledger invoices settle``).
 """
 
 from __future__ import annotations
@@ -125,6 +135,38 @@ class Invoice(Aggregate):
         amount: int
         source: str
 
+    class Verified(Aggregate.Event):
+        """Stripe's draft, read back, holds exactly what the ledger decided."""
+
+        total: int
+        items: int
+
+    class DriftFound(Aggregate.Event):
+        """Stripe's draft differs from the ledger: the items, both amounts, the repair."""
+
+        repair: int
+        drifts: list[list[str]]  # [line, chunk, sequence, item, expected, found]
+        expected_total: int
+        stripe_total: int
+        lands_by: datetime  # the repair's requests can no longer land after this
+
+    class Repaired(Aggregate.Event):
+        repair: int
+
+    class AttentionNeeded(Aggregate.Event):
+        reason: str
+
+    class AttentionSettled(Aggregate.Event):
+        how: str
+        by: str
+
+    class MismatchFound(Aggregate.Event):
+        """The total Stripe finalized is not the total the ledger expected."""
+
+        expected_total: int
+        stripe_total: int
+        source: str
+
     @staticmethod
     def create_id(customer_id: str, currency: str, period_start: datetime, **_: Any) -> UUID:
         return invoice_id(customer_id, currency, Period(period_start, period_start).key)
@@ -170,6 +212,11 @@ class Invoice(Aggregate):
         self.credit_reasons: dict[str, str] = {}
         self.credited: dict[str, str] = {}  # credit note id -> transaction id ("" if none)
         self.credited_amount = 0
+        self.verified = False
+        self.repairs = 0
+        self.repair_lands_by: datetime | None = None  # an unanswered repair may land until
+        self.attention: str | None = None
+        self.mismatch: tuple[int, int] | None = None  # (expected, Stripe's) once final
 
     # -- reading ----------------------------------------------------------------------
 
@@ -306,6 +353,8 @@ class Invoice(Aggregate):
             return False
         if self.state is S.FINALIZING:
             self._finalized(view.number or "", view.total, view.at, view.source)
+            if view.total != self.expected_total:
+                self._mismatch_found(self.expected_total, view.total, view.source)
         if view.status == "open" and self.state in ALLOWED_FROM["PaymentFailed"]:
             if view.attempt_count > self.payment_attempts:
                 self._payment_failed(view.attempt_count, view.next_payment_attempt, view.source)
@@ -316,6 +365,93 @@ class Invoice(Aggregate):
         elif view.status == "void" and self.state in ALLOWED_FROM["Voided"]:
             self._voided(view.source)
         return len(self.pending_events) > before
+
+    @event(MismatchFound)
+    def _mismatch_found(self, expected_total: int, stripe_total: int, source: str) -> None:
+        self.mismatch = (expected_total, stripe_total)
+        self.attention = (
+            f"Stripe finalized {stripe_total} where the ledger expected {expected_total}"
+        )
+
+    # -- reading back the draft ---------------------------------------------------------
+
+    def in_doubt_until(self, now: datetime) -> datetime | None:
+        """When the newest repair can no longer land, if it may still and is after now."""
+        if self.repair_lands_by is not None and self.repair_lands_by > now:
+            return self.repair_lands_by
+        return None
+
+    def record_verified(self, total: int, items: int) -> None:
+        """The draft read back equals the ledger: the finalize call may go."""
+        self._require("Verified", "record a verified draft")
+        if total != self.expected_total:
+            raise ValueError(f"invoice {self.id}: verified {total}, expected {self.expected_total}")
+        self._verified(total, items)
+
+    @event(Verified)
+    def _verified(self, total: int, items: int) -> None:
+        self.verified = True
+
+    def record_drift(
+        self, drifts: Sequence[Sequence[str]], stripe_total: int, lands_by: datetime
+    ) -> int:
+        """The draft differs (rows: line, chunk, sequence, item, expected, found); the
+        repair this starts, recorded before its requests are sent."""
+        self._require("DriftFound", "record drift")
+        if not drifts:
+            raise ValueError("drift needs at least one item that differs")
+        repair = self.repairs + 1
+        self._drift_found(
+            repair, [list(d) for d in drifts], self.expected_total, stripe_total, lands_by
+        )
+        return repair
+
+    @event(DriftFound)
+    def _drift_found(
+        self,
+        repair: int,
+        drifts: list[list[str]],
+        expected_total: int,
+        stripe_total: int,
+        lands_by: datetime,
+    ) -> None:
+        self.repairs = repair
+        self.repair_lands_by = lands_by
+        self.verified = False
+
+    def record_repaired(self, repair: int) -> None:
+        """Stripe answered repair ``repair``: it cannot land later."""
+        self._require("Repaired", "record a repair")
+        if repair == self.repairs and self.repair_lands_by is not None:
+            self._repaired(repair)
+
+    @event(Repaired)
+    def _repaired(self, repair: int) -> None:
+        self.repair_lands_by = None
+
+    def need_attention(self, reason: str) -> None:
+        """Stop here until an operator settles ``reason`` (recorded once per reason)."""
+        if not reason.strip():
+            raise ValueError("attention needs a reason")
+        if self.attention != reason:
+            self._attention_needed(reason)
+
+    @event(AttentionNeeded)
+    def _attention_needed(self, reason: str) -> None:
+        self.attention = reason
+        self.verified = False
+
+    def settle_attention(self, how: str, by: str) -> None:
+        """An operator settled what stopped the invoice (the draft is read back again)."""
+        if self.attention is None:
+            raise IllegalTransition(f"invoice {self.id} needs no attention")
+        if not how.strip() or not by.strip():
+            raise ValueError("settling needs how and who")
+        self._attention_settled(how, by)
+
+    @event(AttentionSettled)
+    def _attention_settled(self, how: str, by: str) -> None:
+        self.attention = None
 
     @event(PaymentFailed)
     def _payment_failed(

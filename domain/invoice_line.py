@@ -13,6 +13,12 @@ Two aggregates, because two writers keep them and must not contend:
   line (one, or more when the billed total is above Stripe's largest item amount),
   the newest sequence Stripe acknowledged (``Pushed``), failed pushes with their due
   time, and up to which sequence the line's transactions are recorded Charged.
+  Every request that sets an amount is recorded **before** it is sent
+  (``AttemptStarted``, with the moment after which it can no longer land) and ended
+  when Stripe answered it (``AttemptEnded``); an attempt not ended and not past that
+  moment leaves the line *in doubt*: Stripe may still apply it, after a newer one.
+  The closer ``Sealed`` the push in the save that starts finalizing its invoice, so no
+  attempt can start after that (a pusher that loaded it before loses the version race).
 
 A transaction joins exactly one line: ingest records its ``Reserved`` (naming the
 line and the line's version) and the line's ``Settled`` in one atomic save, so the
@@ -246,6 +252,29 @@ class LinePush(Aggregate):
         through: int
         transactions: int
 
+    class AttemptStarted(Aggregate.Event):
+        """A request setting the line's amounts is about to be sent."""
+
+        attempt: int
+        sequence: int
+        lands_by: datetime  # after this it can no longer take effect in Stripe
+
+    class AttemptEnded(Aggregate.Event):
+        """Stripe answered the attempt (or it was never sent): it cannot land later."""
+
+        attempt: int
+        outcome: str  # answered, refused (a final error), not_sent
+
+    class Sealed(Aggregate.Event):
+        """Its invoice started finalizing: no attempt starts any more."""
+
+        invoice_id: UUID
+
+    # State added after the first LinePush histories: class defaults, so an older
+    # snapshot (which lacks them) loads with them.
+    sealed = False
+    attempts_started = 0
+
     @staticmethod
     def create_id(line_id: UUID, **_: Any) -> UUID:
         return line_push_id(line_id)
@@ -266,6 +295,13 @@ class LinePush(Aggregate):
         self.next_attempt_at: datetime | None = None
         self.unknown_outcome = False  # a failed push may have reached Stripe
         self.charged_through = 0
+        self.sealed = False
+        self.attempts_started = 0
+        self.open_attempts: dict[str, datetime] = {}  # attempt -> when it can no longer land
+
+    def _open(self) -> dict[str, datetime]:
+        opened: dict[str, datetime] = self.__dict__.get("open_attempts", {})
+        return opened
 
     def plan_item(self, chunk: int, sequence: int, amount: int) -> None:
         """Record, before creating item ``chunk`` in Stripe, the parameters it is created
@@ -348,6 +384,47 @@ class LinePush(Aggregate):
         self.last_error = f"{error_class}: {message}"
         self.next_attempt_at = next_attempt_at
         self.unknown_outcome = self.unknown_outcome or retryable
+
+    # -- attempts ---------------------------------------------------------------------
+
+    def start_attempt(self, sequence: int, lands_by: datetime) -> int:
+        """Record, before it is sent, a request setting the line's amounts to its total
+        at ``sequence``; its number. A sealed push starts none."""
+        if self.sealed:
+            raise IllegalTransition(f"line push {self.id} is sealed: its invoice is finalizing")
+        attempt = self.attempts_started + 1
+        self._attempt_started(attempt, sequence, lands_by)
+        return attempt
+
+    @event(AttemptStarted)
+    def _attempt_started(self, attempt: int, sequence: int, lands_by: datetime) -> None:
+        self.attempts_started = attempt
+        self.open_attempts = {**self._open(), str(attempt): lands_by}
+
+    def end_attempt(self, attempt: int, outcome: str) -> None:
+        """Stripe answered ``attempt`` (or it was never sent): it cannot land later."""
+        if str(attempt) in self._open():
+            self._attempt_ended(attempt, outcome)
+
+    @event(AttemptEnded)
+    def _attempt_ended(self, attempt: int, outcome: str) -> None:
+        self.open_attempts = {k: v for k, v in self._open().items() if k != str(attempt)}
+
+    def in_doubt_until(self, now: datetime) -> datetime | None:
+        """The latest moment an attempt not answered may still land, if after ``now``."""
+        pending = [at for at in self._open().values() if at > now]
+        return max(pending, default=None)
+
+    def seal(self, invoice_id: UUID) -> None:
+        """Its invoice starts finalizing (recorded in the same save as FinalizeStarted)."""
+        if not self.sealed:
+            self._sealed(invoice_id)
+
+    @event(Sealed)
+    def _sealed(self, invoice_id: UUID) -> None:
+        self.sealed = True
+
+    # -- charges ------------------------------------------------------------------------
 
     def record_charges(self, through: int, transactions: int) -> None:
         """The line's transactions settled up to version ``through`` are recorded Charged."""

@@ -45,6 +45,10 @@ ALLOWED_FROM: dict[str, tuple[InvoiceState, ...]] = {
     "Voided": (S.FINALIZED, S.PAYMENT_FAILED, S.UNCOLLECTIBLE),
     "CreditRequested": (S.FINALIZING, *FINAL_STATES),
     "Credited": FINAL_STATES,
+    "Verified": (S.FINALIZING,),
+    "DriftFound": (S.FINALIZING,),
+    "Repaired": (S.FINALIZING,),
+    "MismatchFound": (*FINAL_STATES, S.VOID),
 }
 """Which states each event may be recorded in (its method raises IllegalTransition
 otherwise)."""

@@ -22,12 +22,14 @@ from domain.invoice_states import StripeInvoiceView
 from domain.periods import Period
 from domain.pushing import PushPlan
 from domain.saga import ChargeFailure
+from domain.verification import DraftView
 
 __all__ = [
     "CreditNote",
     "DeadLetter",
     "DeadLetterSink",
     "DraftInvoice",
+    "ItemRepair",
     "LineItems",
     "PaymentGateway",
 ]
@@ -100,6 +102,16 @@ class CreditNote:
     memo: str
 
 
+@dataclass(frozen=True)
+class ItemRepair:
+    """Set one invoice item back to the ledger's amount, under a repair's own key."""
+
+    item_id: str
+    amount: int
+    sequence: int
+    key: str  # ``domain.verification.repair_key``
+
+
 class PaymentGateway(Protocol):
     """Stripe, as the pushers need it. Every call either answers or returns the
     failure (retryable or not); none raises. Each create has an idempotency key
@@ -122,6 +134,14 @@ class PaymentGateway(Protocol):
     ) -> StripeInvoiceView | ChargeFailure:
         """Finalize the draft (key from ``invoice_id``); Stripe's view of the invoice.
         ``look_first``: an earlier attempt may have finalized it (read it first)."""
+        ...
+
+    def read_draft(self, stripe_invoice_id: str) -> DraftView | ChargeFailure:
+        """The invoice as Stripe holds it: status, total and every item (paged)."""
+        ...
+
+    def repair_items(self, repairs: Sequence[ItemRepair]) -> ChargeFailure | None:
+        """Set each item to its repair's amount (in order; the first failure stops)."""
         ...
 
     def credit_note(self, note: CreditNote) -> str | ChargeFailure:

@@ -36,12 +36,26 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class ChargeFailure:
-    """One failed call to Stripe. ``retryable`` covers unknown outcomes (timeouts) too."""
+    """One failed call to Stripe. ``retryable`` covers unknown outcomes (timeouts) too.
+
+    ``sent``: the request left this process (False: our own breaker or rate limiter
+    refused it, so it is no attempt and raises no backoff). ``answered``: Stripe
+    answered it, so it will not take effect later (None: answered exactly when the
+    failure is permanent; a timeout, a dropped connection or a 5xx leaves it unknown).
+    """
 
     error_class: str
     message: str
     retryable: bool
     retry_after: timedelta | None = None
+    sent: bool = True
+    answered: bool | None = None
+
+    @property
+    def may_land_later(self) -> bool:
+        """Whether Stripe may still execute the request after this failure came back."""
+        answered = (not self.retryable) if self.answered is None else self.answered
+        return self.sent and not answered
 
 
 def backoff(attempt: int, policy: RetryPolicy, jitter: float) -> timedelta:

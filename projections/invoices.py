@@ -62,6 +62,9 @@ INVOICE_COLUMNS = (
     "finalized_at",
     "paid_at",
     "updated_at",
+    "attention",
+    "repairs",
+    "stripe_mismatch_total",
 )
 
 _STATE_OF = {
@@ -135,6 +138,7 @@ def _fold(rows: dict[UUID, dict[str, Any]], event: Any) -> None:  # noqa: PLR091
             "payment_attempts": 0,
             "finalize_attempts": 0,
             "updated_at": at,
+            "repairs": 0,
         }
         return
     row = rows[key]
@@ -171,6 +175,18 @@ def _fold(rows: dict[UUID, dict[str, Any]], event: Any) -> None:  # noqa: PLR091
         row.update(amount_paid=event.amount_paid, paid_at=event.paid_at, next_attempt_at=None)
     elif isinstance(event, Invoice.CreditRequested):
         row["credits_pending"] += 1
+    elif isinstance(event, Invoice.DriftFound):
+        row["repairs"] = event.repair
+    elif isinstance(event, Invoice.AttentionNeeded):
+        row["attention"] = event.reason
+    elif isinstance(event, Invoice.AttentionSettled):
+        row["attention"] = None
+    elif isinstance(event, Invoice.MismatchFound):
+        row["stripe_mismatch_total"] = event.stripe_total
+        row["attention"] = (
+            f"Stripe finalized {event.stripe_total} where the ledger expected"
+            f" {event.expected_total}"
+        )
     elif isinstance(event, Invoice.Credited):
         row["credited"] += event.amount
         if event.transaction_id is not None:
@@ -292,6 +308,10 @@ _KINDS: dict[type, str] = {
     Invoice.Voided: "voided",
     Invoice.CreditRequested: "credit_requested",
     Invoice.Credited: "credited",
+    Invoice.DriftFound: "drift_found",
+    Invoice.AttentionNeeded: "needs_attention",
+    Invoice.AttentionSettled: "attention_settled",
+    Invoice.MismatchFound: "mismatch",
 }
 
 
@@ -335,6 +355,18 @@ def _event_row(event: Any, history: History) -> tuple[Any, ...]:
         amount, detail = event.amount, str(event.transaction_id)
     elif isinstance(event, Invoice.Credited):
         amount, detail = event.amount, event.credit_note_id
+    elif isinstance(event, Invoice.DriftFound):
+        amount = event.stripe_total
+        detail = (
+            f"repair {event.repair}: {len(event.drifts)} item(s), expected {event.expected_total}"
+        )
+    elif isinstance(event, Invoice.AttentionNeeded):
+        detail = event.reason
+    elif isinstance(event, Invoice.AttentionSettled):
+        detail = f"{event.by}: {event.how}"
+    elif isinstance(event, Invoice.MismatchFound):
+        amount = event.stripe_total
+        detail = f"expected {event.expected_total} ({event.source})"
     return (
         event.originator_id,
         event.originator_version,

@@ -76,7 +76,22 @@ def read_health(conn: psycopg.Connection[Any]) -> dict[str, Any]:
             " FROM billing.consumer_lag l, billing.health_settings s"
             " ORDER BY l.group_name, l.topic, l.partition"
         ).fetchall()
-    plain: dict[str, Any] = _plain({**figures, "workers": workers, "consumer_lag": lag})
+        attention = cur.execute(
+            "SELECT invoice_id, customer_id, state, attention FROM billing.invoices"
+            " WHERE attention IS NOT NULL ORDER BY updated_at LIMIT 20"
+        ).fetchall()
+        counted = cur.execute(
+            "SELECT count(*) AS n FROM billing.invoices WHERE attention IS NOT NULL"
+        ).fetchone()
+    plain: dict[str, Any] = _plain(
+        {
+            **figures,
+            "workers": workers,
+            "consumer_lag": lag,
+            "invoices_needing_attention": counted["n"] if counted else 0,
+            "invoices_attention": attention,
+        }
+    )
     return plain
 
 

@@ -96,6 +96,7 @@ def charge_settings(settings: Settings, emulator: StripeEmulator) -> Settings:
             "retry_base_s": 0.05,
             "retry_max_delay_s": 0.2,
             "stripe_timeout_s": 3.0,
+            "stripe_landing_margin_s": 0.5,
             "breaker_reset_s": 0.5,
         }
     )

@@ -12,11 +12,20 @@ and issues the credit notes reversals after that requested.
    pushed at once by the CLI); then ``FinalizeStarted``
    with the final totals, or ``NothingDue`` when nothing was billed and Stripe has no
    draft;
-3. **finalizing**: finalizes the draft in Stripe (key ``invoice-finalize:{invoice}``;
+3. **finalizing**: first reads Stripe back (``domain.verification``): it waits until no
+   request that set an amount can still land (the lines' pushes were sealed in the
+   ``FinalizeStarted`` save, so none starts any more), reads the draft (one request;
+   the items paged only past the first lines), and records ``Verified`` when every
+   item and the total equal the ledger's; a difference is recorded (``DriftFound``),
+   repaired under keys of its own and read again; what setting amounts cannot repair
+   stops the invoice for an operator (``AttentionNeeded``). Then it
+   finalizes the draft in Stripe (key ``invoice-finalize:{invoice}``;
    after a failed or unknown attempt it reads the invoice first, so a worker killed
    between Stripe's answer and the record finds it finalized and records it once)
    and records ``Finalized`` from Stripe's answer (``observe``: the webhook may have
-   recorded it first); a failure is recorded with its due time and retried for ever;
+   recorded it first), with ``MismatchFound`` when Stripe's total is not the expected
+   one (an alert, never a silent success); a failure is recorded with its due time
+   and retried for ever;
 4. **final**, with credits requested: issues each credit note (key
    ``credit:{transaction}``) and records ``Credited``.
 
@@ -44,8 +53,17 @@ from domain.closing import close_deadline, line_status
 from domain.errors import IllegalTransition
 from domain.invoice import Invoice
 from domain.invoice_states import InvoiceState
-from domain.ports import CreditNote, PaymentGateway
+from domain.ports import CreditNote, ItemRepair, PaymentGateway
 from domain.saga import ChargeFailure, RetryPolicy, backoff
+from domain.verification import (
+    DEFAULT_LANDING,
+    DraftView,
+    LandingWindow,
+    Verdict,
+    expected_items,
+    repair_key,
+    verify_draft,
+)
 from store.ledger import BillingLedger
 
 __all__ = ["CloseResult", "CloseStep", "InvoiceCloser"]
@@ -60,6 +78,7 @@ class CloseResult(StrEnum):
     WAITING = "waiting"  # closed: lines not final in Stripe yet, or a retry not due
     PROGRESSED = "progressed"  # recorded a step
     FAILED = "failed"  # a Stripe call failed: recorded with its due time
+    ATTENTION = "attention"  # stopped until an operator settles it
     DONE = "done"  # nothing left to do (final, no credit pending)
     RACED = "raced"
 
@@ -87,6 +106,8 @@ class InvoiceCloser:
         *,
         clock: Callable[[], datetime] = utcnow,
         jitter: Callable[[], float] = random.random,
+        landing: LandingWindow = DEFAULT_LANDING,
+        verify: bool = True,
     ) -> None:
         self.ledger = ledger
         self.gateway = gateway
@@ -95,6 +116,8 @@ class InvoiceCloser:
         self.grace = grace
         self.clock = clock
         self.jitter = jitter
+        self.landing = landing
+        self.verify = verify  # off only to measure what reading back costs (bench close)
 
     def step(self, invoice_id: UUID, *, close_now: str | None = None) -> CloseStep:
         """Drive the invoice as far as it can go now. ``close_now``: close it before its
@@ -121,9 +144,13 @@ class InvoiceCloser:
                 return CloseStep(CloseResult.NOT_DUE, state, retry_at=deadline), 0
             self._close(invoice, close_now or "period ended")
             return CloseStep(CloseResult.PROGRESSED), 0
+        if invoice.attention is not None and state in (S.CLOSED, S.FINALIZING):
+            return CloseStep(CloseResult.ATTENTION, state), 0
         if state is S.CLOSED:
             return self._finish_lines(invoice), 0
         if state is S.FINALIZING:
+            if self.verify and not invoice.verified:
+                return self._read_back(invoice)
             return self._finalize(invoice)
         if invoice.credits_pending() and state in (S.FINALIZED, S.PAYMENT_FAILED, S.PAID):
             return self._credit(invoice)
@@ -151,14 +178,127 @@ class InvoiceCloser:
                 for s in waiting:
                     self.hand_over(s.line_id, invoice.customer_id)
             return CloseStep(CloseResult.WAITING, invoice.state)
+        sealed = []
         if invoice.stripe_invoice_id is None:
             if any(s.billed for s in statuses):  # a push always makes the draft first
                 raise IllegalTransition(f"invoice {invoice.id} billed without a draft")
             invoice.nothing_due()
         else:
             invoice.start_finalizing([s.final for s in statuses])
-        self.ledger.save(invoice)
+            # No push of these lines starts after this save: one that loaded its
+            # LinePush before it loses the version race and finds the invoice finalizing.
+            for line in lines:
+                push = self.ledger.line_push(line.id)
+                if push is not None:
+                    push.seal(invoice.id)
+                    sealed.append(push)
+        self.ledger.save(invoice, *sealed)
         return CloseStep(CloseResult.PROGRESSED)
+
+    # -- reading Stripe back ------------------------------------------------------------
+
+    def _read_back(self, invoice: Invoice) -> tuple[CloseStep, int]:
+        """Verify the draft against the ledger, or repair it, or stop for an operator."""
+        now = self.clock()
+        if invoice.next_attempt_at is not None and invoice.next_attempt_at > now:
+            return CloseStep(
+                CloseResult.WAITING, invoice.state, retry_at=invoice.next_attempt_at
+            ), 0
+        pushes = [
+            (UUID(line), self.ledger.line_push(UUID(line))) for line in invoice.final_sequences
+        ]
+        doubt = [p.in_doubt_until(now) for _, p in pushes if p is not None]
+        doubt.append(invoice.in_doubt_until(now))
+        until = max((d for d in doubt if d is not None), default=None)
+        if until is not None:  # a request sent earlier may still land: read after it
+            return CloseStep(CloseResult.WAITING, invoice.state, retry_at=until), 0
+        assert invoice.stripe_invoice_id is not None
+        view = self.gateway.read_draft(invoice.stripe_invoice_id)
+        if isinstance(view, ChargeFailure):
+            return self._failed(invoice, view, now, "read back"), 1
+        if view.status != "draft":
+            # Finalized already (an earlier attempt whose answer was lost, or by hand):
+            # the finalize step reads it and compares Stripe's total with the ledger's.
+            return self._finalize(invoice)
+        verdict = verify_draft(expected_items(pushes), invoice.expected_total, view)
+        if verdict.equal:
+            invoice.record_verified(view.total, len(view.items))
+            self.ledger.save(invoice)
+            metrics().invoices.add(1, {"step": "verified"})
+            return CloseStep(CloseResult.PROGRESSED), 1
+        reason = verdict.attention
+        if reason is not None:
+            return self._attention(invoice, reason), 1
+        step, sent = self._repair(invoice, verdict, view, now)
+        return step, 1 + sent
+
+    def _repair(
+        self, invoice: Invoice, verdict: Verdict, view: DraftView, now: datetime
+    ) -> tuple[CloseStep, int]:
+        """Record the drift, then set each drifted item back under a repair key."""
+        rows = [d.as_row() for d in verdict.drifts]
+        repair = invoice.record_drift(
+            rows, view.total, self.landing.deadline(now, len(verdict.drifts))
+        )
+        self.ledger.save(invoice)  # recorded before any repair request is sent
+        metrics().invoices.add(1, {"step": "drift_found"})
+        log.warning(
+            "Stripe's draft differs from the ledger: repairing", extra=step_fields(
+                "verify", "drift", invoice_id=str(invoice.id), customer_id=invoice.customer_id,
+                repair=repair, expected_total=invoice.expected_total, stripe_total=view.total,
+                drifts=[{"line_id": r[0], "item_id": r[3], "expected": int(r[4]),
+                         "found": int(r[5])} for r in rows]),
+        )  # fmt: skip
+        repairs = [
+            ItemRepair(
+                d.item_id,
+                d.expected,
+                d.sequence,
+                repair_key(d.line_id, d.chunk, d.sequence, repair),
+            )
+            for d in verdict.drifts
+        ]
+        failure = self.gateway.repair_items(repairs)
+        if failure is None:
+            invoice.record_repaired(repair)
+            self.ledger.save(invoice)
+            return CloseStep(CloseResult.PROGRESSED), len(repairs)
+        if not failure.retryable:
+            return self._attention(
+                invoice, f"Stripe refused repair {repair}: {failure.error_class}: {failure.message}"
+            ), len(repairs)
+        if not failure.may_land_later:
+            invoice.record_repaired(repair)
+        return self._failed(invoice, failure, now, "repair"), len(repairs)
+
+    def _attention(self, invoice: Invoice, reason: str) -> CloseStep:
+        invoice.need_attention(reason)
+        if invoice.pending_events:
+            self.ledger.save(invoice)
+            metrics().invoices.add(1, {"step": "needs_attention"})
+            log.error(
+                "invoice needs attention: %s", reason,
+                extra=step_fields("verify", "needs_attention", invoice_id=str(invoice.id),
+                                  customer_id=invoice.customer_id),
+            )  # fmt: skip
+        return CloseStep(CloseResult.ATTENTION, invoice.state)
+
+    def _failed(
+        self, invoice: Invoice, failure: ChargeFailure, now: datetime, what: str
+    ) -> CloseStep:
+        """A failed Stripe call while finalizing: recorded with its due time."""
+        due = now + backoff(invoice.finalize_attempts + 1, self.policy, self.jitter())
+        if failure.retry_after is not None:
+            due = max(due, now + failure.retry_after)
+        invoice.record_finalize_failure(failure.error_class, failure.message, due)
+        self.ledger.save(invoice)
+        metrics().invoices.add(1, {"step": "finalize_failed"})
+        log.warning(
+            "invoice %s failed: %s", what, failure.message,
+            extra=step_fields("finalize", "retry", error_code=failure.error_class,
+                              invoice_id=str(invoice.id), attempt=invoice.finalize_attempts),
+        )  # fmt: skip
+        return CloseStep(CloseResult.FAILED, invoice.state, 1, due)
 
     def _finalize(self, invoice: Invoice) -> tuple[CloseStep, int]:
         now = self.clock()
@@ -171,21 +311,12 @@ class InvoiceCloser:
             invoice.stripe_invoice_id, invoice.id, look_first=invoice.finalize_attempts > 0
         )
         if isinstance(answer, ChargeFailure):
-            due = now + backoff(invoice.finalize_attempts + 1, self.policy, self.jitter())
-            if answer.retry_after is not None:
-                due = max(due, now + answer.retry_after)
-            invoice.record_finalize_failure(answer.error_class, answer.message, due)
-            self.ledger.save(invoice)
-            metrics().invoices.add(1, {"step": "finalize_failed"})
-            log.warning(
-                "invoice finalize failed: %s", answer.message,
-                extra=step_fields("finalize", "retry", error_code=answer.error_class,
-                                  invoice_id=str(invoice.id), attempt=invoice.finalize_attempts),
-            )  # fmt: skip
-            return CloseStep(CloseResult.FAILED, invoice.state, 1, due), 1
+            return self._failed(invoice, answer, now, "finalize"), 1
         invoice.observe(answer)
         if invoice.pending_events:
             self.ledger.save(invoice)
+        if invoice.mismatch is not None:
+            self._alert_mismatch(invoice)
         metrics().invoices.add(1, {"step": "finalized"})
         log.info(
             "invoice finalized",
@@ -194,6 +325,17 @@ class InvoiceCloser:
                               total=invoice.total, expected_total=invoice.expected_total),
         )  # fmt: skip
         return CloseStep(CloseResult.PROGRESSED), 1
+
+    def _alert_mismatch(self, invoice: Invoice) -> None:
+        assert invoice.mismatch is not None
+        expected, found = invoice.mismatch
+        metrics().invoices.add(1, {"step": "mismatch"})
+        log.error(
+            "finalized invoice differs from the ledger: %s", invoice.attention,
+            extra=step_fields("finalize", "mismatch", invoice_id=str(invoice.id),
+                              customer_id=invoice.customer_id, expected_total=expected,
+                              stripe_total=found),
+        )  # fmt: skip
 
     def _credit(self, invoice: Invoice) -> tuple[CloseStep, int]:
         """Issue the first pending credit note and record it."""

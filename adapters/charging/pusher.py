@@ -10,8 +10,16 @@ parameters under the same key), calls Stripe, and records ``Pushed`` together wi
 the race against another pusher reloads and looks again; what Stripe already did is
 replayed by its keys, and amounts are absolute, so a second push never adds twice.
 
+Every request that sets amounts is recorded before it is sent (``AttemptStarted``,
+with the moment after which it can no longer land, in the save that plans its
+items) and ended when Stripe answered it: the closer reads the draft back only when
+no attempt can still land (``domain.verification``). A call our own breaker or rate
+limiter refused was never sent: it is no attempt and raises no backoff.
+
 A retryable failure is recorded with its due time (``PushFailed``) and retried for
-ever; a permanent one compensates the transactions no push has included yet.
+ever; a permanent one compensates the transactions no push has included yet, unless
+the invoice is no longer a draft in Stripe (finalized by hand): then billable usage
+is never compensated, and the invoice needs an operator's attention instead.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -47,6 +55,7 @@ from domain.pushing import (
 )
 from domain.saga import ChargeFailure, RetryPolicy, StepResult
 from domain.transaction import BillingTransaction, TxnState
+from domain.verification import DEFAULT_LANDING, LandingWindow
 from store.ledger import BillingLedger
 
 __all__ = ["LinePusher", "PushReport", "invoice_of", "utcnow"]
@@ -66,6 +75,15 @@ def invoice_of(ledger: BillingLedger, line: InvoiceLine) -> Invoice:
     if invoice is None:  # every line is opened with its invoice (domain.metering)
         raise IllegalTransition(f"line {line.id} has no invoice {line.invoice_id}")
     return invoice
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """What sending a push did: its outcome, the requests, the attempt it recorded."""
+
+    outcome: list[str] | ChargeFailure
+    requests: int
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -95,6 +113,7 @@ class LinePusher:
         key_window: timedelta = timedelta(hours=23),
         clock: Callable[[], datetime] = utcnow,
         jitter: Callable[[], float] = random.random,
+        landing: LandingWindow = DEFAULT_LANDING,
     ) -> None:
         self.ledger = ledger
         self.gateway = gateway
@@ -102,6 +121,7 @@ class LinePusher:
         self.key_window = key_window
         self.clock = clock
         self.jitter = jitter
+        self.landing = landing
 
     def push(self, line_id: UUID) -> PushReport:
         """Bring Stripe and the charges up to the line's newest total, as far as now allows."""
@@ -131,19 +151,26 @@ class LinePusher:
                     charged = self._record_charges(line, push)
                     return PushReport(StepResult.CHARGED, push.pushed_sequence, requests, charged)
                 plan = plan_push(line, push)
-                if plan is None or self._finalizing(line):
+                if plan is None or push.sealed or self._finalizing(line):
                     return PushReport(StepResult.NOTHING, push.pushed_sequence, requests)
-                if push.next_attempt_at is not None and push.next_attempt_at > self.clock():
+                now = self.clock()
+                if push.next_attempt_at is not None and push.next_attempt_at > now:
                     return PushReport(
                         StepResult.WAIT,
                         push.pushed_sequence,
                         requests,
                         retry_at=push.next_attempt_at,
                     )
-                outcome, sent = self._send(line, push, plan)
-                requests += sent
+                if plan.calls and self.gateway.breaker_state() == "open":
+                    # Our own breaker would refuse it unsent: no attempt, no backoff.
+                    return self._not_sent(push, now)
+                sent = self._send(line, push, plan)
+                requests += sent.requests
+                outcome = sent.outcome
                 if isinstance(outcome, ChargeFailure):
-                    return self._failed(line, push, plan, outcome, requests)
+                    return self._failed(line, push, plan, outcome, requests, attempt=sent.attempt)
+                if sent.attempt:
+                    push.end_attempt(sent.attempt, "answered")
                 charged = self._record_push(line, push, plan, outcome, requests)
                 _log_push(line, plan, requests, charged)
                 metrics().charge_steps.add(1, {"result": "pushed"})
@@ -163,24 +190,28 @@ class LinePusher:
 
     # -- Stripe ----------------------------------------------------------------------
 
-    def _send(
-        self, line: InvoiceLine, push: LinePush, plan: PushPlan
-    ) -> tuple[list[str] | ChargeFailure, int]:
-        """The customer, the draft invoice and the items, as far as they go; the outcome
-        and how many Stripe requests were sent. Nothing is sent when Stripe holds the
-        amounts already (a change below the rounding, a removal of nothing billed)."""
+    def _not_sent(self, push: LinePush, now: datetime) -> PushReport:
+        return PushReport(
+            StepResult.WAIT, push.pushed_sequence, 0, retry_at=now + self.policy.base_delay
+        )
+
+    def _send(self, line: InvoiceLine, push: LinePush, plan: PushPlan) -> _Sent:
+        """The customer, the draft invoice and the items, as far as they go; the outcome,
+        how many Stripe requests were sent, and the attempt recorded for the items.
+        Nothing is sent when Stripe holds the amounts already (a change below the
+        rounding, a removal of nothing billed)."""
         if not plan.calls and not plan.to_plan:
-            return list(push.item_ids[: len(plan.items)]), 0
+            return _Sent(list(push.item_ids[: len(plan.items)]), 0)
         customer, requests = self._customer(line.customer_id)
         if isinstance(customer, ChargeFailure):
-            return customer, requests
+            return _Sent(customer, requests)
         invoice, sent = self._invoice(line, customer)
         requests += sent
         if isinstance(invoice, ChargeFailure):
-            return invoice, requests
-        self._plan_items(push, plan)
+            return _Sent(invoice, requests)
+        attempt = self._plan_items(push, plan)
         if not plan.calls:
-            return list(push.item_ids[: len(plan.items)]), requests
+            return _Sent(list(push.item_ids[: len(plan.items)]), requests)
         items = LineItems(
             line_id=line.id,
             meter=line.meter,
@@ -191,15 +222,23 @@ class LinePusher:
             plan=plan,
             look_first=self.clock() - push.created_on >= self.key_window,
         )
-        return self.gateway.set_line_items(items), requests + plan.calls
+        return _Sent(self.gateway.set_line_items(items), requests + plan.calls, attempt)
 
-    def _plan_items(self, push: LinePush, plan: PushPlan) -> None:
-        """Record the items about to be created (and the LinePush itself on a first push)
-        before Stripe sees them; a lost race raises IntegrityError (the caller reloads)."""
+    def _plan_items(self, push: LinePush, plan: PushPlan) -> int:
+        """Record the items about to be created and the attempt about to be sent (and
+        the LinePush itself on a first push) before Stripe sees them; the attempt's
+        number (0: nothing to send). A lost race raises IntegrityError (the caller
+        reloads); a push sealed meanwhile raises IllegalTransition."""
         for chunk, sequence, amount in plan.to_plan:
             push.plan_item(chunk, sequence, amount)
+        attempt = 0
+        if plan.calls:
+            attempt = push.start_attempt(
+                plan.sequence, self.landing.deadline(self.clock(), plan.calls)
+            )
         if push.pending_events:
             self.ledger.save(push)
+        return attempt
 
     def _customer(self, customer_id: str) -> tuple[str | ChargeFailure, int]:
         link = self.ledger.customer_link(customer_id)
@@ -297,14 +336,32 @@ class LinePusher:
         plan: PushPlan,
         failure: ChargeFailure,
         requests: int,
+        *,
+        attempt: int = 0,
     ) -> PushReport:
-        decision = after_failure(push, failure, self.clock(), self.policy, self.jitter())
+        now = self.clock()
+        if not failure.sent:  # our own breaker or limiter: nothing reached Stripe
+            if attempt:
+                push.end_attempt(attempt, "not_sent")
+                self.ledger.save(push)
+            return self._not_sent(push, now)
+        if attempt and not failure.may_land_later:
+            push.end_attempt(attempt, "answered")
+        kept = False
+        if not failure.retryable:
+            draft, read = self._draft_status(line, failure)
+            requests += read
+            kept = draft != "draft"
+            if draft == "unknown":  # cannot tell: never compensate on a guess, retry
+                failure = replace(failure, retryable=True)
+        decision = after_failure(push, failure, now, self.policy, self.jitter())
         push.record_failure(
             plan.sequence,
             failure.error_class,
             failure.message,
             retryable=decision.verdict is PushVerdict.RETRY,
-            next_attempt_at=decision.next_attempt_at,
+            # kept for an operator: looked at again now and then, never compensated
+            next_attempt_at=now + self.policy.max_delay if kept else decision.next_attempt_at,
             requests=requests,
         )
         self.ledger.save(push)
@@ -318,12 +375,44 @@ class LinePusher:
                               line_id=str(line.id), customer_id=line.customer_id,
                               sequence=plan.sequence, attempt=push.attempts),
         )  # fmt: skip
+        if kept and not failure.retryable:  # owed usage on an invoice no longer a draft
+            return PushReport(StepResult.DEFERRED, plan.sequence, requests)
         if decision.verdict is PushVerdict.ABANDON:
             removed = self._abandon(line.id, push.pushed_sequence, decision.reason or "refused")
             return PushReport(StepResult.COMPENSATED, plan.sequence, requests, more=removed)
         return PushReport(
             StepResult.RETRY, plan.sequence, requests, retry_at=decision.next_attempt_at
         )
+
+    def _draft_status(self, line: InvoiceLine, failure: ChargeFailure) -> tuple[str, int]:
+        """After Stripe refused the line: is its invoice still a draft in Stripe (and the
+        requests that took)? ``draft`` (or no draft yet): the refusal is the line's, its
+        unpushed usage is compensated. Another status (finalized or voided in the
+        dashboard, say): the usage is still owed, so it is never compensated, and the
+        invoice needs attention. ``unknown``: Stripe could not be read."""
+        invoice = self._the_invoice(line)
+        if invoice.stripe_invoice_id is None:
+            return "draft", 0
+        view = self.gateway.read_draft(invoice.stripe_invoice_id)
+        if isinstance(view, ChargeFailure):
+            return "unknown", 1
+        if view.status == "draft":
+            return "draft", 1
+        invoice.need_attention(
+            f"Stripe refused line {line.id} ({line.meter}): its invoice"
+            f" {invoice.stripe_invoice_id} is {view.status}, not a draft"
+            f" ({failure.error_class}: {failure.message})"
+        )
+        if invoice.pending_events:
+            self.ledger.save(invoice)
+        metrics().invoices.add(1, {"step": "needs_attention"})
+        log.error(
+            "invoice needs attention: %s", invoice.attention,
+            extra=step_fields("push", "needs_attention", error_code=failure.error_class,
+                              line_id=str(line.id), invoice_id=str(invoice.id),
+                              customer_id=line.customer_id),
+        )  # fmt: skip
+        return view.status, 1
 
     def _abandon(self, line_id: UUID, pushed: int, reason: str) -> bool:
         """Compensate the line's transactions that no acknowledged push includes;

@@ -18,6 +18,7 @@ __all__ = [
     "Parser",
     "checked_customer",
     "int_arg",
+    "invoice_uuid",
     "period_moment",
     "port",
     "port_or_zero",
@@ -111,6 +112,13 @@ def period_moment(text: str) -> datetime:
     if len(text) == 7 and text[4] == "-" and text[:4].isdigit() and text[5:].isdigit():
         text += "-01"
     return timestamp(text)
+
+
+def invoice_uuid(text: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an invoice id (a UUID)") from None
 
 
 def txn_uuid(text: str) -> UUID:

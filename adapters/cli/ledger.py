@@ -14,6 +14,7 @@ from adapters.cli.args import (
     CliError,
     Parser,
     int_arg,
+    invoice_uuid,
     period_moment,
     timestamp,
     txn_uuid,
@@ -104,6 +105,17 @@ def _add_invoice_commands(sub: Any) -> None:
     close.add_argument("--customer", dest="close_customer", help="one customer only")
     close.add_argument("--reason", default="closed early by an operator")
     close.set_defaults(handler=_close_invoices)
+    settle = inv_sub.add_parser(
+        "settle",
+        help="settle what stopped an invoice (its draft or finalized total differs from the"
+        " ledger in a way no push can repair): the draft is read back again before finalizing",
+        epilog="example: billing-ledger invoices settle 4f0c...-9a1b --how 'deleted the"
+        " hand-made item ii_123 in the dashboard' --by ops@example.com",
+    )
+    settle.add_argument("invoice_id", type=invoice_uuid, help="the ledger's invoice id")
+    settle.add_argument("--how", required=True, help="what was done about it (audited)")
+    settle.add_argument("--by", required=True, help="who settled it (audited)")
+    settle.set_defaults(handler=_settle_invoice)
 
 
 def _reverse(args: argparse.Namespace) -> int:
@@ -316,6 +328,26 @@ def _close_invoices(args: argparse.Namespace) -> int:
     if failed:
         print(f"{failed} invoice(s) not finalized yet: the workers' close role retries them")
     return EXIT_FAILURE if failed else 0
+
+
+def _settle_invoice(args: argparse.Namespace) -> int:
+    """Record that an operator settled what stopped the invoice; the closer goes on."""
+    from adapters.bootstrap import open_ledger
+    from adapters.settings import Settings
+    from domain.errors import IllegalTransition
+
+    with open_ledger(Settings()) as ledger:
+        invoice = ledger.invoice_by_id(args.invoice_id)
+        if invoice is None:
+            raise usage(f"no invoice {args.invoice_id} in the ledger")
+        reason = invoice.attention
+        try:
+            invoice.settle_attention(args.how, args.by)
+        except (IllegalTransition, ValueError):
+            raise usage(f"invoice {args.invoice_id} needs no attention") from None
+        ledger.save(invoice)
+    print(f"invoice {args.invoice_id}: settled ({reason}); the close role reads it back again")
+    return 0
 
 
 def _rebuild(args: argparse.Namespace) -> int:

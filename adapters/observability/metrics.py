@@ -33,10 +33,14 @@ test checks it names only these):
 ``billing_oldest_unsent_age_seconds``                   the oldest change Stripe has not seen
 ``billing_invoices_closing``                            invoices closed, not yet finalized
 ``billing_invoices_past_deadline``                      not finalized by their close deadline
+``billing_invoices_needing_attention``                  stopped (or finalized at another
+                                                        total) until an operator settles it
 ``billing_invoice_payment_failures_24h``                payment failures in the last 24 h
 ``billing_webhook_signature_failures_1h``               webhooks refused for their signature
 ``billing_role_restarts_total{role}``                   roles restarted after a failure
-``billing_invoice_steps_total{step}``                   invoices closed, finalized,
+``billing_invoice_steps_total{step}``                   invoices closed, verified,
+                                                        drift_found, needs_attention,
+                                                        finalized, mismatch,
                                                         finalize_failed, credited
 ``billing_webhooks_total{outcome,type}``                Stripe webhook requests: applied,
                                                         duplicate, stale, unknown_invoice,
@@ -73,6 +77,8 @@ _INVOICE_GAUGES = (
      "invoices closed and not yet finalized"),
     ("billing.invoices.past_deadline", "invoices_past_deadline", "{invoice}",
      "invoices not finalized by their close deadline"),
+    ("billing.invoices.needing_attention", "invoices_needing_attention", "{invoice}",
+     "invoices stopped, or finalized at another total, until an operator settles them"),
     ("billing.invoice.payment_failures_24h", "payment_failures_24h", "{failure}",
      "invoice payment failures Stripe reported in the last 24 hours"),
     ("billing.webhook.signature_failures_1h", "webhook_signature_failures_1h", "{request}",

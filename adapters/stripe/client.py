@@ -22,7 +22,7 @@ values (``adapters.stripe.errors``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -35,9 +35,10 @@ from adapters.stripe.errors import classify
 from adapters.stripe.pressure import Pressure
 from adapters.stripe.views import invoice_view
 from domain.invoice_states import StripeInvoiceView
-from domain.ports import CreditNote, DraftInvoice, LineItems
+from domain.ports import CreditNote, DraftInvoice, ItemRepair, LineItems
 from domain.pushing import ItemStep, item_key, push_key
 from domain.saga import ChargeFailure, idempotency_key
+from domain.verification import DraftItem, DraftView
 
 __all__ = ["StripeGateway"]
 
@@ -76,6 +77,13 @@ class StripeGateway:
 
     def credit_note(self, note: CreditNote) -> str | ChargeFailure:
         return _answer(lambda: self.create_credit_note(note))
+
+    def read_draft(self, stripe_invoice_id: str) -> DraftView | ChargeFailure:
+        return _answer(lambda: self.read_invoice(stripe_invoice_id))
+
+    def repair_items(self, repairs: Sequence[ItemRepair]) -> ChargeFailure | None:
+        failure = _answer(lambda: self.set_items(repairs))
+        return failure if isinstance(failure, ChargeFailure) else None
 
     def delete_item(self, item_id: str, key: str) -> ChargeFailure | None:
         failure = _answer(lambda: self.delete_invoice_item(item_id, key))
@@ -181,6 +189,36 @@ class StripeGateway:
             "invoices.retrieve", lambda: self.client.v1.invoices.retrieve(stripe_invoice_id)
         )
         return found.to_dict()
+
+    def read_invoice(self, stripe_invoice_id: str) -> DraftView:
+        """The invoice's status, total and items: one retrieve (Stripe embeds the first
+        lines), and the item list paged through only when the lines have more."""
+        with telemetry.span("stripe read_invoice", stripe__invoice_id=stripe_invoice_id):
+            found = self.retrieve_invoice(stripe_invoice_id)
+            lines = found.get("lines") or {}
+            if lines.get("has_more"):
+                items = [
+                    DraftItem(str(i["id"]), int(i["amount"]))
+                    for i in self.invoice_items(invoice=stripe_invoice_id)
+                ]
+            else:
+                items = [
+                    DraftItem(_line_item_id(line), int(line["amount"]))
+                    for line in lines.get("data") or ()
+                ]
+            return DraftView(str(found["status"]), int(found["total"]), tuple(items))
+
+    def set_items(self, repairs: Sequence[ItemRepair]) -> None:
+        """Set each item to its repair's amount, each under its repair key."""
+        for repair in repairs:
+            self._call(
+                "invoice_items.update",
+                lambda r=repair: self.client.v1.invoice_items.update(  # type: ignore[misc]
+                    r.item_id,
+                    params={"amount": r.amount, "metadata": {"sequence": str(r.sequence)}},
+                    options={"idempotency_key": r.key},
+                ),
+            )
 
     def create_credit_note(self, note: CreditNote) -> str:
         """A credit note of ``note.amount`` on the invoice, once (key from the transaction)."""
@@ -312,6 +350,15 @@ class StripeGateway:
 
     def _call(self, operation: str, fn: Callable[[], T]) -> T:
         return self.pressure.call(operation, fn)
+
+
+def _line_item_id(line: dict[str, Any]) -> str:
+    """The invoice item behind an invoice line (``parent`` in newer API versions)."""
+    item = line.get("invoice_item")
+    if not item:
+        parent = line.get("parent") or {}
+        item = (parent.get("invoice_item_details") or {}).get("invoice_item")
+    return str(item or line.get("id"))
 
 
 def _answer(fn: Callable[[], T]) -> T | ChargeFailure:

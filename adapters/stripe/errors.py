@@ -21,16 +21,19 @@ __all__ = ["classify", "is_overload"]
 def classify(exc: BaseException) -> ChargeFailure:
     """Translate an exception from a Stripe call into a domain ChargeFailure."""
     if isinstance(exc, BreakerOpen):
-        return ChargeFailure("circuit_open", "Stripe circuit breaker is open", retryable=True)
+        return ChargeFailure(
+            "circuit_open", "Stripe circuit breaker is open", retryable=True, sent=False
+        )
     if isinstance(exc, CallRefused):
-        return ChargeFailure("throttled", str(exc), retryable=True)
+        return ChargeFailure("throttled", str(exc), retryable=True, sent=False)
     if isinstance(exc, stripe.APIConnectionError):
         return ChargeFailure("connection", _msg(exc), retryable=True)  # unknown outcome
     if isinstance(exc, stripe.RateLimitError):
-        return ChargeFailure("rate_limited", _msg(exc), True, _retry_after(exc))
+        # Stripe refuses a request over its rate before it looks at it: never executed.
+        return ChargeFailure("rate_limited", _msg(exc), True, _retry_after(exc), answered=True)
     if isinstance(exc, stripe.AuthenticationError | stripe.PermissionError):
         # A configuration fault, not the customer's: keep retrying until fixed or the horizon.
-        return ChargeFailure("auth", _msg(exc), retryable=True)
+        return ChargeFailure("auth", _msg(exc), retryable=True, answered=True)
     if isinstance(exc, stripe.StripeError):
         status = exc.http_status or 0
         should = _header(exc, "stripe-should-retry")
@@ -40,7 +43,10 @@ def classify(exc: BaseException) -> ChargeFailure:
             else status in (409, 429) or status >= 500 or status == 0
         )
         name = f"http_{status}" if status else type(exc).__name__
-        return ChargeFailure(name, _msg(exc), retryable, _retry_after(exc))
+        # An answer below 500 is final: the request took effect or never will. A 5xx
+        # (or no status) leaves the outcome open: it may still land.
+        answered = 0 < status < 500
+        return ChargeFailure(name, _msg(exc), retryable, _retry_after(exc), answered=answered)
     return ChargeFailure(type(exc).__name__, str(exc) or type(exc).__name__, retryable=True)
 
 

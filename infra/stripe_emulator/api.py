@@ -11,6 +11,7 @@ the ledger, and dropping the response after execution.  It also logs every reque
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -105,11 +106,19 @@ def handle_api(
             stripe_version=stripe_version,
         )
         latency_s = state.faults.settings.latency_ms / 1000.0
+        late_s = None
+        if admission.job is not None:
+            late_s = state.faults.execute_late(admission.job.route.endpoint)
         if admission.reply is not None:
             record["status"] = admission.reply.status
+        if late_s is not None:
+            record["outcome"] = "held"
         state.cond.notify_all()
     if admission.refuse:
         return None
+    if late_s is not None and admission.job is not None:
+        _execute_later(state, admission.job, record, tuple(headers), late_s)
+        return None  # the client gives up; Stripe still executes it, later
     if latency_s > 0:
         time.sleep(latency_s)  # with the key (if any) held in flight, the lock released
     if admission.job is not None:
@@ -182,6 +191,22 @@ def _admit_locked(
         return _Admission(reply=Reply(entry.status, entry.body, entry.replay_headers()))
     job.claim = claim
     return _Admission(job=job)
+
+
+def _execute_later(
+    state: EmulatorState, job: _Job, record: JsonObject, headers: Headers, delay_s: float
+) -> None:
+    """Execute ``job`` ``delay_s`` from now on a thread of its own (its key stays in
+    flight until then, so a retry under the same key gets 409, as from Stripe)."""
+
+    def run() -> None:
+        time.sleep(delay_s)
+        _run(state, job, record, headers)
+        with state.cond:
+            record["outcome"] = "executed_late"
+            state.cond.notify_all()
+
+    threading.Thread(target=run, name="late-execute", daemon=True).start()
 
 
 def _run(state: EmulatorState, job: _Job, record: JsonObject, headers: Headers) -> Reply | None:

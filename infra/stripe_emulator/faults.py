@@ -126,6 +126,20 @@ class Faults:
         probability = settings.drop_response_probability
         return probability > 0 and self._rng.random() < probability
 
+    def execute_late(self, endpoint: str) -> float | None:
+        """After how many seconds to execute this request unanswered, or None (now).
+        Only invoice item updates (the requests that set an amount) are held."""
+        if endpoint != "POST /v1/invoiceitems/{id}":
+            return None
+        settings = self.settings
+        if settings.late_execute_next > 0:
+            self.settings = replace(settings, late_execute_next=settings.late_execute_next - 1)
+            return settings.late_execute_s
+        probability = settings.late_execute_probability
+        if probability > 0 and self._rng.random() < probability:
+            return settings.late_execute_s
+        return None
+
     def take_payment_failure(self) -> bool:
         """Whether this payment attempt is declined by ``payment_failures`` (counted down)."""
         if self.settings.payment_failures > 0:

@@ -50,6 +50,15 @@ class EmulatorSettings:
     """The next N POST/DELETE executions are saved, then the connection closes unanswered."""
     drop_response_probability: float = 0.0
     """Probability (0..1) that a POST/DELETE execution's response is dropped the same way."""
+    late_execute_next: int = 0
+    """The next N invoice item updates (``POST /v1/invoiceitems/{id}``: the requests that
+    set an amount) are received and left unanswered (the connection closes), then
+    executed ``late_execute_s`` later, their key in flight meanwhile: a request Stripe
+    applies after its client gave up, possibly after a newer one."""
+    late_execute_probability: float = 0.0
+    """Probability (0..1) that an invoice item update is executed late the same way."""
+    late_execute_s: float = 2.0
+    """How long after it arrived a late request is executed."""
     key_ttl_s: float = DEFAULT_KEY_TTL_S
     """Idempotency keys older than this are forgotten (a reuse is a new request)."""
     payment_failures: int = 0
@@ -83,6 +92,7 @@ INTEGER_SETTINGS: Final = frozenset(
         "rate_limit_per_s",
         "endpoint_rate_limit_per_s",
         "drop_response_after_execute",
+        "late_execute_next",
         "payment_failures",
         "webhook_max_attempts",
         "webhook_duplicate_next",
@@ -91,12 +101,25 @@ INTEGER_SETTINGS: Final = frozenset(
     }
 )
 _PROBABILITIES: Final = frozenset(
-    {"error_rate", "drop_response_probability", "webhook_duplicate_probability"}
+    {
+        "error_rate",
+        "drop_response_probability",
+        "late_execute_probability",
+        "webhook_duplicate_probability",
+    }
 )
-_NON_NEGATIVE: Final = frozenset({"latency_ms", "webhook_retry_base_s", "webhook_delay_s"})
+_NON_NEGATIVE: Final = frozenset(
+    {"latency_ms", "webhook_retry_base_s", "webhook_delay_s", "late_execute_s"}
+)
 _POSITIVE: Final = frozenset({"key_ttl_s", "webhook_timeout_s", "webhook_reorder_hold_s"})
 _COUNTS: Final = frozenset(
-    {"drop_response_after_execute", "payment_failures", "webhook_duplicate_next", "webhook_reorder"}
+    {
+        "drop_response_after_execute",
+        "late_execute_next",
+        "payment_failures",
+        "webhook_duplicate_next",
+        "webhook_reorder",
+    }
 )
 _PER_SECOND: Final = frozenset({"rate_limit_per_s", "endpoint_rate_limit_per_s"})
 

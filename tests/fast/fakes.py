@@ -8,7 +8,8 @@ create replayed by its idempotency key) and fails the calls a test scripts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -18,12 +19,13 @@ from uuid import UUID
 from adapters.settings import Settings
 from domain.invoice_states import StripeInvoiceView
 from domain.metering import Metering
-from domain.ports import CreditNote, DeadLetter, DraftInvoice, LineItems
+from domain.ports import CreditNote, DeadLetter, DraftInvoice, ItemRepair, LineItems
 from domain.pricing import Price, PriceList
 from domain.pushing import item_key
 from domain.saga import ChargeFailure
 from domain.transaction import Source
 from domain.usage import UsageRecord
+from domain.verification import DraftItem, DraftView
 from store.ledger import BillingLedger
 
 __all__ = [
@@ -85,10 +87,31 @@ def reserve(
 
 
 @dataclass
+class Held:
+    """A request Stripe received and has not executed yet (``FakeGateway.hold``)."""
+
+    apply: Callable[[], Any]
+    released: threading.Event = field(default_factory=threading.Event)
+    landed: threading.Event = field(default_factory=threading.Event)
+
+    def land(self) -> None:
+        """Execute it now (its caller, if still waiting, then gets its answer)."""
+        if not self.landed.is_set():
+            self.apply()
+            self.landed.set()
+        self.released.set()
+
+
+@dataclass
 class FakeGateway:
     """The payment gateway port, keeping what Stripe would: customers, draft invoices and
     items, each create replayed by its idempotency key as Stripe does (same key, other
-    parameters: an error). ``failures`` answer the next calls in order."""
+    parameters: an error). ``failures`` answer the next calls in order.
+
+    ``hold(mode)`` holds the next ``set_line_items``: Stripe has it and executes it only
+    when the test calls ``Held.land()``. ``"block"``: its caller waits for that (a slow
+    request); ``"timeout"``: its caller gives up at once with a connection failure (an
+    unknown outcome) while the request still lands later, as Stripe's can."""
 
     failures: list[ChargeFailure] = field(default_factory=list)
     customers: dict[str, str] = field(default_factory=dict)  # key -> id
@@ -99,6 +122,13 @@ class FakeGateway:
     deleted: list[str] = field(default_factory=list)
     finalized: dict[str, StripeInvoiceView] = field(default_factory=dict)  # invoice -> view
     credit_notes: dict[str, CreditNote] = field(default_factory=dict)  # id -> note
+    holding: list[str] = field(default_factory=list)  # modes of the next pushes to hold
+    in_flight: list[Held] = field(default_factory=list)
+    breaker: str = "closed"
+    repair_keys: list[str] = field(default_factory=list)
+
+    def hold(self, mode: str = "block") -> None:
+        self.holding.append(mode)
 
     def _fail(self) -> ChargeFailure | None:
         return self.failures.pop(0) if self.failures else None
@@ -131,6 +161,18 @@ class FakeGateway:
         )
 
     def set_line_items(self, items: LineItems) -> list[str] | ChargeFailure:
+        if not self.holding:
+            return self._set_line_items(items)
+        mode = self.holding.pop(0)
+        answer: list[list[str] | ChargeFailure] = []
+        held = Held(lambda: answer.append(self._set_line_items(items)))
+        self.in_flight.append(held)
+        if mode == "timeout":
+            return ChargeFailure("connection", "timed out (held)", retryable=True)
+        held.released.wait(timeout=10)
+        return answer[0] if answer else ChargeFailure("connection", "never landed", True)
+
+    def _set_line_items(self, items: LineItems) -> list[str] | ChargeFailure:
         ids: list[str] = []
         for step in items.plan.items:
             item_id = step.item_id
@@ -184,6 +226,36 @@ class FakeGateway:
             )  # fmt: skip
         return self.finalized[stripe_invoice_id]
 
+    def read_draft(self, stripe_invoice_id: str) -> DraftView | ChargeFailure:
+        self.calls.append("read")
+        failed = self._fail()
+        if failed:
+            return failed
+        items = tuple(
+            DraftItem(item_id, int(i["amount"]))
+            for item_id, i in self.items.items()
+            if i.get("invoice") == stripe_invoice_id
+        )
+        final = self.finalized.get(stripe_invoice_id)
+        status = final.status if final is not None else "draft"
+        return DraftView(status, sum(i.amount for i in items), items)
+
+    def repair_items(self, repairs: Sequence[ItemRepair]) -> ChargeFailure | None:
+        for repair in repairs:
+            self.calls.append("repair")
+            self.repair_keys.append(repair.key)
+            failed = self._fail()
+            if failed:
+                return failed
+            if repair.item_id in self.finalized_items():
+                return ChargeFailure("http_400", "invoice is not a draft", retryable=False)
+            self.items[repair.item_id]["amount"] = repair.amount
+            self.items[repair.item_id]["sequence"] = repair.sequence
+        return None
+
+    def finalized_items(self) -> set[str]:
+        return {k for k, i in self.items.items() if i.get("invoice") in self.finalized}
+
     def credit_note(self, note: CreditNote) -> str | ChargeFailure:
         self.calls.append("credit_note")
         failed = self._fail()
@@ -204,7 +276,7 @@ class FakeGateway:
         return self._fail()
 
     def breaker_state(self) -> str:
-        return "closed"
+        return self.breaker
 
     def held(self, line_id: UUID) -> list[int]:
         """What the fake Stripe holds for a line, item by item."""

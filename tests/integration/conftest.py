@@ -18,7 +18,12 @@ from tests.integration.roles import as_role, owned_database
 @pytest.fixture
 def stripe_settings(settings: Settings, emulator: StripeEmulator) -> Settings:
     return settings.model_copy(
-        update={"stripe_api_base": emulator.url, "stripe_timeout_s": 3.0, "retry_base_s": 30.0}
+        update={
+            "stripe_api_base": emulator.url,
+            "stripe_timeout_s": 3.0,
+            "stripe_landing_margin_s": 0.5,
+            "retry_base_s": 30.0,
+        }
     )
 
 
@@ -55,6 +60,7 @@ def roles_settings(server: str, settings: Settings, emulator: StripeEmulator) ->
             "migrate_database_url": as_role(server, OWNER),
             "stripe_api_base": emulator.url,
             "stripe_timeout_s": 3.0,
+            "stripe_landing_margin_s": 0.5,
             "retry_base_s": 30.0,
         }
     )

@@ -402,7 +402,8 @@ def test_metrics_expose_the_named_series_with_the_right_values_after_a_known_wor
             what="the breaker to open and the pushes to fail",
         )
         assert _value(series, "billing_stripe_requests_total", outcome="http_503") >= 5
-        assert _value(series, "billing_stripe_requests_total", outcome="circuit_open") >= 1
+        # A push our open breaker would refuse is not sent at all (no attempt, no backoff):
+        # the pushes wait for its probe instead of counting refused calls.
         report = wait_for(
             lambda: (b := _get(port, "/health")[1])["breakers_not_closed"] and b,
             what="the heartbeat to report the open breaker",

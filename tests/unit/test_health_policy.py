@@ -236,3 +236,25 @@ def test_invoices_past_their_deadline_and_bad_webhook_signatures_degrade_with_th
         "3 invoice(s) past their close deadline and not finalized",
         "1 webhook(s) with a bad signature in the last hour",
     ]
+
+
+def test_invoices_needing_attention_degrade_naming_the_first_and_the_command() -> None:
+    base = figures()
+    stopped = {
+        **base,
+        "invoices_needing_attention": 2,
+        "invoices_attention": [
+            {
+                "invoice_id": "inv-1",
+                "attention": "Stripe finalized 150 where the ledger expected 100",
+            }
+        ],
+    }
+    assert assess(stopped) == (
+        DEGRADED,
+        [
+            "2 invoice(s) need attention (billing-ledger invoices settle); first: inv-1:"
+            " Stripe finalized 150 where the ledger expected 100"
+        ],
+    )
+    assert assess({**base, "invoices_needing_attention": 0}) == (OK, [])

@@ -203,8 +203,24 @@ def test_an_open_view_finalizes_with_stripes_number_and_total() -> None:
     invoice = _finalizing()
     invoice.record_finalize_failure("Timeout", "slow", AT)
     invoice.collect_events()
-    assert invoice.observe(_view("open", number="INV-9", total=703)) is True
+    assert invoice.observe(_view("open", number="INV-9", total=700)) is True
     (finalized,) = invoice.collect_events()
+    assert isinstance(finalized, Invoice.Finalized)
+    assert (finalized.number, finalized.total, invoice.mismatch, invoice.attention) == (
+        "INV-9", 700, None, None,
+    )  # fmt: skip
+
+
+def test_a_finalized_total_other_than_expected_is_a_recorded_mismatch_needing_attention() -> None:
+    invoice = _finalizing()
+    invoice.record_finalize_failure("Timeout", "slow", AT)
+    invoice.collect_events()
+    assert invoice.observe(_view("open", number="INV-9", total=703)) is True
+    finalized, mismatch = invoice.collect_events()
+    assert isinstance(mismatch, Invoice.MismatchFound)
+    assert (mismatch.expected_total, mismatch.stripe_total, mismatch.source) == (700, 703, "evt_1")
+    assert invoice.mismatch == (700, 703)
+    assert invoice.attention == "Stripe finalized 703 where the ledger expected 700"
     assert isinstance(finalized, Invoice.Finalized)
     assert (finalized.number, finalized.total, finalized.finalized_at, finalized.source) == (
         "INV-9",
@@ -381,3 +397,56 @@ def test_the_final_states_record_when_and_from_which_stripe_event() -> None:
     marked, voided = lost.collect_events()
     assert isinstance(marked, Invoice.MarkedUncollectible) and marked.source == "evt_lost"
     assert isinstance(voided, Invoice.Voided) and voided.source == "evt_void"
+
+
+def test_drift_is_recorded_with_its_repair_and_the_repair_ends_when_answered() -> None:
+    invoice = _finalizing()
+    lands_by = AT + timedelta(seconds=60)
+    repair = invoice.record_drift([["l", "0", "4", "ii_1", "500", "400"]], 600, lands_by)
+    assert (repair, invoice.repairs, invoice.in_doubt_until(AT)) == (1, 1, lands_by)
+    assert invoice.in_doubt_until(lands_by) is None
+    invoice.record_repaired(2)  # not the newest repair: nothing
+    assert invoice.repair_lands_by == lands_by
+    invoice.record_repaired(1)
+    assert invoice.in_doubt_until(AT) is None
+    drift, repaired = invoice.collect_events()
+    assert isinstance(drift, Invoice.DriftFound) and isinstance(repaired, Invoice.Repaired)
+    assert (drift.expected_total, drift.stripe_total, drift.drifts) == (
+        700, 600, [["l", "0", "4", "ii_1", "500", "400"]],
+    )  # fmt: skip
+    assert invoice.record_drift([["l", "0", "4", "ii_1", "500", "450"]], 650, lands_by) == 2
+    with pytest.raises(ValueError, match="at least one item"):
+        invoice.record_drift([], 650, lands_by)
+
+
+def test_only_a_draft_equal_to_the_expected_total_is_verified_and_only_while_finalizing() -> None:
+    invoice = _finalizing()
+    with pytest.raises(ValueError, match="verified 699"):
+        invoice.record_verified(699, 2)
+    invoice.record_verified(700, 2)
+    assert invoice.verified is True
+    invoice.record_drift([["l", "0", "4", "ii_1", "500", "400"]], 600, AT)
+    assert invoice.verified is False  # drift found since: read again before finalizing
+    with pytest.raises(IllegalTransition):
+        _closed(L2).record_verified(0, 0)
+
+
+def test_attention_stops_the_invoice_until_settled_by_someone_saying_how() -> None:
+    invoice = _finalizing()
+    invoice.record_verified(700, 2)
+    invoice.collect_events()
+    invoice.need_attention("an item the ledger did not make")
+    invoice.need_attention("an item the ledger did not make")  # once per reason
+    assert (invoice.attention, invoice.verified) == ("an item the ledger did not make", False)
+    with pytest.raises(ValueError, match="how and who"):
+        invoice.settle_attention("", "ops")
+    invoice.settle_attention("deleted it by hand", "ops@example.com")
+    assert invoice.attention is None
+    needed, settled = invoice.collect_events()
+    assert isinstance(needed, Invoice.AttentionNeeded)
+    assert isinstance(settled, Invoice.AttentionSettled)
+    assert (settled.how, settled.by) == ("deleted it by hand", "ops@example.com")
+    with pytest.raises(IllegalTransition, match="needs no attention"):
+        invoice.settle_attention("again", "ops")
+    with pytest.raises(ValueError, match="needs a reason"):
+        invoice.need_attention("  ")

@@ -255,3 +255,28 @@ def test_a_release_hands_its_slot_to_an_acquire_waiting_for_it() -> None:
     thread.join(timeout=10)
     assert acquired == [True]
     assert limit.in_flight == 1  # the slot passed from the releaser to the waiter
+
+
+# ---------------------------------------------------------------------------------------------
+# which failed requests may still land in Stripe later (the read-back waits for those)
+
+
+@pytest.mark.parametrize(
+    ("exc", "may_land", "sent"),
+    [
+        (stripe.APIConnectionError("reset"), True, True),  # no answer: it may still land
+        (stripe.APIError("boom", http_status=500), True, True),  # 5xx: outcome unknown
+        (stripe.APIError("bad gateway", http_status=502), True, True),
+        (stripe.InvalidRequestError("no", None, http_status=400), False, True),  # final answer
+        (stripe.APIError("key in use", http_status=409), False, True),
+        (stripe.RateLimitError("slow", http_status=429), False, True),  # refused before it ran
+        (stripe.AuthenticationError("key", http_status=401), False, True),
+        (BreakerOpen("open"), False, False),  # our breaker: never sent
+        (CallRefused("saturated"), False, False),  # our limits: never sent
+    ],
+)
+def test_only_an_unanswered_or_5xx_request_may_land_later_and_our_refusals_are_not_sent(
+    exc: BaseException, may_land: bool, sent: bool
+) -> None:
+    failure = classify(exc)
+    assert (failure.may_land_later, failure.sent) == (may_land, sent)

@@ -198,3 +198,45 @@ def test_per_endpoint_limit_is_off_by_default_and_validated(emulator: StripeEmul
         emulator.set_faults(endpoint_rate_limit_per_s=-1)
     with pytest.raises(ValueError, match="webhook_max_attempts"):
         StripeEmulator(webhook_max_attempts=0)
+
+
+def test_a_late_item_update_lands_after_a_newer_one_its_client_gave_up_on(
+    emulator: StripeEmulator, client: stripe.StripeClient
+) -> None:
+    customer = new_customer(client)
+    item = client.v1.invoice_items.create(params=item_params(customer.id, "txn-late", 100))
+    emulator.set_faults(late_execute_next=1, late_execute_s=0.5)
+
+    with pytest.raises(stripe.APIConnectionError):  # the client hears nothing
+        client.v1.invoice_items.update(
+            item.id, params={"amount": 200}, options={"idempotency_key": "k-late-2"}
+        )
+    with pytest.raises(stripe.APIError) as in_flight:  # its key is in flight meanwhile
+        client.v1.invoice_items.update(
+            item.id, params={"amount": 200}, options={"idempotency_key": "k-late-2"}
+        )
+    assert in_flight.value.http_status == 409
+    newer = client.v1.invoice_items.update(
+        item.id, params={"amount": 300}, options={"idempotency_key": "k-late-3"}
+    )
+    assert newer.amount == 300
+    wait_until(lambda: bool(executions(emulator, "k-late-2")), what="the late update")
+    # Stripe applied the older request last: it holds the stale amount
+    assert client.v1.invoice_items.retrieve(item.id).amount == 200
+    held = [r for r in emulator.requests() if r["idempotency_key"] == "k-late-2"]
+    assert held[0]["outcome"] == "executed_late"
+    assert emulator.faults()["late_execute_next"] == 0
+
+
+def test_late_execution_holds_only_item_updates(
+    emulator: StripeEmulator, client: stripe.StripeClient
+) -> None:
+    emulator.set_faults(late_execute_probability=1.0, late_execute_s=0.1)
+    customer = new_customer(client)  # a create: answered at once
+    item = client.v1.invoice_items.create(params=item_params(customer.id, "txn-late-c"))
+    assert item.amount == 1250
+    with pytest.raises(stripe.APIConnectionError):
+        client.v1.invoice_items.update(item.id, params={"amount": 5})
+    wait_until(lambda: client.v1.invoice_items.retrieve(item.id).amount == 5, what="late update")
+    with pytest.raises(ValueError, match="late_execute_probability"):
+        emulator.set_faults(late_execute_probability=2)

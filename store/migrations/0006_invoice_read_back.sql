@@ -1,0 +1,18 @@
+-- Migration 6: what reading Stripe back finds, on the invoices' read model.
+--
+-- Before an invoice is finalized its draft is read back from Stripe and compared with
+-- the ledger (domain/verification.py). The invoices' row now shows what an operator
+-- must act on: `attention` (why the invoice is stopped, or why its finalized total
+-- differs from the ledger; NULL when nothing is wrong), `repairs` (how many times a
+-- drifted draft was set back to the ledger's amounts) and `stripe_mismatch_total`
+-- (Stripe's finalized total when it differs from `expected_total`). Queue health
+-- reports every invoice with an `attention`.
+--
+-- Frozen: never edit this file once released; change the schema with a new file.
+
+ALTER TABLE billing.invoices
+    ADD COLUMN attention             text,
+    ADD COLUMN repairs               integer NOT NULL DEFAULT 0,
+    ADD COLUMN stripe_mismatch_total bigint;
+
+CREATE INDEX invoices_attention_idx ON billing.invoices (invoice_id) WHERE attention IS NOT NULL;

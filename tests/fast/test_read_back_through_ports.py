@@ -1,0 +1,370 @@
+"""Stripe never keeps an amount the ledger did not decide: the races that made Stripe
+hold a stale amount, each made deterministic through the ports (the in-memory ledger,
+the fake Stripe holding one request until the test lands it), and what the closer
+does about them: it waits until no request can still land, reads the draft back,
+repairs the drift under a key of its own, and only then finalizes.
+
+Before the read-back each of these finalized the stale amount and recorded it as
+the ledger's: ``Finalized`` with Stripe's 200 against an expected 300.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from uuid import UUID
+
+import pytest
+
+from adapters.charging.closer import CloseResult, InvoiceCloser
+from adapters.charging.corrections import Corrections
+from adapters.charging.pusher import LinePusher, PushReport
+from domain.errors import IllegalTransition
+from domain.invoice import Invoice
+from domain.invoice_states import InvoiceState
+from domain.periods import PeriodPolicy
+from domain.saga import ChargeFailure, RetryPolicy, StepResult
+from domain.transaction import TxnState
+from domain.verification import LandingWindow
+from tests.fast.fakes import T0, FakeGateway, memory_ledger, reserve
+
+POLICY = RetryPolicy(horizon=timedelta(hours=1))
+GRACE = timedelta(hours=1)
+AFTER_DEADLINE = PeriodPolicy().period_of(T0).end + GRACE
+LANDING = LandingWindow(per_call=timedelta(seconds=30), margin=timedelta(seconds=30))
+
+
+class Clock:
+    """Starts at the period's close deadline: the pushes of each race happen just before
+    the close, as the final pushes of a period do."""
+
+    def __init__(self) -> None:
+        self.now = AFTER_DEADLINE
+
+    def __call__(self):  # type: ignore[no-untyped-def]
+        return self.now
+
+
+class Parts:
+    """Two pushers of one ledger and one Stripe (two processes, or a restart), a closer."""
+
+    def __init__(self) -> None:
+        self.ledger = memory_ledger()
+        self.gateway = FakeGateway()
+        self.clock = Clock()
+        self.a, self.b = (self._pusher(), self._pusher())
+        self.closer = InvoiceCloser(
+            self.ledger, self.gateway, lambda line, _: self.b.push(line), POLICY, GRACE,
+            clock=self.clock,
+            jitter=lambda: 0.5, landing=LANDING,
+        )  # fmt: skip
+
+    def _pusher(self) -> LinePusher:
+        return LinePusher(
+            self.ledger, self.gateway, POLICY, clock=self.clock, jitter=lambda: 0.5, landing=LANDING
+        )
+
+    def line(self, txn: UUID) -> UUID:
+        line = self.ledger.transaction(txn).line_id
+        assert line is not None
+        return line
+
+    def invoice(self, line: UUID) -> Invoice:
+        found = self.ledger.invoice_by_id(self.ledger.line_by_id(line).invoice_id)
+        assert found is not None
+        return found
+
+    def in_background(
+        self, pusher: LinePusher, line: UUID
+    ) -> tuple[threading.Thread, list[PushReport]]:
+        """``pusher.push(line)`` on a thread that stays in Stripe until the test lands it."""
+        reports: list[PushReport] = []
+        thread = threading.Thread(target=lambda: reports.append(pusher.push(line)))
+        self.gateway.hold("block")
+        thread.start()
+        _until(lambda: bool(self.gateway.in_flight))
+        return thread, reports
+
+    def close_until_done(self, limit: int = 10) -> list[CloseResult]:
+        """Step the closer, moving the clock to each due time, until it is done."""
+        results = []
+        for _ in range(limit):
+            step = self.closer.step(self.invoice_of_line.id)
+            results.append(step.result)
+            if step.result in (CloseResult.DONE, CloseResult.ATTENTION):
+                return results
+            if step.retry_at is not None:
+                self.clock.now = max(self.clock.now, step.retry_at)
+        return results
+
+    invoice_of_line: Invoice
+
+
+def _until(condition, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    done = threading.Event()
+    deadline = threading.Timer(timeout, done.set)
+    deadline.start()
+    try:
+        while not condition():
+            assert not done.wait(0.001), "condition not met in time"
+    finally:
+        deadline.cancel()
+
+
+def _events(ledger, invoice_id: UUID, kind: type) -> list:  # type: ignore[no-untyped-def]
+    return [e for e in ledger.events.get(invoice_id) if isinstance(e, kind)]
+
+
+def _stale_push_landed_after_a_newer_one(parts: Parts) -> UUID:
+    """Line at 100 in Stripe; A sends 200 and is slow; the line reaches 300 and B pushes
+    it; then A's request lands: Stripe holds 200 where the ledger says 300."""
+    [first] = reserve(parts.ledger, 1, prefix="a")  # 100 (1,000 requests at 0.1 cent)
+    line = parts.line(first)
+    assert parts.b.push(line).result is StepResult.CHARGED
+    reserve(parts.ledger, 1, prefix="b")  # 200
+    thread, reports = parts.in_background(parts.a, line)
+    reserve(parts.ledger, 1, prefix="c")  # 300
+    assert parts.b.push(line).result is StepResult.CHARGED
+    parts.gateway.in_flight[0].land()  # A's 200 lands after B's 300
+    thread.join(5)
+    assert reports and reports[0].result is StepResult.NOTHING  # A lost the race to record
+    assert parts.gateway.held(line) == [200]
+    assert parts.ledger.line_by_id(line).billed == 300
+    return line
+
+
+def test_a_stale_push_landing_after_a_newer_one_is_read_back_repaired_then_finalized() -> None:
+    parts = Parts()
+    line = _stale_push_landed_after_a_newer_one(parts)
+    parts.invoice_of_line = parts.invoice(line)
+    parts.clock.now = AFTER_DEADLINE
+    # A's request was answered, but its answer was never recorded: it counts as able to
+    # land until its deadline, and the closer reads the draft only after that.
+    assert parts.closer.step(parts.invoice_of_line.id).result is CloseResult.WAITING  # closed
+    first = parts.closer.step(parts.invoice_of_line.id)
+    assert first.result is CloseResult.WAITING and first.retry_at is not None
+    assert first.retry_at == AFTER_DEADLINE + LANDING.per_call + LANDING.margin
+    parts.clock.now = first.retry_at - timedelta(microseconds=1)
+    assert parts.closer.step(parts.invoice_of_line.id).result is CloseResult.WAITING
+    assert "read" not in parts.gateway.calls
+
+    assert parts.close_until_done()[-1] is CloseResult.DONE
+    final = parts.ledger.invoice_by_id(parts.invoice_of_line.id)
+    assert final is not None and final.state is InvoiceState.FINALIZED
+    assert (final.expected_total, final.total, final.mismatch) == (300, 300, None)
+    assert parts.gateway.held(line) == [300]
+    [drift] = _events(parts.ledger, final.id, Invoice.DriftFound)
+    [[line_id, chunk, sequence, _item, expected, found]] = drift.drifts
+    assert (UUID(line_id), chunk, int(expected), int(found)) == (line, "0", 300, 200)
+    assert int(sequence) == parts.ledger.line_by_id(line).sequence
+    assert len(_events(parts.ledger, final.id, Invoice.Repaired)) == 1
+    assert len(_events(parts.ledger, final.id, Invoice.Verified)) == 1
+    # the repair went under a key of its own, not the sequence's
+    assert any(k.startswith(f"line-repair:{line}:0:") for k in parts.gateway.repair_keys)
+
+
+def test_a_reversal_racing_a_push_never_leaves_the_reversed_amount_in_stripe() -> None:
+    parts = Parts()
+    ids = reserve(parts.ledger, 2, prefix="a")  # 200
+    line = parts.line(ids[0])
+    assert parts.b.push(line).result is StepResult.CHARGED
+    reserve(parts.ledger, 1, prefix="b")  # 300: A sends it, slowly
+    thread, _ = parts.in_background(parts.a, line)
+    corrections = Corrections(parts.ledger, parts.gateway, clock=parts.clock)
+    assert corrections.reverse(ids[0], "customer disputed") is StepResult.REVERSED
+    assert parts.b.push(line).result in (StepResult.CHARGED, StepResult.NOTHING)
+    assert parts.ledger.line_by_id(line).billed == 200
+    parts.gateway.in_flight[0].land()  # A's 300 lands after the reversal's 200
+    thread.join(5)
+    assert parts.gateway.held(line) == [300]
+    assert parts.ledger.transaction(ids[0]).state is TxnState.COMPENSATED
+
+    parts.invoice_of_line = parts.invoice(line)
+    parts.clock.now = AFTER_DEADLINE
+    assert parts.close_until_done()[-1] is CloseResult.DONE
+    final = parts.ledger.invoice_by_id(parts.invoice_of_line.id)
+    assert final is not None
+    assert (final.expected_total, final.total) == (200, 200)
+    assert parts.gateway.held(line) == [200]
+
+
+def test_one_pusher_whose_request_lands_after_its_retry_is_repaired_before_finalizing() -> None:
+    parts = Parts()
+    [first] = reserve(parts.ledger, 1, prefix="a")
+    line = parts.line(first)
+    assert parts.a.push(line).result is StepResult.CHARGED  # 100
+    reserve(parts.ledger, 1, prefix="b")  # 200
+    parts.gateway.hold("timeout")  # the client gives up; Stripe executes it later
+    report = parts.a.push(line)
+    assert report.result is StepResult.RETRY and report.retry_at is not None
+    push = parts.ledger.line_push(line)
+    assert push is not None and push.in_doubt_until(parts.clock.now) is not None
+    reserve(parts.ledger, 1, prefix="c")  # 300
+    parts.clock.now = report.retry_at
+    assert parts.a.push(line).result is StepResult.CHARGED  # 300, acknowledged
+    parts.gateway.in_flight[0].land()  # the first request lands now: 200
+    assert parts.gateway.held(line) == [200]
+
+    parts.invoice_of_line = parts.invoice(line)
+    parts.clock.now = AFTER_DEADLINE
+    results = parts.close_until_done()
+    assert CloseResult.WAITING in results and results[-1] is CloseResult.DONE
+    final = parts.ledger.invoice_by_id(parts.invoice_of_line.id)
+    assert final is not None and (final.expected_total, final.total) == (300, 300)
+
+
+def test_a_late_push_between_finalize_started_and_the_finalize_call_is_waited_for() -> None:
+    parts = Parts()
+    [first] = reserve(parts.ledger, 1, prefix="a")
+    line = parts.line(first)
+    assert parts.b.push(line).result is StepResult.CHARGED  # 100
+    reserve(parts.ledger, 1, prefix="b")  # 200, sent by A, slowly
+    thread, _ = parts.in_background(parts.a, line)
+    reserve(parts.ledger, 1, prefix="c")  # 300
+    assert parts.b.push(line).result is StepResult.CHARGED
+    invoice = parts.invoice(line)
+    parts.clock.now = AFTER_DEADLINE
+    parts.closer.step(invoice.id)  # closed (the frozen lines handed over and pushed)
+    step = parts.closer.step(invoice.id)  # every line pushed: finalizing, sealed
+    finalizing = parts.ledger.invoice_by_id(invoice.id)
+    assert finalizing is not None and finalizing.state is InvoiceState.FINALIZING
+    assert step.result is CloseResult.WAITING  # A's request may still land
+    push = parts.ledger.line_push(line)
+    assert push is not None and push.sealed
+
+    parts.gateway.in_flight[0].land()  # ... and it does, after FinalizeStarted
+    thread.join(5)
+    assert parts.gateway.held(line) == [200]
+    assert "finalize" not in parts.gateway.calls
+    parts.invoice_of_line = invoice
+    assert parts.close_until_done()[-1] is CloseResult.DONE
+    final = parts.ledger.invoice_by_id(invoice.id)
+    assert final is not None and (final.expected_total, final.total) == (300, 300)
+
+
+def test_a_sealed_push_starts_no_attempt_and_no_pusher_sends_after_the_seal() -> None:
+    parts = Parts()
+    [first] = reserve(parts.ledger, 1, prefix="a")
+    line = parts.line(first)
+    parts.a.push(line)
+    push = parts.ledger.line_push(line)
+    assert push is not None
+    push.seal(parts.invoice(line).id)
+    with pytest.raises(IllegalTransition):
+        push.start_attempt(push.pushed_sequence + 1, AFTER_DEADLINE)
+
+
+def test_a_request_answered_at_once_leaves_nothing_in_doubt() -> None:
+    parts = Parts()
+    [first] = reserve(parts.ledger, 1, prefix="a")
+    line = parts.line(first)
+    assert parts.a.push(line).result is StepResult.CHARGED
+    push = parts.ledger.line_push(line)
+    assert push is not None and push.in_doubt_until(parts.clock.now) is None
+    assert push.attempts_started == 1
+    parts.invoice_of_line = parts.invoice(line)
+    parts.clock.now = AFTER_DEADLINE
+    # closed (lines handed over), then finalizing, verified and finalized with no wait
+    assert parts.close_until_done() == [CloseResult.WAITING, CloseResult.DONE]
+    assert parts.gateway.calls.count("read") == 1
+
+
+def test_a_draft_holding_an_item_the_ledger_did_not_make_needs_attention_not_finalizing() -> None:
+    parts = Parts()
+    [first] = reserve(parts.ledger, 1, prefix="a")
+    line = parts.line(first)
+    parts.a.push(line)
+    invoice = parts.invoice(line)
+    stripe_invoice = invoice.stripe_invoice_id
+    parts.gateway.items["ii_by_hand"] = {"amount": 999, "line": None, "invoice": stripe_invoice}
+    parts.invoice_of_line = invoice
+    parts.clock.now = AFTER_DEADLINE
+    assert parts.close_until_done()[-1] is CloseResult.ATTENTION
+    stopped = parts.ledger.invoice_by_id(invoice.id)
+    assert stopped is not None and stopped.state is InvoiceState.FINALIZING
+    assert stopped.attention is not None and "ii_by_hand (999)" in stopped.attention
+    assert "finalize" not in parts.gateway.calls
+    assert parts.closer.step(invoice.id).result is CloseResult.ATTENTION  # stays stopped
+
+    del parts.gateway.items["ii_by_hand"]  # the operator removed it in the dashboard
+    stopped.settle_attention("removed the hand-made item ii_by_hand", "ops@example.com")
+    parts.ledger.save(stopped)
+    assert parts.close_until_done()[-1] is CloseResult.DONE
+    final = parts.ledger.invoice_by_id(invoice.id)
+    assert final is not None and (final.state, final.total) == (InvoiceState.FINALIZED, 100)
+
+
+def test_a_total_changed_by_hand_after_verifying_is_a_recorded_mismatch_not_a_silent_finalize() -> (
+    None
+):
+    parts = Parts()
+    [first] = reserve(parts.ledger, 1, prefix="a")
+    line = parts.line(first)
+    parts.a.push(line)
+    invoice = parts.invoice(line)
+    parts.clock.now = AFTER_DEADLINE
+    parts.closer.verify = True
+    # closed, finalizing and verified; then the item is edited before the finalize call
+    original = parts.gateway.finalize_invoice
+    item = next(iter(parts.gateway.items))
+
+    def edited_then_finalized(*args, **kwargs):  # type: ignore[no-untyped-def]
+        parts.gateway.items[item]["amount"] = 150
+        return original(*args, **kwargs)
+
+    parts.gateway.finalize_invoice = edited_then_finalized  # type: ignore[method-assign]
+    parts.invoice_of_line = invoice
+    parts.close_until_done()
+    final = parts.ledger.invoice_by_id(invoice.id)
+    assert final is not None and final.state is InvoiceState.FINALIZED
+    assert final.mismatch == (100, 150)
+    assert final.attention == "Stripe finalized 150 where the ledger expected 100"
+    assert len(_events(parts.ledger, invoice.id, Invoice.MismatchFound)) == 1
+
+
+def test_a_refusal_on_an_invoice_finalized_by_hand_keeps_the_usage_and_needs_attention() -> None:
+    parts = Parts()
+    [first] = reserve(parts.ledger, 1, prefix="a")
+    line = parts.line(first)
+    parts.a.push(line)
+    invoice = parts.invoice(line)
+    assert invoice.stripe_invoice_id is not None
+    parts.gateway.finalize_invoice(invoice.stripe_invoice_id, invoice.id, look_first=False)
+    [more] = reserve(parts.ledger, 1, prefix="b")
+    parts.gateway.failures.append(
+        ChargeFailure("http_400", "This invoice is no longer editable", retryable=False)
+    )
+    report = parts.a.push(line)
+    assert report.result is StepResult.DEFERRED
+    assert parts.ledger.transaction(more).state is TxnState.RESERVED  # never compensated
+    assert parts.ledger.line_by_id(line).billed == 200
+    kept = parts.ledger.invoice_by_id(invoice.id)
+    assert kept is not None and kept.attention is not None
+    assert "is open, not a draft" in kept.attention
+    push = parts.ledger.line_push(line)
+    assert push is not None and push.next_attempt_at == parts.clock.now + POLICY.max_delay
+
+
+def test_a_call_our_own_open_breaker_refuses_is_no_attempt_and_raises_no_backoff() -> None:
+    parts = Parts()
+    [first] = reserve(parts.ledger, 1, prefix="a")
+    line = parts.line(first)
+    parts.a.push(line)
+    reserve(parts.ledger, 1, prefix="b")
+    parts.gateway.breaker = "open"
+    calls = len(parts.gateway.calls)
+    for _ in range(5):
+        report = parts.a.push(line)
+        assert report.result is StepResult.WAIT
+        assert report.retry_at == parts.clock.now + POLICY.base_delay
+    push = parts.ledger.line_push(line)
+    assert push is not None and (push.attempts, push.attempts_started) == (0, 1)
+    assert len(parts.gateway.calls) == calls
+    # refused inside the gateway (the breaker opened meanwhile): ended, not counted
+    parts.gateway.breaker = "closed"
+    parts.gateway.failures.append(ChargeFailure("circuit_open", "open", retryable=True, sent=False))
+    assert parts.a.push(line).result is StepResult.WAIT
+    push = parts.ledger.line_push(line)
+    assert push is not None and (push.attempts, push.attempts_started) == (0, 2)
+    assert push.in_doubt_until(parts.clock.now) is None
+    assert parts.a.push(line).result is StepResult.CHARGED

@@ -1,0 +1,126 @@
+"""Reading Stripe back (``domain.verification``): the comparison of a draft with the
+ledger's decisions, the repair keys and the landing window, without Stripe."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+import pytest
+
+from domain.errors import IllegalTransition
+from domain.invoice_line import LinePush
+from domain.saga import ChargeFailure
+from domain.verification import (
+    DraftItem,
+    DraftView,
+    ExpectedItem,
+    LandingWindow,
+    expected_items,
+    repair_key,
+    verify_draft,
+)
+
+L1, L2 = UUID(int=1), UUID(int=2)
+AT = datetime(2026, 12, 4, tzinfo=UTC)
+EXPECTED = [ExpectedItem(L1, 0, 7, "ii_1", 300), ExpectedItem(L2, 0, 3, "ii_2", 50)]
+
+
+def _view(*items: tuple[str, int], total: int | None = None, status: str = "draft") -> DraftView:
+    drafted = tuple(DraftItem(i, a) for i, a in items)
+    return DraftView(status, sum(a for _, a in items) if total is None else total, drafted)
+
+
+def test_a_draft_holding_exactly_the_ledgers_items_and_total_is_equal() -> None:
+    verdict = verify_draft(EXPECTED, 350, _view(("ii_2", 50), ("ii_1", 300)))
+    assert verdict.equal and verdict.attention is None
+
+
+def test_a_stale_item_is_drift_with_both_amounts_and_repairable() -> None:
+    verdict = verify_draft(EXPECTED, 350, _view(("ii_1", 200), ("ii_2", 50)))
+    assert not verdict.equal and verdict.attention is None
+    [drift] = verdict.drifts
+    assert (drift.line_id, drift.chunk, drift.sequence, drift.expected, drift.found) == (
+        L1, 0, 7, 300, 200,
+    )  # fmt: skip
+    assert drift.as_row() == [str(L1), "0", "7", "ii_1", "300", "200"]
+
+
+def test_an_item_the_ledger_did_not_make_needs_attention() -> None:
+    verdict = verify_draft(EXPECTED, 350, _view(("ii_1", 300), ("ii_2", 50), ("ii_x", 9)))
+    assert not verdict.equal
+    assert verdict.attention == "the draft holds 1 item(s) the ledger did not make: ii_x (9)"
+
+
+def test_a_missing_item_needs_attention_unless_it_was_to_hold_nothing() -> None:
+    verdict = verify_draft(EXPECTED, 350, _view(("ii_1", 300)))
+    assert verdict.attention == "1 item(s) of the ledger are not on the draft: ii_2"
+    zero = [ExpectedItem(L1, 0, 7, "ii_1", 300), ExpectedItem(L2, 0, 3, "ii_2", 0)]
+    assert verify_draft(zero, 300, _view(("ii_1", 300))).equal
+
+
+def test_a_total_other_than_its_matching_items_needs_attention() -> None:
+    verdict = verify_draft(EXPECTED, 350, _view(("ii_1", 300), ("ii_2", 50), total=340))
+    assert not verdict.equal and not verdict.drifts
+    assert verdict.attention == "Stripe's draft total is 340 where its items and the ledger say 350"
+
+
+def test_expected_items_are_each_lines_newest_acknowledged_push() -> None:
+    push = LinePush(line_id=L1)
+    push.record_pushed(4, 300, [200, 100], ["ii_a", "ii_b"], "in_1")
+    assert expected_items([(L1, push), (L2, None)]) == [
+        ExpectedItem(L1, 0, 4, "ii_a", 200),
+        ExpectedItem(L1, 1, 4, "ii_b", 100),
+    ]
+
+
+def test_repair_keys_are_distinct_per_repair_and_never_a_push_key() -> None:
+    keys = {repair_key(L1, 0, 7, n) for n in (1, 2)}
+    assert keys == {f"line-repair:{L1}:0:7:1", f"line-repair:{L1}:0:7:2"}
+
+
+def test_the_landing_window_grows_with_the_calls_sent_one_after_another() -> None:
+    window = LandingWindow(per_call=timedelta(seconds=30), margin=timedelta(seconds=5))
+    assert window.deadline(AT, 1) == AT + timedelta(seconds=35)
+    assert window.deadline(AT, 3) == AT + timedelta(seconds=95)
+    assert window.deadline(AT, 0) == AT + timedelta(seconds=35)
+
+
+def test_an_attempt_is_in_doubt_until_answered_or_past_its_landing_deadline() -> None:
+    push = LinePush(line_id=L1)
+    first = push.start_attempt(1, AT + timedelta(seconds=60))
+    second = push.start_attempt(2, AT + timedelta(seconds=30))
+    assert (first, second, push.attempts_started) == (1, 2, 2)
+    assert push.in_doubt_until(AT) == AT + timedelta(seconds=60)
+    push.end_attempt(first, "answered")
+    assert push.in_doubt_until(AT) == AT + timedelta(seconds=30)
+    assert push.in_doubt_until(AT + timedelta(seconds=30)) is None
+    push.end_attempt(first, "answered")  # ended once: a second end records nothing
+    ended = [e for e in push.collect_events() if isinstance(e, LinePush.AttemptEnded)]
+    assert len(ended) == 1
+
+
+def test_a_sealed_push_starts_no_attempt() -> None:
+    push = LinePush(line_id=L1)
+    push.seal(UUID(int=9))
+    push.seal(UUID(int=9))
+    assert len([e for e in push.collect_events() if isinstance(e, LinePush.Sealed)]) == 1
+    with pytest.raises(IllegalTransition):
+        push.start_attempt(1, AT)
+
+
+def test_attempts_survive_a_reload_from_events() -> None:
+    push = LinePush(line_id=L1)
+    push.start_attempt(1, AT + timedelta(seconds=60))
+    events = push.collect_events()
+    copy = None
+    for event in events:
+        copy = event.mutate(copy)
+    assert isinstance(copy, LinePush)
+    assert copy.in_doubt_until(AT) == AT + timedelta(seconds=60)
+
+
+def test_a_permanent_failure_answered_and_a_timeout_not() -> None:
+    assert not ChargeFailure("http_400", "no", retryable=False).may_land_later
+    assert ChargeFailure("connection", "reset", retryable=True).may_land_later
+    assert not ChargeFailure("circuit_open", "open", retryable=True, sent=False).may_land_later
