@@ -135,6 +135,15 @@ class Invoice(Aggregate):
         amount: int
         source: str
 
+    class CreditFailed(Aggregate.Event):
+        """A credit note Stripe did not issue: why, and when it is tried again."""
+
+        transaction_id: UUID
+        attempt: int
+        error_class: str
+        message: str
+        next_attempt_at: datetime
+
     class Verified(Aggregate.Event):
         """Stripe's draft, read back, holds exactly what the ledger decided."""
 
@@ -217,6 +226,8 @@ class Invoice(Aggregate):
         self.repair_lands_by: datetime | None = None  # an unanswered repair may land until
         self.attention: str | None = None
         self.mismatch: tuple[int, int] | None = None  # (expected, Stripe's) once final
+        self.credit_attempts = 0  # failed credit notes since the last one issued
+        self.credit_due: datetime | None = None
 
     # -- reading ----------------------------------------------------------------------
 
@@ -489,6 +500,33 @@ class Invoice(Aggregate):
             )
         self._credit_requested(transaction_id, amount, reason)
 
+    def creditable(self, amount: int) -> int:
+        """What of ``amount`` Stripe's invoice can still be credited: its finalized total
+        less every credit note recorded on it (ours and those made in the dashboard)."""
+        return max(0, min(amount, self.total - self.credited_amount))
+
+    def record_credit_failure(
+        self, transaction_id: UUID, error_class: str, message: str, next_attempt_at: datetime
+    ) -> None:
+        """A credit note failed; it is tried again from ``next_attempt_at``."""
+        self._require("Credited", "record a failed credit note")
+        self._credit_failed(
+            transaction_id, self.credit_attempts + 1, error_class, message, next_attempt_at
+        )
+
+    @event(CreditFailed)
+    def _credit_failed(
+        self,
+        transaction_id: UUID,
+        attempt: int,
+        error_class: str,
+        message: str,
+        next_attempt_at: datetime,
+    ) -> None:
+        self.credit_attempts = attempt
+        self.credit_due = next_attempt_at
+        self.last_error = f"{error_class}: {message}"
+
     @property
     def credit_total_requested(self) -> int:
         return sum(self.credits_requested.values())
@@ -514,3 +552,6 @@ class Invoice(Aggregate):
     ) -> None:
         self.credited[credit_note_id] = str(transaction_id) if transaction_id else ""
         self.credited_amount += amount
+        if transaction_id is not None:
+            self.credit_attempts = 0
+            self.credit_due = None

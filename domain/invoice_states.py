@@ -45,6 +45,7 @@ ALLOWED_FROM: dict[str, tuple[InvoiceState, ...]] = {
     "Voided": (S.FINALIZED, S.PAYMENT_FAILED, S.UNCOLLECTIBLE),
     "CreditRequested": (S.FINALIZING, *FINAL_STATES),
     "Credited": FINAL_STATES,
+    "CreditFailed": FINAL_STATES,
     "Verified": (S.FINALIZING,),
     "DriftFound": (S.FINALIZING,),
     "Repaired": (S.FINALIZING,),

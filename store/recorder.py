@@ -39,12 +39,14 @@ from uuid import UUID
 import orjson
 import psycopg
 from eventsourcing.persistence import (
+    ApplicationRecorder,
     IntegrityError,
     InterfaceError,
     JSONTranscoder,
     OperationalError,
     ProgrammingError,
     StoredEvent,
+    Subscription,
 )
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import retry
@@ -337,6 +339,16 @@ class LedgerRecorder(PostgresApplicationRecorder):
 
     def _notify_channel(self, curs: Cursor[DictRow]) -> None:
         """No NOTIFY (it serialises commits too); followers poll by transaction id."""
+
+    def subscribe(
+        self, gt: int | None = None, topics: Sequence[str] = ()
+    ) -> Subscription[ApplicationRecorder]:
+        """Refused at once: the library's subscription LISTENs for a NOTIFY this recorder
+        never sends, so it would wait for ever. Follow the log with ``store.eventlog.follow``."""
+        raise NotImplementedError(
+            "LedgerRecorder sends no NOTIFY, so a subscription would never hear an event:"
+            " follow the log by transaction id with store.eventlog.follow instead"
+        )
 
 
 class OrjsonTranscoder(JSONTranscoder):

@@ -338,9 +338,24 @@ class InvoiceCloser:
         )  # fmt: skip
 
     def _credit(self, invoice: Invoice) -> tuple[CloseStep, int]:
-        """Issue the first pending credit note and record it."""
+        """Issue the first pending credit note and record it: sized to what Stripe's
+        invoice can still be credited, a failure recorded with its due time."""
         assert invoice.stripe_invoice_id is not None
-        txn, amount = invoice.credits_pending()[0]
+        now = self.clock()
+        if invoice.credit_due is not None and invoice.credit_due > now:
+            return CloseStep(CloseResult.WAITING, invoice.state, retry_at=invoice.credit_due), 0
+        txn, requested = invoice.credits_pending()[0]
+        amount = invoice.creditable(requested)
+        if amount < requested:
+            # Credit notes made in the dashboard left less than the reversal: never credit
+            # more than the invoice holds; the rest is an operator's call.
+            invoice.need_attention(
+                f"reversal of {txn} owes {requested}, but the invoice can only be credited"
+                f" {amount} more: settle the remainder with the customer"
+            )
+            if amount == 0:
+                self.ledger.save(invoice)
+                return CloseStep(CloseResult.ATTENTION, invoice.state), 0
         note = CreditNote(
             invoice_id=invoice.id,
             stripe_invoice_id=invoice.stripe_invoice_id,
@@ -351,12 +366,18 @@ class InvoiceCloser:
         )
         issued = self.gateway.credit_note(note)
         if isinstance(issued, ChargeFailure):
+            due = now + backoff(invoice.credit_attempts + 1, self.policy, self.jitter())
+            if issued.retry_after is not None:
+                due = max(due, now + issued.retry_after)
+            invoice.record_credit_failure(txn, issued.error_class, issued.message, due)
+            self.ledger.save(invoice)
             log.warning(
                 "credit note failed: %s", issued.message,
                 extra=step_fields("credit", "retry", error_code=issued.error_class,
-                                  invoice_id=str(invoice.id), transaction_id=str(txn)),
+                                  invoice_id=str(invoice.id), transaction_id=str(txn),
+                                  attempt=invoice.credit_attempts),
             )  # fmt: skip
-            return CloseStep(CloseResult.FAILED, invoice.state, 1), 1
+            return CloseStep(CloseResult.FAILED, invoice.state, 1, due), 1
         invoice.record_credit(txn, issued, amount, "credit")
         self.ledger.save(invoice)
         metrics().invoices.add(1, {"step": "credited"})

@@ -58,6 +58,11 @@ def add_commands(sub: Any) -> None:
     b_close.add_argument("--stripe-rate", type=positive_int, default=25, help="requests/s")
     b_close.add_argument("--concurrency", type=positive_int, default=8, help="closers at a time")
     b_close.add_argument("--clients", type=positive_int, default=8, help="webhook client threads")
+    b_close.add_argument(
+        "--verify", choices=("on", "off", "both"), default="on",
+        help="read each draft back before finalizing (off: only to measure its cost; both:"
+        " the close both ways, each on a fresh database, in one run)",
+    )  # fmt: skip
     b_close.add_argument("--json", action="store_true")
     b_close.set_defaults(handler=_bench_close)
     b_replay = bench_sub.add_parser("replay", help="audit replay vs the database's own read")
@@ -163,14 +168,24 @@ def _bench_replay(args: argparse.Namespace) -> int:
 
 def _bench_close(args: argparse.Namespace) -> int:
     bench = _tool("bench_close")
-    result = bench.run_close(
-        customers=args.customers,
-        stripe_rate=args.stripe_rate,
-        concurrency=args.concurrency,
-        clients=args.clients,
-    )
-    print(json.dumps(result, indent=2) if args.json else bench.render_close(result))
-    return 0 if result["money"]["ok"] and result["finalized"] == args.customers else EXIT_FAILURE
+    ways = {"on": [True], "off": [False], "both": [False, True]}[args.verify]
+    results = [
+        bench.run_close(
+            customers=args.customers,
+            stripe_rate=args.stripe_rate,
+            concurrency=args.concurrency,
+            clients=args.clients,
+            verify=verify,
+            webhooks=verify or args.verify == "off",
+        )
+        for verify in ways
+    ]
+    if args.json:  # one object, or [without, with] the read-back
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+    else:
+        print("\n\n".join(bench.render_close(r) for r in results))
+    ok = all(r["money"]["ok"] and r["finalized"] == args.customers for r in results)
+    return 0 if ok else EXIT_FAILURE
 
 
 def _bench_load(args: argparse.Namespace) -> int:

@@ -239,3 +239,46 @@ def test_views_of_an_invoice_the_ledger_is_not_finalizing_record_nothing() -> No
     invoice = _invoice(pusher.ledger, ids[0])
     assert not invoice.observe(_view("paid", amount_paid=25))  # open here: left to an operator
     assert invoice.state is InvoiceState.OPEN
+
+
+def test_a_failed_credit_note_is_recorded_and_retried_after_its_backoff() -> None:
+    pusher, closer, clock, gateway = _parts()
+    ids = reserve(pusher.ledger, 2, quantity=250)  # 25 cents each
+    invoice = _invoice(pusher.ledger, ids[0])
+    _finalize(pusher, closer, clock, invoice)
+    corrections = Corrections(pusher.ledger, gateway, clock=clock)
+    gateway.failures.append(ChargeFailure("http_503", "down", retryable=True))
+    assert corrections.reverse(ids[0], "goodwill") is StepResult.REVERSED
+    failed = closer.step(invoice.id)
+    assert failed.result is CloseResult.FAILED and failed.retry_at is not None
+    waiting = pusher.ledger.invoice_by_id(invoice.id)
+    assert waiting is not None
+    assert (waiting.credit_attempts, waiting.last_error) == (1, "http_503: down")
+    assert closer.step(invoice.id).result is CloseResult.WAITING  # not due yet
+    assert gateway.calls.count("credit_note") == 1
+    clock.now = failed.retry_at
+    assert closer.step(invoice.id).result is CloseResult.DONE
+    done = pusher.ledger.invoice_by_id(invoice.id)
+    assert done is not None and (done.credited_amount, done.credit_attempts) == (25, 0)
+
+
+def test_a_credit_is_never_more_than_the_invoice_can_still_be_credited() -> None:
+    pusher, closer, clock, gateway = _parts()
+    ids = reserve(pusher.ledger, 2, quantity=250)
+    invoice = _invoice(pusher.ledger, ids[0])
+    _finalize(pusher, closer, clock, invoice)
+    final = pusher.ledger.invoice_by_id(invoice.id)
+    assert final is not None and final.total == 50
+    final.record_credit(None, "cn_dashboard", 40, "evt_by_hand")  # credited in the dashboard
+    pusher.ledger.save(final)
+    corrections = Corrections(pusher.ledger, gateway, clock=clock)
+    assert corrections.reverse(ids[0], "goodwill") is StepResult.REVERSED  # owes 25
+    assert closer.step(invoice.id).result is CloseResult.DONE
+    [note] = gateway.credit_notes.values()
+    assert note.amount == 10  # 50 finalized - 40 credited by hand
+    stopped = pusher.ledger.invoice_by_id(invoice.id)
+    assert stopped is not None and stopped.attention is not None
+    assert "owes 25, but the invoice can only be credited 10 more" in stopped.attention
+    assert corrections.reverse(ids[1], "goodwill") is StepResult.REVERSED
+    assert closer.step(invoice.id).result is CloseResult.ATTENTION  # nothing left to credit
+    assert len(gateway.credit_notes) == 1

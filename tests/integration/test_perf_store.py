@@ -123,3 +123,12 @@ def test_appends_that_want_notification_ids_still_get_them(ledger: BillingLedger
     ids = [r.notification.id for r in ledger.save(account)]
     assert len(ids) == 2
     assert ids == sorted(ids)
+
+
+def test_subscribing_to_the_recorder_is_refused_at_once_instead_of_waiting_for_ever(
+    ledger: BillingLedger,
+) -> None:
+    recorder = ledger.recorder
+    assert isinstance(recorder, LedgerRecorder)
+    with pytest.raises(NotImplementedError, match="store.eventlog.follow"):
+        recorder.subscribe(gt=0)
