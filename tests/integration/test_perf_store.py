@@ -130,5 +130,5 @@ def test_subscribing_to_the_recorder_is_refused_at_once_instead_of_waiting_for_e
 ) -> None:
     recorder = ledger.recorder
     assert isinstance(recorder, LedgerRecorder)
-    with pytest.raises(NotImplementedError, match="store.eventlog.follow"):
+    with pytest.raises(NotImplementedError, match=r"store\.eventlog\.follow"):
         recorder.subscribe(gt=0)
