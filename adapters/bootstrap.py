@@ -21,6 +21,8 @@ from typing import Any
 from adapters.broker import ensure_topics, make_consumer, make_producer, use_security
 from adapters.charging.closer import InvoiceCloser
 from adapters.charging.corrections import Corrections
+from adapters.charging.drafts import DraftChecker
+from adapters.charging.ownership import Ownership
 from adapters.charging.process_manager import ChargeWorker
 from adapters.charging.pusher import LinePusher
 from adapters.charging.reconciler import Reconciler
@@ -268,6 +270,16 @@ def build_closer(
     )
 
 
+def build_draft_checker(pusher: LinePusher, scheduler: LineScheduler) -> DraftChecker:
+    """Open drafts read back, drifted lines handed to the scheduler (their pushers)."""
+    return DraftChecker(
+        pusher.ledger,
+        pusher.gateway,
+        lambda line, customer: scheduler.changed(line, customer=customer),
+        clock=pusher.clock,
+    )
+
+
 def build_webhook_server(settings: Settings, ledger: BillingLedger) -> HttpServer:
     """The webhook listener (not started); needs ``WEBHOOK_SECRETS``. Its receipts' pool
     waits at most 3 s for a connection, so a database away is a 503 soon (and Stripe
@@ -307,24 +319,50 @@ def build_relay(settings: Settings, db: Database | None = None) -> Relay:
 
 
 def build_charge_worker(
-    settings: Settings, scheduler: LineScheduler, db: Database | None = None
+    settings: Settings,
+    scheduler: LineScheduler,
+    db: Database | None = None,
+    *,
+    listener: Ownership | None = None,
 ) -> ChargeWorker:
     """The process manager: line changes on ``billing.events`` to the scheduler; what it
-    cannot read is set aside in the dead letters."""
+    cannot read is set aside in the dead letters. ``listener`` hears which partitions it
+    holds (the lines this process pushes)."""
     consumer = make_consumer(
         settings.kafka_bootstrap,
         settings.events_topic,
         settings.charge_group,
         max_poll_records=2000,
         fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        listener=listener,
     )
     return ChargeWorker(scheduler, consumer, DeadLetterStore(db or database(settings, pool_size=0)))
 
 
+def build_ownership(settings: Settings) -> Ownership:
+    """Which lines this process pushes: those of the partitions its charge consumer holds,
+    and any whose oldest unsent change is ``line_takeover_s`` old (the owner is late)."""
+    return Ownership(
+        settings.events_topic,
+        settings.events_partitions,
+        timedelta(seconds=settings.line_takeover_s),
+    )
+
+
 def build_reconciler(
-    settings: Settings, pusher: LinePusher, scheduler: LineScheduler, db: Database | None = None
+    settings: Settings,
+    pusher: LinePusher,
+    scheduler: LineScheduler,
+    db: Database | None = None,
+    ownership: Ownership | None = None,
 ) -> Reconciler:
-    return Reconciler(build_corrections(pusher), scheduler, db or database(settings, pool_size=0))
+    return Reconciler(
+        build_corrections(pusher),
+        scheduler,
+        db or database(settings, pool_size=0),
+        ownership=ownership,
+        clock=pusher.clock,
+    )
 
 
 def build_projector(

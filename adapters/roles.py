@@ -20,7 +20,9 @@ from uuid import UUID
 from adapters.bootstrap import (
     build_charge_worker,
     build_closer,
+    build_draft_checker,
     build_ingest_worker,
+    build_ownership,
     build_projector,
     build_pusher,
     build_reconciler,
@@ -33,6 +35,8 @@ from adapters.bootstrap import (
     login,
 )
 from adapters.charging.closer import InvoiceCloser
+from adapters.charging.drafts import DraftChecker
+from adapters.charging.ownership import Ownership
 from adapters.charging.process_manager import ChargeWorker
 from adapters.charging.pusher import LinePusher
 from adapters.charging.reconciler import Reconciler
@@ -46,7 +50,7 @@ from adapters.settings import Settings
 from adapters.stripe.breaker import CircuitBreaker
 from adapters.stripe.client import StripeGateway
 from adapters.supervisor import RestartPolicy, RoleFactory, RoleRun, Supervisor
-from projections.invoices import due_invoices
+from projections.invoices import drafts_to_check, due_invoices
 from store.connections import Database
 from store.ledger import BillingLedger
 
@@ -120,14 +124,20 @@ def _run_roles(
         }
         if isinstance(pusher.gateway, StripeGateway):
             breakers.append(pusher.gateway.breaker)
-        if "charge" in roles:
+        # With a charge consumer here, this process pushes the lines of the customers
+        # whose partitions it holds (adapters.charging.ownership); without, all it finds.
+        ownership = build_ownership(settings) if "charge" in roles else None
+        if ownership is not None:
             factories["charge"], stats["charge"] = _charge_role(
-                settings, scheduler, db, pulses, drill
+                settings, scheduler, db, pulses, drill, ownership
             )
         if "reconcile" in roles:
-            factories["reconcile"] = _reconcile_role(settings, pusher, scheduler, db, pulses)
+            factories["reconcile"] = _reconcile_role(
+                settings, pusher, scheduler, db, pulses, ownership
+            )
             closer = build_closer(settings, pusher, scheduler)
-            factories["close"], stats["close"] = _close_role(settings, closer, db, pulses)
+            checker = build_draft_checker(pusher, scheduler)
+            factories["close"], stats["close"] = _close_role(settings, closer, checker, db, pulses)
     if "webhooks" in roles:
         factories["webhooks"] = _webhook_role(settings, ledger, pulses)
     if drill:
@@ -221,8 +231,13 @@ def _project_role(
     return build
 
 
-def _charge_role(
-    settings: Settings, scheduler: LineScheduler, db: Database, pulses: Pulses, drill: str
+def _charge_role(  # noqa: PLR0917
+    settings: Settings,
+    scheduler: LineScheduler,
+    db: Database,
+    pulses: Pulses,
+    drill: str,
+    ownership: Ownership,
 ) -> tuple[RoleFactory, Callable[[], object]]:
     """The process manager's factory (a fresh consumer each time, the counters kept)."""
     names = ("seen", "scheduled", "set_aside")
@@ -234,7 +249,7 @@ def _charge_role(
         for ended in current:
             for name in names:
                 counts[name] += getattr(ended, name)
-        worker = build_charge_worker(settings, scheduler, db)
+        worker = build_charge_worker(settings, scheduler, db, listener=ownership)
         worker.pulse = pulses.of("charge")
         if armed[0]:
             fail_first_call(worker, "poll_once", armed)
@@ -248,23 +263,34 @@ def _charge_role(
     return build, stats
 
 
-def _reconcile_role(
-    settings: Settings, pusher: LinePusher, scheduler: LineScheduler, db: Database, pulses: Pulses
+def _reconcile_role(  # noqa: PLR0917
+    settings: Settings,
+    pusher: LinePusher,
+    scheduler: LineScheduler,
+    db: Database,
+    pulses: Pulses,
+    ownership: Ownership | None,
 ) -> RoleFactory:
     def build() -> RoleRun:
-        reconciler = build_reconciler(settings, pusher, scheduler, db)
+        reconciler = build_reconciler(settings, pusher, scheduler, db, ownership)
         return _reconcile_loop(reconciler, settings.reconcile_interval_s, pulses.of("reconcile"))
 
     return build
 
 
 def _close_role(
-    settings: Settings, closer: InvoiceCloser, db: Database, pulses: Pulses
+    settings: Settings,
+    closer: InvoiceCloser,
+    checker: DraftChecker,
+    db: Database,
+    pulses: Pulses,
 ) -> tuple[RoleFactory, Callable[[], object]]:
     """The invoice closer's loop: every ``reconcile_interval_s``, each invoice with a
     step due (``projections.invoices.due_invoices``) is driven, ``stripe_max_concurrency``
-    at a time; the Stripe client's budget bounds the pressure."""
+    at a time; the Stripe client's budget bounds the pressure. Then up to
+    ``draft_checks_per_pass`` open drafts are read back (``adapters.charging.drafts``)."""
     totals: dict[str, int] = {}
+    budget = settings.draft_checks_per_pass()
 
     def build() -> RoleRun:
         pulse = pulses.of("close")
@@ -280,6 +306,14 @@ def _close_role(
                         totals[name] = totals.get(name, 0) + n
                     if set(results) - {"not_due", "waiting", "done"}:
                         log.info("invoices driven", extra={"step": "close", **results})
+                if budget and not stop.is_set():
+                    with db.connection() as conn:
+                        drafts = drafts_to_check(conn, settings.settle_interval_s, budget)
+                    for invoice_id in drafts:
+                        if stop.is_set():
+                            break
+                        name = f"draft_{checker.check(invoice_id)}"
+                        totals[name] = totals.get(name, 0) + 1
                 stop.wait(settings.reconcile_interval_s)
 
         return loop

@@ -151,6 +151,19 @@ class Settings(BaseSettings):
     stripe_rate_per_s: int = Field(25, ge=1, description="Stripe requests per second, at most")
     stripe_max_concurrency: int = Field(8, ge=1)
     stripe_timeout_s: float = Field(10.0, gt=0)
+    line_takeover_s: float = Field(
+        60.0,
+        gt=0,
+        description="a line whose owner (the process holding its customer's partition of"
+        " billing.events) has not pushed its change for this long is pushed by any reconciler",
+    )
+    draft_check_share: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="share of STRIPE_RATE_PER_S spent reading open drafts back between"
+        " closes (one read each); 0: drafts are read back only when they close",
+    )
     stripe_landing_margin_s: float = Field(
         30.0,
         ge=0,
@@ -280,6 +293,14 @@ class Settings(BaseSettings):
             max_delay=timedelta(seconds=self.retry_max_delay_s),
             stale_after=timedelta(seconds=self.stale_after_s),
         )
+
+    def draft_checks_per_pass(self) -> int:
+        """How many open drafts each close pass may read back: the share of the Stripe
+        rate over one reconcile interval (at least 1 when the share is not 0)."""
+        if self.draft_check_share == 0:
+            return 0
+        budget = self.draft_check_share * self.stripe_rate_per_s * self.reconcile_interval_s
+        return max(1, int(budget))
 
     def landing_window(self) -> LandingWindow:
         """How long a request sent to Stripe may still take effect (domain.verification)."""

@@ -34,7 +34,8 @@ data, checked by every method like the transaction's lifecycle)::
   (``domain.verification``): **Verified** when every item and the total equal the
   ledger's; **DriftFound** when an item differs (both amounts, and the repair it
   starts, with the moment after which that repair can no longer land), **Repaired**
-  when Stripe answered the repair. **MismatchFound**: the total Stripe finalized
+  when Stripe answered the repair. **DraftChecked**: while it is open, its draft was
+  read back (drifted lines are set again by their own pushes). **MismatchFound**: the total Stripe finalized
   differs from the expected total (never silent: an alert until settled).
 * **AttentionNeeded** stops the invoice with a reason an operator must settle (the
   draft holds what setting amounts cannot repair, Stripe refused a line of an
@@ -161,6 +162,14 @@ class Invoice(Aggregate):
 
     class Repaired(Aggregate.Event):
         repair: int
+
+    class DraftChecked(Aggregate.Event):
+        """Its open draft was read back: equal to the ledger, or ``drifted`` lines handed
+        to their pushers to be set again."""
+
+        total: int
+        items: int
+        drifted: list[str]  # the lines whose items differed
 
     class AttentionNeeded(Aggregate.Event):
         reason: str
@@ -439,6 +448,15 @@ class Invoice(Aggregate):
     @event(Repaired)
     def _repaired(self, repair: int) -> None:
         self.repair_lands_by = None
+
+    def record_checked(self, total: int, items: int, drifted: Sequence[UUID]) -> None:
+        """Its draft was read back while usage still joins it (``DraftChecked``)."""
+        self._require("DraftChecked", "record a checked draft")
+        self._draft_checked(total, items, [str(line) for line in drifted])
+
+    @event(DraftChecked)
+    def _draft_checked(self, total: int, items: int, drifted: list[str]) -> None:
+        pass
 
     def need_attention(self, reason: str) -> None:
         """Stop here until an operator settles ``reason`` (recorded once per reason)."""

@@ -265,6 +265,13 @@ class LinePush(Aggregate):
         attempt: int
         outcome: str  # answered, refused (a final error), not_sent
 
+    class DriftFound(Aggregate.Event):
+        """Stripe's draft holds other amounts than the newest acknowledged push: the
+        next push sets every item again, under keys of this repair."""
+
+        repair: int
+        found: list[int]  # what Stripe held, item by item
+
     class Sealed(Aggregate.Event):
         """Its invoice started finalizing: no attempt starts any more."""
 
@@ -274,6 +281,8 @@ class LinePush(Aggregate):
     # snapshot (which lacks them) loads with them.
     sealed = False
     attempts_started = 0
+    repairs = 0
+    drifted = False
 
     @staticmethod
     def create_id(line_id: UUID, **_: Any) -> UUID:
@@ -298,6 +307,8 @@ class LinePush(Aggregate):
         self.sealed = False
         self.attempts_started = 0
         self.open_attempts: dict[str, datetime] = {}  # attempt -> when it can no longer land
+        self.repairs = 0
+        self.drifted = False  # the next push sets every item again (a repair key)
 
     def _open(self) -> dict[str, datetime]:
         opened: dict[str, datetime] = self.__dict__.get("open_attempts", {})
@@ -351,6 +362,7 @@ class LinePush(Aggregate):
         self.last_error = None
         self.next_attempt_at = None
         self.unknown_outcome = False
+        self.drifted = False
 
     def record_failure(
         self,
@@ -414,6 +426,22 @@ class LinePush(Aggregate):
         """The latest moment an attempt not answered may still land, if after ``now``."""
         pending = [at for at in self._open().values() if at > now]
         return max(pending, default=None)
+
+    def record_drift(self, found: list[int]) -> int:
+        """Stripe's draft was read holding ``found`` for this line's items, not its newest
+        acknowledged amounts; the repair this starts (the next push sets every item)."""
+        if self.sealed:
+            raise IllegalTransition(f"line push {self.id} is sealed: the closer repairs it")
+        if found == self.amounts:
+            raise ValueError(f"line push {self.id}: {found} is what it holds, not drift")
+        repair = self.repairs + 1
+        self._drift_found(repair, list(found))
+        return repair
+
+    @event(DriftFound)
+    def _drift_found(self, repair: int, found: list[int]) -> None:
+        self.repairs = repair
+        self.drifted = True
 
     def seal(self, invoice_id: UUID) -> None:
         """Its invoice starts finalizing (recorded in the same save as FinalizeStarted)."""

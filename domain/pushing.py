@@ -46,9 +46,12 @@ def item_key(line_id: object, chunk: int) -> str:
     return f"line-item:{line_id}:{chunk}"
 
 
-def push_key(line_id: object, chunk: int, sequence: int) -> str:
-    """Idempotency key of setting item ``chunk`` of a line to its total at ``sequence``."""
-    return f"line-push:{line_id}:{chunk}:{sequence}"
+def push_key(line_id: object, chunk: int, sequence: int, repair: int = 0) -> str:
+    """Idempotency key of setting item ``chunk`` of a line to its total at ``sequence``
+    (``repair``: the line's repair of drift found in its draft, a key of its own, so
+    Stripe executes it instead of replaying the push that the drift overwrote)."""
+    key = f"line-push:{line_id}:{chunk}:{sequence}"
+    return f"{key}:r{repair}" if repair else key
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class PushPlan:
     billed: int
     items: tuple[ItemStep, ...]
     to_plan: tuple[tuple[int, int, int], ...]  # (chunk, sequence, amount) to record first
+    repair: int = 0  # a repair of drift: every item set again under repair keys
 
     @property
     def calls(self) -> int:
@@ -83,8 +87,9 @@ class PushPlan:
 
 
 def plan_push(line: InvoiceLine, push: LinePush) -> PushPlan | None:
-    """The push of ``line``'s newest total, or None when Stripe has it already."""
-    if line.sequence <= push.pushed_sequence:
+    """The push of ``line``'s newest total, or None when Stripe has it already (or
+    drift was found in the draft: then every item is set again, under repair keys)."""
+    if line.sequence <= push.pushed_sequence and not push.drifted:
         return None
     # Nothing billed and no item yet: nothing to create (an item of 0 would be noise).
     amounts = split_for_items(line.billed) if line.billed or push.item_ids else []
@@ -94,7 +99,7 @@ def plan_push(line: InvoiceLine, push: LinePush) -> PushPlan | None:
     for chunk, amount in enumerate(amounts):
         if chunk < len(push.item_ids):
             # After a push whose outcome is unknown Stripe may hold anything: set every item.
-            changed = push.unknown_outcome or push.amounts[chunk] != amount
+            changed = push.unknown_outcome or push.drifted or push.amounts[chunk] != amount
             steps.append(ItemStep(chunk, amount, push.item_ids[chunk], update=changed))
             continue
         if chunk < len(push.planned):
@@ -103,7 +108,8 @@ def plan_push(line: InvoiceLine, push: LinePush) -> PushPlan | None:
             sequence, created = line.sequence, amount
             to_plan.append((chunk, sequence, created))
         steps.append(ItemStep(chunk, amount, None, sequence, created, update=created != amount))
-    return PushPlan(line.sequence, line.billed, tuple(steps), tuple(to_plan))
+    repair = push.repairs if push.drifted else 0
+    return PushPlan(line.sequence, line.billed, tuple(steps), tuple(to_plan), repair)
 
 
 class PushVerdict(StrEnum):

@@ -32,6 +32,7 @@ __all__ = [
     "InvoiceEventsProjection",
     "InvoicesProjection",
     "check_invoice_state",
+    "drafts_to_check",
     "due_invoices",
     "invoices",
     "unprojected_invoices",
@@ -65,6 +66,7 @@ INVOICE_COLUMNS = (
     "attention",
     "repairs",
     "stripe_mismatch_total",
+    "checked_at",
 )
 
 _STATE_OF = {
@@ -176,7 +178,10 @@ def _fold(rows: dict[UUID, dict[str, Any]], event: Any) -> None:  # noqa: PLR091
     elif isinstance(event, Invoice.CreditRequested):
         row["credits_pending"] += 1
     elif isinstance(event, Invoice.DriftFound):
-        row["repairs"] = event.repair
+        row["repairs"] += 1
+    elif isinstance(event, Invoice.DraftChecked):
+        row["checked_at"] = at
+        row["repairs"] += len(event.drifted)
     elif isinstance(event, Invoice.AttentionNeeded):
         row["attention"] = event.reason
     elif isinstance(event, Invoice.AttentionSettled):
@@ -280,6 +285,28 @@ _DUE_PROJECTED = sql.SQL(
     "    OR state IN ('closed', 'finalizing')"
     "    OR (credits_pending > 0 AND state IN ('finalized', 'payment_failed', 'paid'))"
 )
+
+
+_DRAFTS_TO_CHECK = sql.SQL(
+    "SELECT i.invoice_id FROM {invoices} i"
+    " WHERE i.state = 'open' AND i.stripe_invoice_id IS NOT NULL AND i.attention IS NULL"
+    " AND EXISTS (SELECT 1 FROM {lines} l WHERE l.customer_id = i.customer_id"
+    "   AND l.currency = i.currency AND l.period_start = i.period_start"
+    "   AND l.last_push_at > coalesce(i.checked_at, '-infinity'::timestamptz)"
+    "   AND l.last_push_at < now() - make_interval(secs => %s))"
+    " ORDER BY i.checked_at NULLS FIRST, i.invoice_id LIMIT %s"
+)
+
+
+def drafts_to_check(conn: psycopg.Connection[Any], quiet_s: float, limit: int) -> list[UUID]:
+    """Open invoices with a draft in Stripe whose lines were pushed since their draft was
+    last read back (and not within the last ``quiet_s``: a push that may still land is
+    waited for), the longest unchecked first; at most ``limit``."""
+    query = _DRAFTS_TO_CHECK.format(
+        invoices=sql.Identifier(SCHEMA, InvoicesProjection.name),
+        lines=sql.Identifier(SCHEMA, "invoice_lines"),
+    )
+    return [r[0] for r in conn.execute(query, (quiet_s, limit)).fetchall()]
 
 
 def due_invoices(conn: psycopg.Connection[Any]) -> list[UUID]:

@@ -7,15 +7,23 @@ what the projector has not reached) and hands them to the scheduler with the tim
 their oldest unsent change and their next attempt; it settles open transactions that
 have no line yet (histories from before lines). Forward progress never depends on a
 message being delivered again.
+
+With a charge consumer in the process (``ownership``), it schedules only the lines of
+the customers whose partitions that consumer holds, and any line whose owner is late
+(``adapters.charging.ownership``): one pusher per line, so pushes rarely race.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from adapters.charging.corrections import Corrections
+from adapters.charging.ownership import Ownership
+from adapters.charging.pusher import utcnow
 from adapters.charging.scheduler import LineScheduler
 from domain.saga import StepResult
 from projections.invoice_lines import open_lines
@@ -29,19 +37,28 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ReconcileReport:
-    lines: int = 0
+    lines: int = 0  # scheduled here
     adopted: int = 0
+    others: int = 0  # open lines another process owns
 
 
 class Reconciler:
     """Finds the work the database says is open and schedules it."""
 
     def __init__(
-        self, corrections: Corrections, scheduler: LineScheduler, database: Database
+        self,
+        corrections: Corrections,
+        scheduler: LineScheduler,
+        database: Database,
+        *,
+        ownership: Ownership | None = None,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.corrections = corrections
         self.scheduler = scheduler
         self.database = database
+        self.ownership = ownership
+        self.clock = clock
 
     def pass_once(self, stop: threading.Event | None = None) -> ReconcileReport:
         """Schedule every open line and settle every unlined transaction; when ``stop``
@@ -55,7 +72,11 @@ class Reconciler:
             if stop.is_set():
                 break
             report.adopted += self.corrections.adopt(txn_id) is StepResult.SETTLED
+        now = self.clock()
         for line, customer, oldest, due in lines:
+            if self.ownership is not None and not self.ownership.pushes(customer, oldest, now):
+                report.others += 1  # its owner's
+                continue
             self.scheduler.changed(line, customer=customer, changed_at=oldest, due=due)
-        report.lines = len(lines)
+            report.lines += 1
         return report

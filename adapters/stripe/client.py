@@ -275,7 +275,9 @@ class StripeGateway:
                         "metadata": {"sequence": str(items.plan.sequence)},
                     },
                     options={
-                        "idempotency_key": push_key(items.line_id, step.chunk, items.plan.sequence)
+                        "idempotency_key": push_key(
+                            items.line_id, step.chunk, items.plan.sequence, items.plan.repair
+                        )
                     },
                 ),
             )

@@ -18,11 +18,14 @@ import pytest
 
 from adapters.charging.closer import CloseResult, InvoiceCloser
 from adapters.charging.corrections import Corrections
+from adapters.charging.drafts import CheckResult, DraftChecker
 from adapters.charging.pusher import LinePusher, PushReport
 from domain.errors import IllegalTransition
 from domain.invoice import Invoice
+from domain.invoice_line import LinePush
 from domain.invoice_states import InvoiceState
 from domain.periods import PeriodPolicy
+from domain.pushing import push_key
 from domain.saga import ChargeFailure, RetryPolicy, StepResult
 from domain.transaction import TxnState
 from domain.verification import LandingWindow
@@ -368,3 +371,54 @@ def test_a_call_our_own_open_breaker_refuses_is_no_attempt_and_raises_no_backoff
     assert push is not None and (push.attempts, push.attempts_started) == (0, 2)
     assert push.in_doubt_until(parts.clock.now) is None
     assert parts.a.push(line).result is StepResult.CHARGED
+
+
+def test_an_open_drafts_drift_is_found_between_closes_and_set_again_by_the_lines_own_push() -> None:
+    parts = Parts()
+    line = _stale_push_landed_after_a_newer_one(parts)  # Stripe 200, the ledger 300
+    handed: list[UUID] = []
+    checker = DraftChecker(
+        parts.ledger, parts.gateway, lambda line, _: handed.append(line), clock=parts.clock
+    )
+    invoice = parts.invoice(line)
+    assert checker.check(invoice.id) is CheckResult.SKIPPED  # A's request may still land
+    assert "read" not in parts.gateway.calls
+    parts.clock.now += LANDING.per_call + LANDING.margin
+    assert checker.check(invoice.id) is CheckResult.DRIFT
+    assert handed == [line]
+    push = parts.ledger.line_push(line)
+    assert push is not None and push.drifted and push.repairs == 1
+    [drift] = [e for e in parts.ledger.events.get(push.id) if isinstance(e, LinePush.DriftFound)]
+    assert drift.found == [200]
+    assert checker.check(invoice.id) is CheckResult.SKIPPED  # its repair is not pushed yet
+
+    report = parts.b.push(line)  # the owner's push: every item set again, a repair key
+    assert report.result is StepResult.CHARGED and report.requests == 1
+    assert parts.gateway.held(line) == [300]
+    repaired = parts.ledger.line_push(line)
+    assert repaired is not None and not repaired.drifted
+    assert checker.check(invoice.id) is CheckResult.EQUAL
+    checked = _events(parts.ledger, invoice.id, Invoice.DraftChecked)
+    assert [c.drifted for c in checked] == [[str(line)], []]
+    assert parts.ledger.invoice_by_id(invoice.id).state is InvoiceState.OPEN  # type: ignore[union-attr]
+
+
+def test_an_open_draft_finalized_by_hand_needs_attention_when_checked() -> None:
+    parts = Parts()
+    [first] = reserve(parts.ledger, 1, prefix="a")
+    line = parts.line(first)
+    parts.a.push(line)
+    invoice = parts.invoice(line)
+    assert invoice.stripe_invoice_id is not None
+    parts.gateway.finalize_invoice(invoice.stripe_invoice_id, invoice.id, look_first=False)
+    checker = DraftChecker(parts.ledger, parts.gateway, lambda *_: None, clock=parts.clock)
+    assert checker.check(invoice.id) is CheckResult.ATTENTION
+    stopped = parts.ledger.invoice_by_id(invoice.id)
+    assert stopped is not None and stopped.attention is not None
+    assert "is open, not a draft" in stopped.attention
+    assert checker.check(invoice.id) is CheckResult.SKIPPED  # stopped: an operator's now
+
+
+def test_a_repair_push_goes_under_a_key_of_its_own() -> None:
+    assert push_key("L", 0, 7) == "line-push:L:0:7"
+    assert push_key("L", 0, 7, repair=2) == "line-push:L:0:7:r2"

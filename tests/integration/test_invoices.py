@@ -38,6 +38,7 @@ from adapters.bootstrap import (
     database,
 )
 from adapters.charging.closer import CloseResult, InvoiceCloser
+from adapters.charging.drafts import CheckResult, DraftChecker
 from adapters.charging.pusher import LinePusher
 from adapters.http.server import HttpServer
 from adapters.settings import Settings
@@ -55,6 +56,7 @@ from domain.usage import UsageRecord
 from domain.verification import DraftView
 from infra.stripe_emulator import StripeEmulator
 from infra.stripe_emulator.webhooks import sign
+from projections.invoices import drafts_to_check
 from projections.projector import Projector
 from projections.queue_health import read_health
 from store.connections import Database
@@ -627,3 +629,34 @@ def test_the_gateway_reads_every_item_of_a_draft_past_the_embedded_lines_and_rep
     assert isinstance(again, DraftView) and again.total == view.total - 10 + 500
     keys = [r["idempotency_key"] for r in emulator.requests() if r["method"] == "POST"]
     assert "line-repair:x:0:4:1" in keys
+
+
+def test_open_drafts_pushed_since_their_last_check_are_found_oldest_first_and_checked(
+    parts: Parts,
+) -> None:
+    firsts = [record(parts.ledger, c, [f"{c}-1"], qty=2500)[0] for c in ("dc-a", "dc-b")]
+    for txn in firsts:
+        line = parts.ledger.transaction(txn).line_id
+        assert line is not None
+        parts.pusher.push(line)
+    invoices = [_invoice_of(parts.ledger, t) for t in firsts]
+    checker = DraftChecker(parts.ledger, parts.pusher.gateway, lambda *_: None)
+
+    def found(limit: int = 10) -> list[UUID]:
+        with Database(parts.settings.database_url) as db:
+            with Projector(db, parts.ledger.mapper.to_domain_event) as projector:
+                projector.pump_all()
+            with db.connection() as conn:
+                return drafts_to_check(conn, 0.0, limit)
+
+    assert sorted(found()) == sorted(invoices)
+    assert len(found(limit=1)) == 1  # the budget
+    assert checker.check(invoices[0]) is CheckResult.EQUAL
+    assert found() == [invoices[1]]  # checked since its last push
+    [more] = record(parts.ledger, "dc-a", ["dc-a-2"], qty=2500)
+    line = parts.ledger.transaction(more).line_id
+    assert line is not None
+    parts.pusher.push(line)
+    assert found() == [invoices[1], invoices[0]]  # never checked first, then the oldest
+    with Database(parts.settings.database_url) as db, db.connection() as conn:
+        assert drafts_to_check(conn, 3600.0, 10) == []  # pushed too recently: may still land
