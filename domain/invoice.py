@@ -35,8 +35,9 @@ data, checked by every method like the transaction's lifecycle)::
   ledger's; **DriftFound** when an item differs (both amounts, and the repair it
   starts, with the moment after which that repair can no longer land), **Repaired**
   when Stripe answered the repair. **DraftChecked**: while it is open, its draft was
-  read back (drifted lines are set again by their own pushes). **MismatchFound**: the total Stripe finalized
-  differs from the expected total (never silent: an alert until settled).
+  read back (drifted lines are set again by their own pushes). **MismatchFound**: the
+  total Stripe finalized differs from the expected total (never silent: an alert until
+  settled).
 * **AttentionNeeded** stops the invoice with a reason an operator must settle (the
   draft holds what setting amounts cannot repair, Stripe refused a line of an
   invoice that is no longer a draft, a finalized total differs); **AttentionSettled**
