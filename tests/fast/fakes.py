@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -21,7 +21,7 @@ from domain.invoice_states import StripeInvoiceView
 from domain.metering import Metering
 from domain.ports import CreditNote, DeadLetter, DraftInvoice, ItemRepair, LineItems
 from domain.pricing import Price, PriceList
-from domain.pushing import item_key
+from domain.pushing import item_key, push_key
 from domain.saga import ChargeFailure
 from domain.transaction import Source
 from domain.usage import UsageRecord
@@ -104,20 +104,30 @@ class Held:
 
 @dataclass
 class FakeGateway:
-    """The payment gateway port, keeping what Stripe would: customers, draft invoices and
-    items, each create replayed by its idempotency key as Stripe does (same key, other
-    parameters: an error). ``failures`` answer the next calls in order.
+    """The payment gateway port, as strict as Stripe about what the ledger relies on.
 
-    ``hold(mode)`` holds the next ``set_line_items``: Stripe has it and executes it only
-    when the test calls ``Held.land()``. ``"block"``: its caller waits for that (a slow
-    request); ``"timeout"``: its caller gives up at once with a connection failure (an
-    unknown outcome) while the request still lands later, as Stripe's can."""
+    * **Idempotency keys** (the ones the real client derives, ``adapters.stripe.client``):
+      a repeated key with the same parameters replays the first answer and executes
+      nothing; with other parameters it is refused (``idempotency_error``, permanent);
+      a key older than ``key_ttl`` is forgotten (Stripe keeps them at least 24 hours),
+      so a create repeated after that creates a second object.
+    * **Objects**: an invoice names a known customer; items go on a known invoice of
+      their customer; an invoice's items change only while it is a draft; a finalize
+      is keyed by the ledger's invoice; a credit note is at most what the invoice can
+      still be credited (its total less the notes already issued) and names a final
+      invoice.
+    * ``failures`` answer the next calls in order (before anything is executed).
+    * ``hold(mode)`` holds the next ``set_line_items``: Stripe has it and executes it
+      only when the test calls ``Held.land()``. ``"block"``: its caller waits for that
+      (a slow request); ``"timeout"``: its caller gives up at once with a connection
+      failure (an unknown outcome) while the request still lands later.
+    """
 
     failures: list[ChargeFailure] = field(default_factory=list)
-    customers: dict[str, str] = field(default_factory=dict)  # key -> id
-    invoices: dict[str, str] = field(default_factory=dict)  # key -> id
     items: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> item
-    keys: dict[str, tuple[Any, str]] = field(default_factory=dict)  # key -> (params, id)
+    keys: dict[str, tuple[Any, Any, datetime]] = field(
+        default_factory=dict
+    )  # key -> (params, answer, at)
     calls: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     finalized: dict[str, StripeInvoiceView] = field(default_factory=dict)  # invoice -> view
@@ -126,6 +136,11 @@ class FakeGateway:
     in_flight: list[Held] = field(default_factory=list)
     breaker: str = "closed"
     repair_keys: list[str] = field(default_factory=list)
+    key_ttl: timedelta = timedelta(hours=24)
+    clock: Callable[[], datetime] = field(default=lambda: T0)
+    stripe_customers: set[str] = field(default_factory=set)
+    drafts: dict[str, str] = field(default_factory=dict)  # Stripe invoice -> its customer
+    executed: list[str] = field(default_factory=list)  # keys executed (not replayed)
 
     def hold(self, mode: str = "block") -> None:
         self.holding.append(mode)
@@ -133,32 +148,54 @@ class FakeGateway:
     def _fail(self) -> ChargeFailure | None:
         return self.failures.pop(0) if self.failures else None
 
-    def _keyed(self, key: str, params: Any, make: Any) -> str | ChargeFailure:
-        if key in self.keys:
-            if self.keys[key][0] != params:
-                return ChargeFailure("http_400", f"idempotency_error on {key}", retryable=False)
-            return self.keys[key][1]
-        made = make()
-        self.keys[key] = (params, made)
-        return str(made)
+    def _keyed(self, key: str, params: Any, run: Callable[[], Any]) -> Any:
+        """Stripe's idempotency: replay the first answer of ``key``, refuse other
+        parameters under it, forget it after ``key_ttl``; else run and save."""
+        now = self.clock()
+        saved = self.keys.get(key)
+        if saved is not None and now - saved[2] < self.key_ttl:
+            if saved[0] != params:
+                return _refused(f"idempotency_error: key {key} was used with other parameters")
+            return saved[1]
+        answer = run()
+        self.executed.append(key)
+        self.keys[key] = (params, answer, now)
+        return answer
 
     def customer(self, customer_id: str, *, look_first: bool) -> str | ChargeFailure:
         self.calls.append("customer")
         failed = self._fail()
         if failed:
             return failed
-        return self._keyed(f"customer:{customer_id}", customer_id, lambda: f"cus_{customer_id}")
+        if look_first:
+            found = [c for c in self.stripe_customers if c == f"cus_{customer_id}"]
+            if found:
+                return found[0]
+
+        def make() -> str:
+            made = f"cus_{customer_id}"
+            if made in self.stripe_customers:  # a key past its window: a second customer
+                made = f"cus_{customer_id}_{len(self.stripe_customers)}"
+            self.stripe_customers.add(made)
+            return made
+
+        return self._keyed(f"customer:{customer_id}", customer_id, make)  # type: ignore[no-any-return]
 
     def draft_invoice(self, draft: DraftInvoice, *, look_first: bool) -> str | ChargeFailure:
         self.calls.append("invoice")
         failed = self._fail()
         if failed:
             return failed
-        return self._keyed(
-            f"invoice:{draft.invoice_id}",
-            (draft.stripe_customer_id, draft.currency),
-            lambda: f"in_{len(self.keys)}",
-        )
+        if draft.stripe_customer_id not in self.stripe_customers:
+            return _refused(f"No such customer: '{draft.stripe_customer_id}'")
+
+        def make() -> str:
+            made = f"in_{len(self.drafts) + 1}"
+            self.drafts[made] = draft.stripe_customer_id
+            return made
+
+        params = (draft.stripe_customer_id, draft.currency, draft.invoice_id)
+        return self._keyed(f"invoice:{draft.invoice_id}", params, make)  # type: ignore[no-any-return]
 
     def set_line_items(self, items: LineItems) -> list[str] | ChargeFailure:
         if not self.holding:
@@ -173,6 +210,9 @@ class FakeGateway:
         return answer[0] if answer else ChargeFailure("connection", "never landed", True)
 
     def _set_line_items(self, items: LineItems) -> list[str] | ChargeFailure:
+        invoice = items.stripe_invoice_id
+        if self.drafts.get(invoice) != items.stripe_customer_id:
+            return _refused(f"No such invoice of {items.stripe_customer_id}: '{invoice}'")
         ids: list[str] = []
         for step in items.plan.items:
             item_id = step.item_id
@@ -181,56 +221,95 @@ class FakeGateway:
                 failed = self._fail()
                 if failed:
                     return failed
-                params = (items.line_id, step.chunk, step.create_amount, step.create_sequence)
-                made = self._keyed(
-                    item_key(items.line_id, step.chunk), params, lambda: f"ii_{len(self.items)}"
+                made = self._create_item(
+                    items, step.chunk, step.create_amount, step.create_sequence
                 )
                 if isinstance(made, ChargeFailure):
                     return made
                 item_id = made
-                self.items.setdefault(
-                    item_id,
-                    {
-                        "amount": step.create_amount,
-                        "line": items.line_id,
-                        "invoice": items.stripe_invoice_id,
-                    },
-                )
             if step.update:
                 self.calls.append("update")
                 failed = self._fail()
                 if failed:
                     return failed
-                self.items[item_id]["amount"] = step.amount
-                self.items[item_id]["sequence"] = items.plan.sequence
+                key = push_key(items.line_id, step.chunk, items.plan.sequence, items.plan.repair)
+                done = self._keyed(
+                    key,
+                    (item_id, step.amount),
+                    lambda i=item_id, a=step.amount, s=items.plan.sequence: self._set(i, a, s),
+                )
+                if isinstance(done, ChargeFailure):
+                    return done
             ids.append(item_id)
         return ids
+
+    def _create_item(
+        self, items: LineItems, chunk: int, amount: int | None, sequence: int | None
+    ) -> str | ChargeFailure:
+        if items.look_first:
+            for item_id, item in self.items.items():
+                if item["line"] == items.line_id and item.get("chunk") == chunk:
+                    return item_id
+        invoice = items.stripe_invoice_id
+
+        def make() -> str | ChargeFailure:
+            if invoice in self.finalized:
+                return _refused(f"invoice {invoice} is not a draft")
+            made = f"ii_{len(self.items)}"
+            self.items[made] = {
+                "amount": amount, "line": items.line_id, "invoice": invoice,
+                "chunk": chunk, "sequence": sequence,
+            }  # fmt: skip
+            return made
+
+        params = (items.line_id, chunk, amount, sequence, invoice)
+        return self._keyed(item_key(items.line_id, chunk), params, make)  # type: ignore[no-any-return]
+
+    def _set(self, item_id: str, amount: int, sequence: int) -> ChargeFailure | None:
+        item = self.items.get(item_id)
+        if item is None:
+            return _refused(f"No such invoiceitem: '{item_id}'")
+        if item["invoice"] in self.finalized:
+            return _refused(f"invoice {item['invoice']} is not a draft: its items are final")
+        item["amount"] = amount
+        item["sequence"] = sequence
+        return None
 
     def finalize_invoice(
         self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool
     ) -> StripeInvoiceView | ChargeFailure:
         """Finalize (number and total from the items on it); a second call answers the
-        finalized invoice, as the real gateway does."""
+        finalized invoice, as the real gateway does (it reads one that is not a draft)."""
         self.calls.append("finalize")
         failed = self._fail()
         if failed:
             return failed
-        if stripe_invoice_id not in self.finalized:
+        if stripe_invoice_id not in self.drafts:
+            return _refused(f"No such invoice: '{stripe_invoice_id}'")
+        if stripe_invoice_id in self.finalized:
+            return self.finalized[stripe_invoice_id]
+
+        def make() -> StripeInvoiceView:
             total = sum(
                 i["amount"] for i in self.items.values() if i.get("invoice") == stripe_invoice_id
             )
-            self.finalized[stripe_invoice_id] = StripeInvoiceView(
+            view = StripeInvoiceView(
                 status="open", number=f"FAKE-{len(self.finalized) + 1:04d}", total=total,
                 amount_paid=0, attempt_count=0, next_payment_attempt=None, at=T0,
                 source="finalize",
             )  # fmt: skip
-        return self.finalized[stripe_invoice_id]
+            self.finalized[stripe_invoice_id] = view
+            return view
+
+        return self._keyed(f"invoice-finalize:{invoice_id}", stripe_invoice_id, make)  # type: ignore[no-any-return]
 
     def read_draft(self, stripe_invoice_id: str) -> DraftView | ChargeFailure:
         self.calls.append("read")
         failed = self._fail()
         if failed:
             return failed
+        if stripe_invoice_id not in self.drafts:
+            return _refused(f"No such invoice: '{stripe_invoice_id}'")
         items = tuple(
             DraftItem(item_id, int(i["amount"]))
             for item_id, i in self.items.items()
@@ -238,7 +317,8 @@ class FakeGateway:
         )
         final = self.finalized.get(stripe_invoice_id)
         status = final.status if final is not None else "draft"
-        return DraftView(status, sum(i.amount for i in items), items)
+        total = final.total if final is not None else sum(i.amount for i in items)
+        return DraftView(status, total, items)
 
     def repair_items(self, repairs: Sequence[ItemRepair]) -> ChargeFailure | None:
         for repair in repairs:
@@ -247,10 +327,12 @@ class FakeGateway:
             failed = self._fail()
             if failed:
                 return failed
-            if repair.item_id in self.finalized_items():
-                return ChargeFailure("http_400", "invoice is not a draft", retryable=False)
-            self.items[repair.item_id]["amount"] = repair.amount
-            self.items[repair.item_id]["sequence"] = repair.sequence
+            done = self._keyed(
+                repair.key, (repair.item_id, repair.amount),
+                lambda r=repair: self._set(r.item_id, r.amount, r.sequence),
+            )  # fmt: skip
+            if isinstance(done, ChargeFailure):
+                return done
         return None
 
     def finalized_items(self) -> set[str]:
@@ -261,14 +343,26 @@ class FakeGateway:
         failed = self._fail()
         if failed:
             return failed
-        made = self._keyed(
-            f"credit:{note.transaction_id}",
-            (note.stripe_invoice_id, note.amount),
-            lambda: f"cn_{len(self.credit_notes) + 1}",
-        )
-        if isinstance(made, str):
+        final = self.finalized.get(note.stripe_invoice_id)
+        if final is None:
+            return _refused(f"invoice {note.stripe_invoice_id} is not final: no credit note")
+
+        def make() -> str | ChargeFailure:
+            credited = sum(
+                n.amount for n in self.credit_notes.values()
+                if n.stripe_invoice_id == note.stripe_invoice_id
+            )  # fmt: skip
+            if note.amount <= 0 or credited + note.amount > final.total:
+                return _refused(
+                    f"credit note of {note.amount}: the invoice can be credited"
+                    f" {final.total - credited} more"
+                )
+            made = f"cn_{len(self.credit_notes) + 1}"
             self.credit_notes[made] = note
-        return made
+            return made
+
+        params = (note.stripe_invoice_id, note.amount)
+        return self._keyed(f"credit:{note.transaction_id}", params, make)  # type: ignore[no-any-return]
 
     def delete_item(self, item_id: str, key: str) -> ChargeFailure | None:
         self.calls.append("delete")
@@ -281,6 +375,11 @@ class FakeGateway:
     def held(self, line_id: UUID) -> list[int]:
         """What the fake Stripe holds for a line, item by item."""
         return [i["amount"] for i in self.items.values() if i["line"] == line_id]
+
+
+def _refused(message: str) -> ChargeFailure:
+    """Stripe's 400: a final answer, never retried."""
+    return ChargeFailure("http_400", message, retryable=False)
 
 
 @dataclass
