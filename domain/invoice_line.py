@@ -257,6 +257,7 @@ class LinePush(Aggregate):
 
         attempt: int
         sequence: int
+        sent_at: datetime
         lands_by: datetime  # after this it can no longer take effect in Stripe
 
     class AttemptEnded(Aggregate.Event):
@@ -399,19 +400,26 @@ class LinePush(Aggregate):
 
     # -- attempts ---------------------------------------------------------------------
 
-    def start_attempt(self, sequence: int, lands_by: datetime) -> int:
-        """Record, before it is sent, a request setting the line's amounts to its total
-        at ``sequence``; its number. A sealed push starts none."""
+    def start_attempt(self, sequence: int, sent_at: datetime, lands_by: datetime) -> int:
+        """Record, before it is sent at ``sent_at``, a request setting the line's amounts
+        to its total at ``sequence``; its number. A sealed push starts none."""
         if self.sealed:
             raise IllegalTransition(f"line push {self.id} is sealed: its invoice is finalizing")
+        if lands_by < sent_at:
+            raise ValueError(f"an attempt cannot land ({lands_by}) before it is sent ({sent_at})")
         attempt = self.attempts_started + 1
-        self._attempt_started(attempt, sequence, lands_by)
+        self._attempt_started(attempt, sequence, sent_at, lands_by)
         return attempt
 
     @event(AttemptStarted)
-    def _attempt_started(self, attempt: int, sequence: int, lands_by: datetime) -> None:
+    def _attempt_started(
+        self, attempt: int, sequence: int, sent_at: datetime, lands_by: datetime
+    ) -> None:
         self.attempts_started = attempt
-        self.open_attempts = {**self._open(), str(attempt): lands_by}
+        # Attempts that could no longer land when this one was sent are forgotten (kept,
+        # they would only grow the state: every timed-out retry leaves one).
+        still = {k: at for k, at in self._open().items() if at > sent_at}
+        self.open_attempts = {**still, str(attempt): lands_by}
 
     def end_attempt(self, attempt: int, outcome: str) -> None:
         """Stripe answered ``attempt`` (or it was never sent): it cannot land later."""

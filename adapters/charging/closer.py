@@ -72,6 +72,9 @@ log = logging.getLogger(__name__)
 
 S = InvoiceState
 
+MAX_REPAIRS = 3
+"""Drift repaired this many times and found again stops the invoice for an operator."""
+
 
 class CloseResult(StrEnum):
     NOT_DUE = "not_due"  # open, before its deadline
@@ -227,6 +230,11 @@ class InvoiceCloser:
             metrics().invoices.add(1, {"step": "verified"})
             return CloseStep(CloseResult.PROGRESSED), 1
         reason = verdict.attention
+        if reason is None and invoice.repairs >= MAX_REPAIRS:
+            reason = (
+                f"Stripe's draft still differs from the ledger after {invoice.repairs}"
+                f" repairs (expected {invoice.expected_total}, Stripe {view.total})"
+            )
         if reason is not None:
             return self._attention(invoice, reason), 1
         step, sent = self._repair(invoice, verdict, view, now)
@@ -262,7 +270,9 @@ class InvoiceCloser:
         if failure is None:
             invoice.record_repaired(repair)
             self.ledger.save(invoice)
-            return CloseStep(CloseResult.PROGRESSED), len(repairs)
+            # Read again at the next step, not in this one's loop: a repair Stripe keeps
+            # undoing must not spin (after MAX_REPAIRS it needs an operator).
+            return CloseStep(CloseResult.WAITING, invoice.state, retry_at=now), len(repairs)
         if not failure.retryable:
             return self._attention(
                 invoice, f"Stripe refused repair {repair}: {failure.error_class}: {failure.message}"

@@ -209,7 +209,8 @@ class LinePusher:
         requests += sent
         if isinstance(invoice, ChargeFailure):
             return _Sent(invoice, requests)
-        attempt = self._plan_items(push, plan)
+        look_first = self.clock() - push.created_on >= self.key_window
+        attempt = self._plan_items(push, plan, look_first=look_first)
         if not plan.calls:
             return _Sent(list(push.item_ids[: len(plan.items)]), requests)
         items = LineItems(
@@ -220,21 +221,27 @@ class LinePusher:
             stripe_invoice_id=invoice,
             currency=line.currency,
             plan=plan,
-            look_first=self.clock() - push.created_on >= self.key_window,
+            look_first=look_first,
         )
         return _Sent(self.gateway.set_line_items(items), requests + plan.calls, attempt)
 
-    def _plan_items(self, push: LinePush, plan: PushPlan) -> int:
+    def _plan_items(self, push: LinePush, plan: PushPlan, *, look_first: bool) -> int:
         """Record the items about to be created and the attempt about to be sent (and
         the LinePush itself on a first push) before Stripe sees them; the attempt's
         number (0: nothing to send). A lost race raises IntegrityError (the caller
-        reloads); a push sealed meanwhile raises IllegalTransition."""
+        reloads); a push sealed meanwhile raises IllegalTransition. The attempt's
+        deadline counts every call it may make one after another: each creation looked
+        up first (a list of the invoice's items, two pages at most counted) when
+        ``look_first``; a save slower than the landing margin would shorten it."""
         for chunk, sequence, amount in plan.to_plan:
             push.plan_item(chunk, sequence, amount)
         attempt = 0
         if plan.calls:
+            creations = sum(step.item_id is None for step in plan.items)
+            calls = plan.calls + (2 * creations if look_first else 0)
+            sent_at = self.clock()
             attempt = push.start_attempt(
-                plan.sequence, self.landing.deadline(self.clock(), plan.calls)
+                plan.sequence, sent_at, self.landing.deadline(sent_at, calls)
             )
         if push.pending_events:
             self.ledger.save(push)
@@ -347,21 +354,20 @@ class LinePusher:
             return self._not_sent(push, now)
         if attempt and not failure.may_land_later:
             push.end_attempt(attempt, "answered")
-        kept = False
+        attention = None
         if not failure.retryable:
-            draft, read = self._draft_status(line, failure)
+            attention, read, failure = self._refusal(line, failure)
             requests += read
-            kept = draft != "draft"
-            if draft == "unknown":  # cannot tell: never compensate on a guess, retry
-                failure = replace(failure, retryable=True)
         decision = after_failure(push, failure, now, self.policy, self.jitter())
+        due = decision.next_attempt_at
+        if attention is not None:  # kept for an operator: looked at now and then
+            due = now + self.policy.max_delay
         push.record_failure(
             plan.sequence,
             failure.error_class,
             failure.message,
             retryable=decision.verdict is PushVerdict.RETRY,
-            # kept for an operator: looked at again now and then, never compensated
-            next_attempt_at=now + self.policy.max_delay if kept else decision.next_attempt_at,
+            next_attempt_at=due,
             requests=requests,
         )
         self.ledger.save(push)
@@ -375,44 +381,57 @@ class LinePusher:
                               line_id=str(line.id), customer_id=line.customer_id,
                               sequence=plan.sequence, attempt=push.attempts),
         )  # fmt: skip
-        if kept and not failure.retryable:  # owed usage on an invoice no longer a draft
-            return PushReport(StepResult.DEFERRED, plan.sequence, requests)
+        if attention is not None:  # owed usage Stripe will not take: never compensated
+            self._needs_attention(line, attention, failure)
+            return PushReport(StepResult.DEFERRED, plan.sequence, requests, retry_at=due)
         if decision.verdict is PushVerdict.ABANDON:
             removed = self._abandon(line.id, push.pushed_sequence, decision.reason or "refused")
             return PushReport(StepResult.COMPENSATED, plan.sequence, requests, more=removed)
-        return PushReport(
-            StepResult.RETRY, plan.sequence, requests, retry_at=decision.next_attempt_at
-        )
+        return PushReport(StepResult.RETRY, plan.sequence, requests, retry_at=due)
 
-    def _draft_status(self, line: InvoiceLine, failure: ChargeFailure) -> tuple[str, int]:
-        """After Stripe refused the line: is its invoice still a draft in Stripe (and the
-        requests that took)? ``draft`` (or no draft yet): the refusal is the line's, its
-        unpushed usage is compensated. Another status (finalized or voided in the
-        dashboard, say): the usage is still owed, so it is never compensated, and the
-        invoice needs attention. ``unknown``: Stripe could not be read."""
+    def _refusal(
+        self, line: InvoiceLine, failure: ChargeFailure
+    ) -> tuple[str | None, int, ChargeFailure]:
+        """Stripe refused the line for good: whose refusal is it? Its invoice is read
+        (nothing recorded yet). Still a draft (or none yet): the line's, and its unpushed
+        usage is compensated. No longer a draft (finalized or voided in the dashboard),
+        or unreadable for good (deleted): the usage is still owed, so never compensated;
+        the invoice needs attention (the reason is returned). Not readable now: a
+        retryable failure (never compensate on a guess). Also the requests sent."""
         invoice = self._the_invoice(line)
         if invoice.stripe_invoice_id is None:
-            return "draft", 0
+            return None, 0, failure
         view = self.gateway.read_draft(invoice.stripe_invoice_id)
+        refused = f"Stripe refused line {line.id} ({line.meter}): {failure.error_class}:"
         if isinstance(view, ChargeFailure):
-            return "unknown", 1
+            if view.retryable:
+                return None, 1, replace(failure, retryable=True)
+            why = f"{refused} {failure.message}; and its invoice cannot be read: {view.message}"
+            return why, 1, failure
         if view.status == "draft":
-            return "draft", 1
-        invoice.need_attention(
-            f"Stripe refused line {line.id} ({line.meter}): its invoice"
-            f" {invoice.stripe_invoice_id} is {view.status}, not a draft"
-            f" ({failure.error_class}: {failure.message})"
-        )
-        if invoice.pending_events:
-            self.ledger.save(invoice)
-        metrics().invoices.add(1, {"step": "needs_attention"})
-        log.error(
-            "invoice needs attention: %s", invoice.attention,
-            extra=step_fields("push", "needs_attention", error_code=failure.error_class,
-                              line_id=str(line.id), invoice_id=str(invoice.id),
-                              customer_id=line.customer_id),
-        )  # fmt: skip
-        return view.status, 1
+            return None, 1, failure
+        why = f"{refused} its invoice {invoice.stripe_invoice_id} is {view.status}, not a draft"
+        return why, 1, failure
+
+    def _needs_attention(self, line: InvoiceLine, reason: str, failure: ChargeFailure) -> None:
+        """Record on the line's invoice that it needs an operator (reloaded on a race)."""
+        for _ in range(self.max_races):
+            invoice = self._the_invoice(line)
+            invoice.need_attention(reason)
+            if not invoice.pending_events:
+                return
+            try:
+                self.ledger.save(invoice)
+            except IntegrityError:
+                continue
+            metrics().invoices.add(1, {"step": "needs_attention"})
+            log.error(
+                "invoice needs attention: %s", reason,
+                extra=step_fields("push", "needs_attention", error_code=failure.error_class,
+                                  line_id=str(line.id), invoice_id=str(invoice.id),
+                                  customer_id=line.customer_id),
+            )  # fmt: skip
+            return
 
     def _abandon(self, line_id: UUID, pushed: int, reason: str) -> bool:
         """Compensate the line's transactions that no acknowledged push includes;

@@ -15,8 +15,9 @@ from datetime import timedelta
 from uuid import UUID
 
 import pytest
+from eventsourcing.persistence import IntegrityError
 
-from adapters.charging.closer import CloseResult, InvoiceCloser
+from adapters.charging.closer import MAX_REPAIRS, CloseResult, InvoiceCloser
 from adapters.charging.corrections import Corrections
 from adapters.charging.drafts import CheckResult, DraftChecker
 from adapters.charging.pusher import LinePusher, PushReport
@@ -26,7 +27,7 @@ from domain.invoice_line import LinePush
 from domain.invoice_states import InvoiceState
 from domain.periods import PeriodPolicy
 from domain.pushing import push_key
-from domain.saga import ChargeFailure, RetryPolicy, StepResult
+from domain.saga import ChargeFailure, RetryPolicy, StepResult, backoff
 from domain.transaction import TxnState
 from domain.verification import LandingWindow
 from tests.fast.fakes import T0, FakeGateway, memory_ledger, reserve
@@ -254,7 +255,7 @@ def test_a_sealed_push_starts_no_attempt_and_no_pusher_sends_after_the_seal() ->
     assert push is not None
     push.seal(parts.invoice(line).id)
     with pytest.raises(IllegalTransition):
-        push.start_attempt(push.pushed_sequence + 1, AFTER_DEADLINE)
+        push.start_attempt(push.pushed_sequence + 1, AFTER_DEADLINE, AFTER_DEADLINE)
 
 
 def test_a_request_answered_at_once_leaves_nothing_in_doubt() -> None:
@@ -422,3 +423,160 @@ def test_an_open_draft_finalized_by_hand_needs_attention_when_checked() -> None:
 def test_a_repair_push_goes_under_a_key_of_its_own() -> None:
     assert push_key("L", 0, 7) == "line-push:L:0:7"
     assert push_key("L", 0, 7, repair=2) == "line-push:L:0:7:r2"
+
+
+def _refused_on_a_hand_finalized_invoice(parts: Parts) -> tuple[UUID, UUID, Invoice]:
+    [first] = reserve(parts.ledger, 1, prefix="a")
+    line = parts.line(first)
+    parts.a.push(line)
+    invoice = parts.invoice(line)
+    assert invoice.stripe_invoice_id is not None
+    parts.gateway.finalize_invoice(invoice.stripe_invoice_id, invoice.id, look_first=False)
+    [more] = reserve(parts.ledger, 1, prefix="b")
+    return line, more, invoice
+
+
+def test_attention_the_pusher_recorded_stops_the_closer_after_closing() -> None:
+    parts = Parts()
+    line, more, invoice = _refused_on_a_hand_finalized_invoice(parts)
+    report = parts.a.push(line)  # the strict Stripe refuses: its invoice is not a draft
+    assert report.result is StepResult.DEFERRED
+    assert report.retry_at == parts.clock.now + POLICY.max_delay
+    step = parts.closer.step(invoice.id)
+    assert step.result is CloseResult.ATTENTION
+    stopped = parts.ledger.invoice_by_id(invoice.id)
+    assert stopped is not None and stopped.state is InvoiceState.CLOSED
+    assert parts.ledger.transaction(more).state is TxnState.RESERVED
+    assert parts.gateway.calls.count("finalize") == 1  # the test's own, by hand
+
+
+@pytest.mark.parametrize(("retryable", "kept"), [(True, False), (False, True)])
+def test_a_refusal_whose_invoice_cannot_be_read_is_never_compensated(
+    retryable: bool, kept: bool
+) -> None:
+    parts = Parts()
+    [first] = reserve(parts.ledger, 1, prefix="a")
+    line = parts.line(first)
+    parts.a.push(line)
+    [more] = reserve(parts.ledger, 1, prefix="b")
+    parts.gateway.failures += [
+        ChargeFailure("http_404", "No such invoiceitem", retryable=False),
+        ChargeFailure("http_503" if retryable else "http_404", "no invoice", retryable),
+    ]
+    report = parts.a.push(line)
+    assert parts.ledger.transaction(more).state is TxnState.RESERVED
+    invoice = parts.ledger.invoice_by_id(parts.invoice(line).id)
+    assert invoice is not None
+    if kept:  # deleted in the dashboard, say: an operator's
+        assert report.result is StepResult.DEFERRED
+        assert invoice.attention is not None and "cannot be read" in invoice.attention
+    else:  # Stripe could not answer now: retried after the ordinary backoff
+        assert report.result is StepResult.RETRY
+        assert report.retry_at == parts.clock.now + backoff(1, POLICY, 0.5)
+        assert invoice.attention is None
+
+
+def test_a_repair_whose_answer_is_lost_is_waited_for_before_reading_again() -> None:
+    parts = Parts()
+    line = _stale_push_landed_after_a_newer_one(parts)
+    invoice = parts.invoice(line)
+    parts.clock.now += LANDING.per_call + LANDING.margin  # A's request can no longer land
+    parts.closer.step(invoice.id)  # closed, lines pushed
+    repair = parts.gateway.repair_items
+    lost: list[object] = []
+
+    def answer_lost(repairs):  # type: ignore[no-untyped-def]
+        if lost:
+            return repair(repairs)
+        lost.append(repairs)  # Stripe may apply it later; the answer never comes back
+        return ChargeFailure("connection", "reset", retryable=True)
+
+    parts.gateway.repair_items = answer_lost  # type: ignore[method-assign]
+    results = []
+    for _ in range(3):
+        results.append(parts.closer.step(invoice.id))
+        if results[-1].result is CloseResult.FAILED:
+            break
+    failing = parts.ledger.invoice_by_id(invoice.id)
+    assert failing is not None and failing.repair_lands_by is not None
+    assert failing.repairs == 1
+    assert failing.state is InvoiceState.FINALIZING
+    # The repair may still land: no read before its deadline, even once the retry is due.
+    parts.clock.now = results[-1].retry_at  # type: ignore[assignment]
+    step = parts.closer.step(invoice.id)
+    assert step.result is CloseResult.WAITING and step.retry_at == failing.repair_lands_by
+    parts.invoice_of_line = invoice
+    assert parts.close_until_done()[-1] is CloseResult.DONE
+    final = parts.ledger.invoice_by_id(invoice.id)
+    assert final is not None and final.total == final.expected_total == 300
+
+
+def test_drift_that_repairs_do_not_remove_stops_the_invoice_after_max_repairs() -> None:
+    parts = Parts()
+    line = _stale_push_landed_after_a_newer_one(parts)
+    invoice = parts.invoice(line)
+    parts.clock.now += LANDING.per_call + LANDING.margin
+    parts.gateway.repair_items = lambda repairs: None  # type: ignore[method-assign,assignment]
+    parts.invoice_of_line = invoice
+    results = parts.close_until_done(limit=20)
+    assert results[-1] is CloseResult.ATTENTION
+    stopped = parts.ledger.invoice_by_id(invoice.id)
+    assert stopped is not None and stopped.repairs == MAX_REPAIRS
+    assert stopped.attention is not None and "after 3 repairs" in stopped.attention
+    assert "finalize" not in parts.gateway.calls
+
+
+def test_settling_without_fixing_the_draft_stops_the_invoice_again_after_reading_it() -> None:
+    parts = Parts()
+    [first] = reserve(parts.ledger, 1, prefix="a")
+    line = parts.line(first)
+    parts.a.push(line)
+    invoice = parts.invoice(line)
+    parts.gateway.items["ii_by_hand"] = {
+        "amount": 5, "line": None, "invoice": invoice.stripe_invoice_id,
+    }  # fmt: skip
+    parts.invoice_of_line = invoice
+    assert parts.close_until_done()[-1] is CloseResult.ATTENTION
+    stopped = parts.ledger.invoice_by_id(invoice.id)
+    assert stopped is not None
+    stopped.settle_attention("looked at it", "ops")
+    parts.ledger.save(stopped)
+    reads = parts.gateway.calls.count("read")
+    assert parts.closer.step(invoice.id).result is CloseResult.ATTENTION
+    assert parts.gateway.calls.count("read") == reads + 1  # read again, found again
+    assert "finalize" not in parts.gateway.calls
+
+
+def test_an_invoice_finalized_by_hand_while_finalizing_is_recorded_with_its_mismatch() -> None:
+    parts = Parts()
+    [first] = reserve(parts.ledger, 1, prefix="a")
+    line = parts.line(first)
+    parts.a.push(line)
+    invoice = parts.invoice(line)
+    assert invoice.stripe_invoice_id is not None
+    parts.closer.step(invoice.id)  # closed
+    item = next(iter(parts.gateway.items))
+    parts.gateway.items[item]["amount"] = 90  # edited, then finalized in the dashboard
+    parts.gateway.finalize_invoice(invoice.stripe_invoice_id, invoice.id, look_first=False)
+    parts.invoice_of_line = invoice
+    parts.close_until_done()
+    final = parts.ledger.invoice_by_id(invoice.id)
+    assert final is not None and final.state is InvoiceState.FINALIZED
+    assert (final.total, final.mismatch) == (90, (100, 90))
+    assert final.attention == "Stripe finalized 90 where the ledger expected 100"
+
+
+def test_a_push_loaded_before_the_seal_cannot_record_an_attempt_after_it() -> None:
+    parts = Parts()
+    [first] = reserve(parts.ledger, 1, prefix="a")
+    line = parts.line(first)
+    parts.a.push(line)
+    stale = parts.ledger.line_push(line)  # a pusher's copy, loaded before the close
+    invoice = parts.invoice(line)
+    parts.closer.step(invoice.id)  # closed (the frozen line pushed again)
+    stale = parts.ledger.line_push(line)
+    parts.closer.step(invoice.id)  # finalizing: every push sealed in the same save
+    assert stale is not None and not stale.sealed
+    stale.start_attempt(stale.pushed_sequence, parts.clock.now, parts.clock.now)
+    with pytest.raises(IntegrityError):
+        parts.ledger.save(stale)  # the version check: the seal came first

@@ -88,8 +88,8 @@ def test_the_landing_window_grows_with_the_calls_sent_one_after_another() -> Non
 
 def test_an_attempt_is_in_doubt_until_answered_or_past_its_landing_deadline() -> None:
     push = LinePush(line_id=L1)
-    first = push.start_attempt(1, AT + timedelta(seconds=60))
-    second = push.start_attempt(2, AT + timedelta(seconds=30))
+    first = push.start_attempt(1, AT, AT + timedelta(seconds=60))
+    second = push.start_attempt(2, AT, AT + timedelta(seconds=30))
     assert (first, second, push.attempts_started) == (1, 2, 2)
     assert push.in_doubt_until(AT) == AT + timedelta(seconds=60)
     push.end_attempt(first, "answered")
@@ -106,12 +106,12 @@ def test_a_sealed_push_starts_no_attempt() -> None:
     push.seal(UUID(int=9))
     assert len([e for e in push.collect_events() if isinstance(e, LinePush.Sealed)]) == 1
     with pytest.raises(IllegalTransition):
-        push.start_attempt(1, AT)
+        push.start_attempt(1, AT, AT)
 
 
 def test_attempts_survive_a_reload_from_events() -> None:
     push = LinePush(line_id=L1)
-    push.start_attempt(1, AT + timedelta(seconds=60))
+    push.start_attempt(1, AT, AT + timedelta(seconds=60))
     events = push.collect_events()
     copy = None
     for event in events:
@@ -124,3 +124,14 @@ def test_a_permanent_failure_answered_and_a_timeout_not() -> None:
     assert not ChargeFailure("http_400", "no", retryable=False).may_land_later
     assert ChargeFailure("connection", "reset", retryable=True).may_land_later
     assert not ChargeFailure("circuit_open", "open", retryable=True, sent=False).may_land_later
+
+
+def test_attempts_that_could_no_longer_land_are_forgotten_when_the_next_is_sent() -> None:
+    push = LinePush(line_id=L1)
+    push.start_attempt(1, AT, AT + timedelta(seconds=60))  # timed out, never answered
+    push.start_attempt(2, AT + timedelta(seconds=10), AT + timedelta(seconds=70))
+    assert set(push.open_attempts) == {"1", "2"}  # the first may still land
+    push.start_attempt(3, AT + timedelta(seconds=61), AT + timedelta(seconds=121))
+    assert set(push.open_attempts) == {"2", "3"}
+    with pytest.raises(ValueError, match="before it is sent"):
+        push.start_attempt(4, AT, AT - timedelta(seconds=1))
