@@ -263,8 +263,8 @@ def _lines(args: argparse.Namespace) -> int:
 
 
 INVOICE_COLUMNS = [
-    "customer_id", "currency", "period_start", "state", "number", "expected_total", "total",
-    "amount_paid", "credited", "close_deadline",
+    "invoice_id", "customer_id", "currency", "period_start", "state", "number",
+    "expected_total", "total", "amount_paid", "credited", "close_deadline", "attention",
 ]  # fmt: skip
 
 
