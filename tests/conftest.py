@@ -76,6 +76,7 @@ def settings(database_url: str, broker: TansuBroker) -> Settings:
         batch_max_records=200,
         ingest_processes=1,  # ingest in the run process (its drills kill that one process)
         health_port=0,  # a test that wants the health server picks a free port
+        settle_interval_s=10.0,  # the tests' waits were sized for pushes this often
     )
 
 

@@ -62,7 +62,7 @@ class Pipeline:
     concurrency: int = 8
     customers: int = 100
     meters: int = 3
-    settle_interval_s: float = 10.0
+    settle_interval_s: float = 30.0
 
 
 def run_load(

@@ -110,7 +110,10 @@ def _pipeline_args(parser: Any) -> None:
     parser.add_argument("--stripe-rate", type=positive_int, default=25, help="requests/s")
     parser.add_argument("--concurrency", type=positive_int, default=8)
     parser.add_argument("--meters", type=positive_int, default=3, help="meters a customer (<=4)")
-    parser.add_argument("--settle-interval", type=positive_float, default=10.0)
+    parser.add_argument(
+        "--settle-interval", type=positive_float, default=30.0,
+        help="a line is pushed at most this often (SETTLE_INTERVAL_S; default 30)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true")
 
 
