@@ -450,3 +450,55 @@ def test_attention_stops_the_invoice_until_settled_by_someone_saying_how() -> No
         invoice.settle_attention("again", "ops")
     with pytest.raises(ValueError, match="needs a reason"):
         invoice.need_attention("  ")
+
+
+def test_the_read_back_events_carry_their_fields_and_refuse_with_their_reasons() -> None:
+    invoice = _finalizing()
+    invoice.record_verified(700, 2)
+    repair = invoice.record_drift([["l", "0", "4", "ii_1", "500", "400"]], 600, AT)
+    invoice.record_repaired(repair)
+    verified, drift, repaired = invoice.collect_events()
+    assert isinstance(verified, Invoice.Verified) and (verified.total, verified.items) == (700, 2)
+    assert isinstance(drift, Invoice.DriftFound) and (drift.repair, drift.lands_by) == (1, AT)
+    assert isinstance(repaired, Invoice.Repaired) and repaired.repair == 1
+    opened = _closed(L2)
+    with pytest.raises(IllegalTransition, match=r"is closed: cannot record a verified draft$"):
+        opened.record_verified(0, 0)
+    with pytest.raises(IllegalTransition, match=r"is closed: cannot record drift$"):
+        opened.record_drift([["x"]], 0, AT)
+    with pytest.raises(IllegalTransition, match=r"is closed: cannot record a repair$"):
+        opened.record_repaired(1)
+    with pytest.raises(ValueError, match=r"^drift needs at least one item that differs$"):
+        invoice.record_drift([], 0, AT)
+    with pytest.raises(ValueError, match=r"^attention needs a reason$"):
+        invoice.need_attention("")
+    invoice.need_attention("why")
+    with pytest.raises(ValueError, match=r"^settling needs how and who$"):
+        invoice.settle_attention("how", " ")
+
+
+def test_a_checked_open_draft_is_recorded_with_its_total_items_and_drifted_lines() -> None:
+    invoice = _closed(L2)
+    invoice.collect_events()
+    invoice.record_checked(650, 3, [L1])
+    (checked,) = invoice.collect_events()
+    assert isinstance(checked, Invoice.DraftChecked)
+    assert (checked.total, checked.items, checked.drifted) == (650, 3, [str(L1)])
+    with pytest.raises(IllegalTransition, match=r"is finalizing: cannot record a checked draft$"):
+        _finalizing().record_checked(0, 0, [])
+
+
+def test_a_failed_credit_note_is_recorded_with_its_transaction_and_refused_before_final() -> None:
+    invoice = _finalizing()
+    invoice.observe(_view("open", total=700))
+    invoice.collect_events()
+    txn = UUID(int=77)
+    invoice.record_credit_failure(txn, "http_503", "down", AT)
+    (failed,) = invoice.collect_events()
+    assert isinstance(failed, Invoice.CreditFailed)
+    assert (failed.transaction_id, failed.attempt, failed.error_class, failed.message) == (
+        txn, 1, "http_503", "down",
+    )  # fmt: skip
+    assert (invoice.credit_attempts, invoice.credit_due) == (1, AT)
+    with pytest.raises(IllegalTransition, match=r"cannot record a failed credit note$"):
+        _finalizing().record_credit_failure(txn, "x", "y", AT)

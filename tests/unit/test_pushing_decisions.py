@@ -82,3 +82,17 @@ def test_the_backoff_stops_doubling_after_forty_doublings() -> None:
     assert backoff(41, policy, 0.5) == timedelta(microseconds=2**39)
     assert backoff(60, policy, 0.5) == timedelta(microseconds=2**39)
     assert backoff(40, policy, 0.5) == timedelta(microseconds=2**38)
+
+
+def test_a_push_after_a_repaired_drift_is_an_ordinary_one_with_no_repair_key() -> None:
+    line = InvoiceLine.open("acme", "USD", "api.requests", DEC)
+    line.settle([(UUID(int=1), Decimal(300))])
+    push = LinePush(line_id=line.id)
+    push.record_pushed(line.sequence, 300, [300], ["ii_1"], "in_1")
+    push.record_drift([200])
+    drifted = plan_push(line, push)
+    assert drifted is not None and drifted.repair == 1 and drifted.items[0].update
+    push.record_pushed(line.sequence, 300, [300], ["ii_1"], "in_1")
+    line.settle([(UUID(int=2), Decimal(100))])
+    after = plan_push(line, push)
+    assert after is not None and after.repair == 0

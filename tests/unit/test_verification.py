@@ -135,3 +135,48 @@ def test_attempts_that_could_no_longer_land_are_forgotten_when_the_next_is_sent(
     assert set(push.open_attempts) == {"2", "3"}
     with pytest.raises(ValueError, match="before it is sent"):
         push.start_attempt(4, AT, AT - timedelta(seconds=1))
+
+
+def test_attempt_and_seal_events_carry_their_fields_and_refusals_their_reasons() -> None:
+    push = LinePush(line_id=L1)
+    push.collect_events()
+    attempt = push.start_attempt(7, AT, AT + timedelta(seconds=5))
+    push.end_attempt(attempt, "answered")
+    push.seal(UUID(int=9))
+    started, ended, sealed = push.collect_events()
+    assert isinstance(started, LinePush.AttemptStarted)
+    assert (started.attempt, started.sequence, started.sent_at) == (1, 7, AT)
+    assert isinstance(ended, LinePush.AttemptEnded) and ended.outcome == "answered"
+    assert isinstance(sealed, LinePush.Sealed) and sealed.invoice_id == UUID(int=9)
+    with pytest.raises(IllegalTransition, match=r"is sealed: its invoice is finalizing$"):
+        push.start_attempt(8, AT, AT)
+    with pytest.raises(IllegalTransition, match=r"is sealed: the closer repairs it$"):
+        push.record_drift([1])
+
+
+def test_drift_on_an_open_line_is_a_repair_and_what_it_holds_is_not_drift() -> None:
+    push = LinePush(line_id=L1)
+    push.record_pushed(4, 300, [300], ["ii_1"], "in_1")
+    with pytest.raises(ValueError, match=r"\[300\] is what it holds, not drift$"):
+        push.record_drift([300])
+    assert push.record_drift([200]) == 1
+    assert (push.drifted, push.repairs) == (True, 1)
+    push.record_pushed(4, 300, [300], ["ii_1"], "in_1")
+    assert (push.drifted, push.repairs) == (False, 1)
+
+
+def test_a_push_from_a_snapshot_taken_before_attempts_existed_starts_them() -> None:
+    push = LinePush(line_id=L1)
+    del push.__dict__["open_attempts"]  # as an older snapshot loads it
+    assert push.in_doubt_until(AT) is None
+    push.start_attempt(1, AT, AT + timedelta(seconds=5))
+    assert push.in_doubt_until(AT) == AT + timedelta(seconds=5)
+
+
+def test_expected_items_skip_lines_with_no_push_and_refuse_a_push_whose_lists_disagree() -> None:
+    push = LinePush(line_id=L1)
+    push.record_pushed(4, 300, [300], ["ii_1"], "in_1")
+    assert expected_items([(L2, None), (L1, push)]) == [ExpectedItem(L1, 0, 4, "ii_1", 300)]
+    push.amounts = [300, 0]  # never recorded so: the lists always have one entry an item
+    with pytest.raises(ValueError):
+        expected_items([(L1, push)])
