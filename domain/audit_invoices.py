@@ -13,7 +13,10 @@ Like ``domain.audit``, the fold reads plain stored data. What it proves, per inv
   (``domain.closing.shares_in_order``); the credits never exceed the total;
   a credited transaction is Compensated;
 * a paid invoice's amount paid is Stripe's total less nothing (the webhooks' figure),
-  and it was recorded from a webhook or a finalize answer the ledger received.
+  and it was recorded from a webhook or a finalize answer the ledger received;
+* with Stripe's invoices listed (``check_stripe_invoices``): every invoice the ledger
+  finalized is final in Stripe, at the total the ledger expected, and no invoice of
+  the ledger's is final in Stripe while the ledger has not finalized it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,13 @@ from domain.closing import shares_in_order
 from domain.invoice_states import ALLOWED_FROM, InvoiceState
 from domain.transaction import TxnState
 
-__all__ = ["InvoiceAudit", "check_invoices", "credited_transactions"]
+__all__ = [
+    "InvoiceAudit",
+    "StripeInvoice",
+    "check_invoices",
+    "check_stripe_invoices",
+    "credited_transactions",
+]
 
 S = InvoiceState
 _TO_STATE = {
@@ -41,6 +50,17 @@ _TO_STATE = {
     "MarkedUncollectible": S.UNCOLLECTIBLE,
     "Voided": S.VOID,
 }
+
+
+@dataclass(frozen=True)
+class StripeInvoice:
+    """An invoice as Stripe lists it: its id, status, total, and the ledger's invoice id
+    from its metadata (None: not made by the ledger)."""
+
+    id: str
+    status: str
+    total: int
+    invoice_id: str | None
 
 
 @dataclass(slots=True)
@@ -231,3 +251,53 @@ def _credits(
 def credited_transactions(invoices: Mapping[str, InvoiceAudit]) -> frozenset[str]:
     """Transactions reversed by a credit note request (they stay on their final line)."""
     return frozenset(t for inv in invoices.values() for t in inv.requested)
+
+
+_FINAL_IN_LEDGER = (S.FINALIZED, S.PAYMENT_FAILED, S.PAID, S.UNCOLLECTIBLE, S.VOID)
+
+
+def check_stripe_invoices(
+    stripe: Collection[StripeInvoice], invoices: Mapping[str, InvoiceAudit], *, whole: bool
+) -> list[Finding]:
+    """Every invoice the ledger finalized against Stripe's own listing (I10): final there,
+    at the expected total; and (``whole``: every invoice of the ledger was replayed) no
+    invoice of the ledger's final in Stripe that the ledger never finalized."""
+    by_id = {i.id: i for i in stripe}
+    found: list[Finding] = []
+    for inv in invoices.values():
+        if inv.state not in _FINAL_IN_LEDGER or inv.stripe_invoice_id is None:
+            continue
+        held = by_id.get(inv.stripe_invoice_id)
+        if held is None:
+            if whole:
+                found.append(
+                    Finding("stripe", inv.invoice_id, f"{inv.stripe_invoice_id} not in Stripe")
+                )
+            continue
+        if held.status == "draft":
+            found.append(Finding("stripe", inv.invoice_id, f"{held.id} is still a draft in Stripe"))
+        elif inv.expected_total is not None and held.total != inv.expected_total:
+            found.append(
+                Finding(
+                    "stripe",
+                    inv.invoice_id,
+                    f"Stripe's invoice {held.id} totals {held.total}; the ledger expected"
+                    f" {inv.expected_total}",
+                )
+            )
+    if whole:
+        ours = {inv.stripe_invoice_id: inv for inv in invoices.values()}
+        for held in stripe:
+            mine = ours.get(held.id)
+            if mine is not None and held.status != "draft" and mine.state not in (
+                *_FINAL_IN_LEDGER, S.FINALIZING,
+            ):  # fmt: skip
+                found.append(
+                    Finding(
+                        "stripe",
+                        mine.invoice_id,
+                        f"{held.id} is {held.status} in Stripe; the ledger's invoice is"
+                        f" {mine.state}",
+                    )
+                )
+    return found

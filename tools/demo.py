@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from adapters.audit.replay import Scope
-from adapters.audit.report import audit, stripe_invoice_items
+from adapters.audit.report import audit, stripe_invoice_items, stripe_invoice_totals
 from adapters.bootstrap import (
     build_ingest_worker,
     build_projector,
@@ -312,6 +312,7 @@ def _audit(settings: Settings) -> dict[str, Any]:
             Scope(),
             horizon=settings.overdue_after(),
             stripe_items=lambda: stripe_invoice_items(settings.stripe()),
+            stripe_invoices=lambda: stripe_invoice_totals(settings.stripe()),
             progress=False,
         )
     return {

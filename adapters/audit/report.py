@@ -39,7 +39,12 @@ from domain.audit import (
     check_stripe,
     check_transactions,
 )
-from domain.audit_invoices import check_invoices, credited_transactions
+from domain.audit_invoices import (
+    StripeInvoice,
+    check_invoices,
+    check_stripe_invoices,
+    credited_transactions,
+)
 from domain.audit_lines import check_line_items, check_lines
 from store.connections import Database
 from store.eventlog import copy_log
@@ -95,6 +100,7 @@ def audit(
     stripe_items: Callable[[], list[InvoiceItem]] | None = None,
     progress: bool = True,
     anchors: Anchors | None = None,
+    stripe_invoices: Callable[[], list[StripeInvoice]] | None = None,
 ) -> AuditReport:
     """Replay, check every invariant, compare with the read models (and Stripe); with
     ``anchors``, verify the whole log against the signed checkpoints."""
@@ -132,6 +138,10 @@ def audit(
         findings += check_stripe(items, result.transactions, foreign_items=foreign)
         if not scope.partial:
             findings += check_line_items(items, result.pushes, result.lines)
+    if stripe_invoices is not None:
+        findings += check_stripe_invoices(
+            stripe_invoices(), result.invoices, whole=not scope.partial
+        )
     return AuditReport(
         scope={
             k: v.isoformat() if isinstance(v, datetime) else v for k, v in asdict(scope).items()
@@ -225,6 +235,33 @@ def stripe_invoice_items(
             (item.get("metadata") or {}).get("line_id"),
         )
         for item in client.invoice_items(stripe_customer)
+    ]
+
+
+def stripe_invoice_totals(
+    settings: StripeSettings, customer: str | None = None
+) -> list[StripeInvoice]:
+    """Every invoice in Stripe (of one customer's Stripe customer, if given), its status
+    and total, listed through the project's one Stripe client."""
+    client = StripeGateway(settings)
+    params: dict[str, Any] = {"limit": 100}
+    if customer is not None:
+        stripe_customer = client.find_customer(customer)
+        if stripe_customer is None:
+            return []
+        params["customer"] = stripe_customer
+    page = client.pressure.call(
+        "invoices.list",
+        lambda: client.client.v1.invoices.list(params=params),  # type: ignore[arg-type]
+    )
+    return [
+        StripeInvoice(
+            str(i["id"]),
+            str(i["status"]),
+            int(i["total"]),
+            (i.get("metadata") or {}).get("invoice_id"),
+        )
+        for i in (item.to_dict() for item in page.auto_paging_iter())
     ]
 
 

@@ -94,7 +94,12 @@ def _anchor(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
     from adapters.audit.anchor import anchors
     from adapters.audit.replay import Scope
-    from adapters.audit.report import audit, render, stripe_invoice_items
+    from adapters.audit.report import (
+        audit,
+        render,
+        stripe_invoice_items,
+        stripe_invoice_totals,
+    )
     from adapters.bootstrap import database
     from adapters.settings import Settings
 
@@ -105,6 +110,9 @@ def _audit(args: argparse.Namespace) -> int:
     items = (
         (lambda: stripe_invoice_items(settings.stripe(), scope.customer)) if args.stripe else None
     )
+    stripe_invoices = (
+        (lambda: stripe_invoice_totals(settings.stripe(), scope.customer)) if args.stripe else None
+    )
     anchored = _anchor_settings(settings, required=False)
     with database(settings, pool_size=0) as db:
         report = audit(
@@ -112,6 +120,7 @@ def _audit(args: argparse.Namespace) -> int:
             scope,
             horizon=settings.overdue_after(),
             stripe_items=items,
+            stripe_invoices=stripe_invoices,
             anchors=anchors(*anchored) if anchored is not None else None,
         )
     text = json.dumps(report.as_dict(), indent=2) if args.json else render(report)

@@ -13,7 +13,7 @@ from uuid import UUID
 import psycopg
 
 from adapters.audit.replay import Scope
-from adapters.audit.report import audit
+from adapters.audit.report import audit, stripe_invoice_totals
 from adapters.bootstrap import build_corrections, build_projector, build_pusher, close_worker
 from adapters.broker import consumer_lag, make_producer
 from adapters.ingest.worker import IngestWorker
@@ -192,6 +192,9 @@ def audit_findings(
         Scope(),
         horizon=settings.overdue_after(),
         stripe_items=stripe_items,
+        stripe_invoices=(
+            (lambda: stripe_invoice_totals(settings.stripe())) if stripe_items is not None else None
+        ),
         progress=False,
     )
     return [f"{f.kind} {f.subject}: {f.detail}" for f in report.findings]

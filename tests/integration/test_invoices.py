@@ -29,7 +29,7 @@ from psycopg import sql
 from pydantic import SecretStr
 
 from adapters.audit.replay import Scope
-from adapters.audit.report import audit, stripe_invoice_items
+from adapters.audit.report import audit, stripe_invoice_items, stripe_invoice_totals
 from adapters.bootstrap import (
     build_closer,
     build_corrections,
@@ -150,6 +150,7 @@ def _audit_clean(parts: Parts) -> None:
         report = audit(
             db, Scope(), horizon=parts.settings.retry_policy().horizon,
             stripe_items=lambda: stripe_invoice_items(parts.settings.stripe()), progress=False,
+            stripe_invoices=lambda: stripe_invoice_totals(parts.settings.stripe()),
         )  # fmt: skip
     assert report.findings == []
 

@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 
 from domain.audit import Finding, TxnAudit
-from domain.audit_invoices import InvoiceAudit, check_invoices, credited_transactions
+from domain.audit_invoices import (
+    InvoiceAudit,
+    StripeInvoice,
+    check_invoices,
+    check_stripe_invoices,
+    credited_transactions,
+)
 from domain.audit_lines import LineAudit
 from domain.invoice_states import InvoiceState
 from domain.transaction import TxnState
@@ -388,3 +394,46 @@ def test_credited_transactions_are_those_requested_on_any_invoice() -> None:
     _credit(two, T5, 10, None, 9)
     assert credited_transactions({INV: one, INV_B: two}) == frozenset({T2, T4, T5})
     assert credited_transactions({}) == frozenset()
+
+
+def _audited(state: InvoiceState, expected: int | None = 300) -> InvoiceAudit:
+    return InvoiceAudit(
+        "inv-1", "acme", "USD", "2026-12-01", ["l1"], state=state,
+        stripe_invoice_id="in_1", expected_total=expected,
+    )  # fmt: skip
+
+
+def test_stripe_invoices_at_the_expected_total_are_clean() -> None:
+    stripe = [StripeInvoice("in_1", "paid", 300, "inv-1")]
+    assert check_stripe_invoices(stripe, {"inv-1": _audited(InvoiceState.PAID)}, whole=True) == []
+
+
+def test_a_finalized_invoice_whose_stripe_total_differs_is_a_stripe_finding() -> None:
+    stripe = [StripeInvoice("in_1", "open", 200, "inv-1")]
+    [finding] = check_stripe_invoices(
+        stripe, {"inv-1": _audited(InvoiceState.FINALIZED)}, whole=True
+    )
+    assert (finding.kind, finding.subject, finding.detail) == (
+        "stripe", "inv-1", "Stripe's invoice in_1 totals 200; the ledger expected 300",
+    )  # fmt: skip
+
+
+def test_an_invoice_final_in_the_ledger_but_a_draft_or_missing_in_stripe_is_a_finding() -> None:
+    final = {"inv-1": _audited(InvoiceState.FINALIZED)}
+    [draft] = check_stripe_invoices(
+        [StripeInvoice("in_1", "draft", 300, "inv-1")], final, whole=True
+    )
+    assert draft.detail == "in_1 is still a draft in Stripe"
+    [gone] = check_stripe_invoices([], final, whole=True)
+    assert gone.detail == "in_1 not in Stripe"
+    assert check_stripe_invoices([], final, whole=False) == []  # a customer's scope only
+
+
+def test_an_invoice_final_in_stripe_that_the_ledger_never_finalized_is_a_finding() -> None:
+    stripe = [StripeInvoice("in_1", "open", 300, "inv-1")]
+    closed = {"inv-1": _audited(InvoiceState.CLOSED)}
+    [finding] = check_stripe_invoices(stripe, closed, whole=True)
+    assert finding.detail == "in_1 is open in Stripe; the ledger's invoice is closed"
+    assert check_stripe_invoices(stripe, closed, whole=False) == []
+    finalizing = {"inv-1": _audited(InvoiceState.FINALIZING)}
+    assert check_stripe_invoices(stripe, finalizing, whole=True) == []  # its answer pending
