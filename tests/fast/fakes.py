@@ -29,6 +29,7 @@ from domain.verification import DraftItem, DraftView
 from store.ledger import BillingLedger
 
 __all__ = [
+    "Clock",
     "FakeDeadLetters",
     "FakeGateway",
     "FaultyPrices",
@@ -38,6 +39,16 @@ __all__ = [
 ]
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+class Clock:
+    """A clock the test moves: ``now`` is what every part given it reads."""
+
+    def __init__(self, now: datetime = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
 
 
 def memory_ledger() -> BillingLedger:

@@ -6,7 +6,7 @@ share exactly once, webhooks' views in any order."""
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import timedelta
 from uuid import UUID
 
 import pytest
@@ -22,20 +22,12 @@ from domain.periods import PeriodPolicy
 from domain.saga import ChargeFailure, RetryPolicy, StepResult
 from domain.transaction import TxnState
 from store.ledger import BillingLedger
-from tests.fast.fakes import T0, FakeGateway, memory_ledger, reserve
+from tests.fast.fakes import T0, Clock, FakeGateway, memory_ledger, reserve
 
 POLICY = RetryPolicy(horizon=timedelta(hours=1))
 GRACE = timedelta(hours=1)
 DECEMBER = PeriodPolicy().period_of(T0)
 AFTER_DEADLINE = DECEMBER.end + GRACE
-
-
-class Clock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 def _parts(

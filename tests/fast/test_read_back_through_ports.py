@@ -30,23 +30,12 @@ from domain.pushing import push_key
 from domain.saga import ChargeFailure, RetryPolicy, StepResult, backoff
 from domain.transaction import TxnState
 from domain.verification import LandingWindow
-from tests.fast.fakes import T0, FakeGateway, memory_ledger, reserve
+from tests.fast.fakes import T0, Clock, FakeGateway, memory_ledger, reserve
 
 POLICY = RetryPolicy(horizon=timedelta(hours=1))
 GRACE = timedelta(hours=1)
 AFTER_DEADLINE = PeriodPolicy().period_of(T0).end + GRACE
 LANDING = LandingWindow(per_call=timedelta(seconds=30), margin=timedelta(seconds=30))
-
-
-class Clock:
-    """Starts at the period's close deadline: the pushes of each race happen just before
-    the close, as the final pushes of a period do."""
-
-    def __init__(self) -> None:
-        self.now = AFTER_DEADLINE
-
-    def __call__(self):  # type: ignore[no-untyped-def]
-        return self.now
 
 
 class Parts:
@@ -55,7 +44,9 @@ class Parts:
     def __init__(self) -> None:
         self.ledger = memory_ledger()
         self.gateway = FakeGateway()
-        self.clock = Clock()
+        # At the period's close deadline: the pushes of each race happen just before the
+        # close, as the final pushes of a period do.
+        self.clock = Clock(AFTER_DEADLINE)
         self.a, self.b = (self._pusher(), self._pusher())
         self.closer = InvoiceCloser(
             self.ledger, self.gateway, lambda line, _: self.b.push(line), POLICY, GRACE,
@@ -67,6 +58,13 @@ class Parts:
         return LinePusher(
             self.ledger, self.gateway, POLICY, clock=self.clock, jitter=lambda: 0.5, landing=LANDING
         )
+
+    def one_pushed(self) -> tuple[UUID, UUID, Invoice]:
+        """One record (100) reserved and pushed by A: its transaction, line and invoice."""
+        [first] = reserve(self.ledger, 1, prefix="a")
+        line = self.line(first)
+        self.a.push(line)
+        return first, line, self.invoice(line)
 
     def line(self, txn: UUID) -> UUID:
         line = self.ledger.transaction(txn).line_id
@@ -275,10 +273,7 @@ def test_a_request_answered_at_once_leaves_nothing_in_doubt() -> None:
 
 def test_a_draft_holding_an_item_the_ledger_did_not_make_needs_attention_not_finalizing() -> None:
     parts = Parts()
-    [first] = reserve(parts.ledger, 1, prefix="a")
-    line = parts.line(first)
-    parts.a.push(line)
-    invoice = parts.invoice(line)
+    _first, _line, invoice = parts.one_pushed()
     stripe_invoice = invoice.stripe_invoice_id
     parts.gateway.items["ii_by_hand"] = {"amount": 999, "line": None, "invoice": stripe_invoice}
     parts.invoice_of_line = invoice
@@ -302,10 +297,7 @@ def test_a_total_changed_by_hand_after_verifying_is_a_recorded_mismatch_not_a_si
     None
 ):
     parts = Parts()
-    [first] = reserve(parts.ledger, 1, prefix="a")
-    line = parts.line(first)
-    parts.a.push(line)
-    invoice = parts.invoice(line)
+    _first, _line, invoice = parts.one_pushed()
     parts.clock.now = AFTER_DEADLINE
     parts.closer.verify = True
     # closed, finalizing and verified; then the item is edited before the finalize call
@@ -328,10 +320,7 @@ def test_a_total_changed_by_hand_after_verifying_is_a_recorded_mismatch_not_a_si
 
 def test_a_refusal_on_an_invoice_finalized_by_hand_keeps_the_usage_and_needs_attention() -> None:
     parts = Parts()
-    [first] = reserve(parts.ledger, 1, prefix="a")
-    line = parts.line(first)
-    parts.a.push(line)
-    invoice = parts.invoice(line)
+    _first, line, invoice = parts.one_pushed()
     assert invoice.stripe_invoice_id is not None
     parts.gateway.finalize_invoice(invoice.stripe_invoice_id, invoice.id, look_first=False)
     [more] = reserve(parts.ledger, 1, prefix="b")
@@ -406,10 +395,7 @@ def test_an_open_drafts_drift_is_found_between_closes_and_set_again_by_the_lines
 
 def test_an_open_draft_finalized_by_hand_needs_attention_when_checked() -> None:
     parts = Parts()
-    [first] = reserve(parts.ledger, 1, prefix="a")
-    line = parts.line(first)
-    parts.a.push(line)
-    invoice = parts.invoice(line)
+    _first, _line, invoice = parts.one_pushed()
     assert invoice.stripe_invoice_id is not None
     parts.gateway.finalize_invoice(invoice.stripe_invoice_id, invoice.id, look_first=False)
     checker = DraftChecker(parts.ledger, parts.gateway, lambda *_: None, clock=parts.clock)
@@ -528,10 +514,7 @@ def test_drift_that_repairs_do_not_remove_stops_the_invoice_after_max_repairs() 
 
 def test_settling_without_fixing_the_draft_stops_the_invoice_again_after_reading_it() -> None:
     parts = Parts()
-    [first] = reserve(parts.ledger, 1, prefix="a")
-    line = parts.line(first)
-    parts.a.push(line)
-    invoice = parts.invoice(line)
+    _first, _line, invoice = parts.one_pushed()
     parts.gateway.items["ii_by_hand"] = {
         "amount": 5, "line": None, "invoice": invoice.stripe_invoice_id,
     }  # fmt: skip
@@ -549,10 +532,7 @@ def test_settling_without_fixing_the_draft_stops_the_invoice_again_after_reading
 
 def test_an_invoice_finalized_by_hand_while_finalizing_is_recorded_with_its_mismatch() -> None:
     parts = Parts()
-    [first] = reserve(parts.ledger, 1, prefix="a")
-    line = parts.line(first)
-    parts.a.push(line)
-    invoice = parts.invoice(line)
+    _first, _line, invoice = parts.one_pushed()
     assert invoice.stripe_invoice_id is not None
     parts.closer.step(invoice.id)  # closed
     item = next(iter(parts.gateway.items))

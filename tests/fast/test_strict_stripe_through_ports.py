@@ -17,19 +17,11 @@ from domain.periods import PeriodPolicy
 from domain.saga import ChargeFailure, RetryPolicy, StepResult, backoff
 from domain.transaction import TxnState
 from store.ledger import BillingLedger
-from tests.fast.fakes import T0, FakeGateway, memory_ledger, reserve
+from tests.fast.fakes import T0, Clock, FakeGateway, memory_ledger, reserve
 
 POLICY = RetryPolicy(horizon=timedelta(hours=1))
 GRACE = timedelta(hours=1)
 AFTER_DEADLINE = PeriodPolicy().period_of(T0).end + GRACE
-
-
-class Clock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 def _parts(
