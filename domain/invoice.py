@@ -58,7 +58,12 @@ from domain.ids import invoice_id
 from domain.invoice_states import ALLOWED_FROM, FINAL_STATES, InvoiceState, StripeInvoiceView
 from domain.periods import Period
 
-__all__ = ["Invoice"]
+__all__ = ["Invoice", "mismatch_reason"]
+
+
+def mismatch_reason(expected_total: int, stripe_total: int) -> str:
+    """Why an invoice Stripe finalized at another total than expected needs attention."""
+    return f"Stripe finalized {stripe_total} where the ledger expected {expected_total}"
 
 
 S = InvoiceState
@@ -390,9 +395,7 @@ class Invoice(Aggregate):
     @event(MismatchFound)
     def _mismatch_found(self, expected_total: int, stripe_total: int, source: str) -> None:
         self.mismatch = (expected_total, stripe_total)
-        self.attention = (
-            f"Stripe finalized {stripe_total} where the ledger expected {expected_total}"
-        )
+        self.attention = mismatch_reason(expected_total, stripe_total)
 
     # -- reading back the draft ---------------------------------------------------------
 

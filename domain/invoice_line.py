@@ -264,7 +264,7 @@ class LinePush(Aggregate):
         """Stripe answered the attempt (or it was never sent): it cannot land later."""
 
         attempt: int
-        outcome: str  # answered, refused (a final error), not_sent
+        outcome: str  # answered (whatever Stripe said) or not_sent (our breaker or limiter)
 
     class DriftFound(Aggregate.Event):
         """Stripe's draft holds other amounts than the newest acknowledged push: the

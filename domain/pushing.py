@@ -24,7 +24,7 @@ from eventsourcing.utils import get_topic
 
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.money import split_for_items
-from domain.saga import ChargeFailure, RetryPolicy, backoff
+from domain.saga import ChargeFailure, RetryPolicy, retry_due
 from domain.transaction import BillingTransaction
 
 __all__ = [
@@ -133,10 +133,8 @@ def after_failure(
             PushVerdict.ABANDON,
             reason=f"Stripe refused the line: {failure.error_class}: {failure.message}",
         )
-    delay = backoff(push.attempts + 1, policy, jitter)
-    if failure.retry_after is not None:
-        delay = max(delay, failure.retry_after)
-    return FailureDecision(PushVerdict.RETRY, next_attempt_at=now + delay)
+    due = retry_due(failure, push.attempts + 1, now, policy, jitter)
+    return FailureDecision(PushVerdict.RETRY, next_attempt_at=due)
 
 
 CHARGEABLE_TOPICS = frozenset(

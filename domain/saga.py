@@ -8,10 +8,17 @@ The decisions of each step are where their state is: a line push's in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 
-__all__ = ["ChargeFailure", "RetryPolicy", "StepResult", "backoff", "idempotency_key"]
+__all__ = [
+    "ChargeFailure",
+    "RetryPolicy",
+    "StepResult",
+    "backoff",
+    "idempotency_key",
+    "retry_due",
+]
 
 
 def idempotency_key(step: str, subject: object) -> str:
@@ -67,6 +74,17 @@ def backoff(attempt: int, policy: RetryPolicy, jitter: float) -> timedelta:
     doublings = min(max(attempt - 1, 0), 40)  # past 2**40 every delay is capped anyway
     ceiling = min(policy.base_delay * (1 << doublings), policy.max_delay)
     return max(ceiling * jitter, policy.base_delay / 10)
+
+
+def retry_due(
+    failure: ChargeFailure, attempt: int, now: datetime, policy: RetryPolicy, jitter: float
+) -> datetime:
+    """When attempt ``attempt`` (counting from 1) is due after ``failure``: the backoff,
+    or Stripe's ``Retry-After`` when that is later."""
+    delay = backoff(attempt, policy, jitter)
+    if failure.retry_after is not None:
+        delay = max(delay, failure.retry_after)
+    return now + delay
 
 
 class StepResult(StrEnum):

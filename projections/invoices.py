@@ -22,7 +22,7 @@ from eventsourcing.utils import get_topic
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from domain.invoice import Invoice
+from domain.invoice import Invoice, mismatch_reason
 from domain.invoice_states import InvoiceState
 from projections.base import SCHEMA, History, InvalidFilter, check_customer, check_limit
 from store.schema import EVENTS_TABLE, PROJECTION_POSITIONS
@@ -188,10 +188,7 @@ def _fold(rows: dict[UUID, dict[str, Any]], event: Any) -> None:  # noqa: PLR091
         row["attention"] = None
     elif isinstance(event, Invoice.MismatchFound):
         row["stripe_mismatch_total"] = event.stripe_total
-        row["attention"] = (
-            f"Stripe finalized {event.stripe_total} where the ledger expected"
-            f" {event.expected_total}"
-        )
+        row["attention"] = mismatch_reason(event.expected_total, event.stripe_total)
     elif isinstance(event, Invoice.Credited):
         row["credited"] += event.amount
         if event.transaction_id is not None:

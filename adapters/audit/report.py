@@ -244,16 +244,11 @@ def stripe_invoice_totals(
     """Every invoice in Stripe (of one customer's Stripe customer, if given), its status
     and total, listed through the project's one Stripe client."""
     client = StripeGateway(settings)
-    params: dict[str, Any] = {"limit": 100}
+    stripe_customer = None
     if customer is not None:
         stripe_customer = client.find_customer(customer)
         if stripe_customer is None:
             return []
-        params["customer"] = stripe_customer
-    page = client.pressure.call(
-        "invoices.list",
-        lambda: client.client.v1.invoices.list(params=params),  # type: ignore[arg-type]
-    )
     return [
         StripeInvoice(
             str(i["id"]),
@@ -261,7 +256,7 @@ def stripe_invoice_totals(
             int(i["total"]),
             (i.get("metadata") or {}).get("invoice_id"),
         )
-        for i in (item.to_dict() for item in page.auto_paging_iter())
+        for i in client.invoices(stripe_customer)
     ]
 
 

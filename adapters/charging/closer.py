@@ -54,7 +54,7 @@ from domain.errors import IllegalTransition
 from domain.invoice import Invoice
 from domain.invoice_states import InvoiceState
 from domain.ports import CreditNote, ItemRepair, PaymentGateway
-from domain.saga import ChargeFailure, RetryPolicy, backoff
+from domain.saga import ChargeFailure, RetryPolicy, retry_due
 from domain.verification import (
     DEFAULT_LANDING,
     DraftView,
@@ -152,6 +152,9 @@ class InvoiceCloser:
         if state is S.CLOSED:
             return self._finish_lines(invoice), 0
         if state is S.FINALIZING:
+            due = invoice.next_attempt_at
+            if due is not None and due > self.clock():
+                return CloseStep(CloseResult.WAITING, state, retry_at=due), 0
             if self.verify and not invoice.verified:
                 return self._read_back(invoice)
             return self._finalize(invoice)
@@ -203,10 +206,6 @@ class InvoiceCloser:
     def _read_back(self, invoice: Invoice) -> tuple[CloseStep, int]:
         """Verify the draft against the ledger, or repair it, or stop for an operator."""
         now = self.clock()
-        if invoice.next_attempt_at is not None and invoice.next_attempt_at > now:
-            return CloseStep(
-                CloseResult.WAITING, invoice.state, retry_at=invoice.next_attempt_at
-            ), 0
         pushes = [
             (UUID(line), self.ledger.line_push(UUID(line))) for line in invoice.final_sequences
         ]
@@ -297,9 +296,7 @@ class InvoiceCloser:
         self, invoice: Invoice, failure: ChargeFailure, now: datetime, what: str
     ) -> CloseStep:
         """A failed Stripe call while finalizing: recorded with its due time."""
-        due = now + backoff(invoice.finalize_attempts + 1, self.policy, self.jitter())
-        if failure.retry_after is not None:
-            due = max(due, now + failure.retry_after)
+        due = retry_due(failure, invoice.finalize_attempts + 1, now, self.policy, self.jitter())
         invoice.record_finalize_failure(failure.error_class, failure.message, due)
         self.ledger.save(invoice)
         metrics().invoices.add(1, {"step": "finalize_failed"})
@@ -312,10 +309,6 @@ class InvoiceCloser:
 
     def _finalize(self, invoice: Invoice) -> tuple[CloseStep, int]:
         now = self.clock()
-        if invoice.next_attempt_at is not None and invoice.next_attempt_at > now:
-            return CloseStep(
-                CloseResult.WAITING, invoice.state, retry_at=invoice.next_attempt_at
-            ), 0
         assert invoice.stripe_invoice_id is not None
         answer = self.gateway.finalize_invoice(
             invoice.stripe_invoice_id, invoice.id, look_first=invoice.finalize_attempts > 0
@@ -376,9 +369,7 @@ class InvoiceCloser:
         )
         issued = self.gateway.credit_note(note)
         if isinstance(issued, ChargeFailure):
-            due = now + backoff(invoice.credit_attempts + 1, self.policy, self.jitter())
-            if issued.retry_after is not None:
-                due = max(due, now + issued.retry_after)
+            due = retry_due(issued, invoice.credit_attempts + 1, now, self.policy, self.jitter())
             invoice.record_credit_failure(txn, issued.error_class, issued.message, due)
             self.ledger.save(invoice)
             log.warning(

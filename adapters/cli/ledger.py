@@ -343,8 +343,10 @@ def _settle_invoice(args: argparse.Namespace) -> int:
         reason = invoice.attention
         try:
             invoice.settle_attention(args.how, args.by)
-        except (IllegalTransition, ValueError):
+        except IllegalTransition:
             raise usage(f"invoice {args.invoice_id} needs no attention") from None
+        except ValueError:
+            raise usage("--how and --by must say what was done and who did it") from None
         ledger.save(invoice)
     print(f"invoice {args.invoice_id}: settled ({reason}); the close role reads it back again")
     return 0

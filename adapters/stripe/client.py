@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import stripe
-from stripe.params import InvoiceItemListParams
+from stripe.params import InvoiceItemListParams, InvoiceListParams
 
 from adapters.observability import telemetry
 from adapters.settings import StripeSettings
@@ -335,6 +335,15 @@ class StripeGateway:
         )
         for item in page.auto_paging_iter():
             yield item.to_dict()
+
+    def invoices(self, customer: str | None = None) -> Iterator[dict[str, Any]]:
+        """Every invoice (of one Stripe customer), as plain dicts."""
+        params: InvoiceListParams = {"limit": 100}
+        if customer is not None:
+            params["customer"] = customer
+        page = self._call("invoices.list", lambda: self.client.v1.invoices.list(params=params))
+        for invoice in page.auto_paging_iter():
+            yield invoice.to_dict()
 
     def delete_invoice_item(self, item_id: str, key: str) -> None:
         """Delete an invoice item (a charge from before lines: one item per transaction);
