@@ -437,3 +437,41 @@ def test_an_invoice_final_in_stripe_that_the_ledger_never_finalized_is_a_finding
     assert check_stripe_invoices(stripe, closed, whole=False) == []
     finalizing = {"inv-1": _audited(InvoiceState.FINALIZING)}
     assert check_stripe_invoices(stripe, finalizing, whole=True) == []  # its answer pending
+
+
+def _also(invoice_id: str, stripe_id: str, state: InvoiceState) -> InvoiceAudit:
+    return InvoiceAudit(
+        invoice_id, "acme", "USD", "2026-12-01", ["l1"], state=state,
+        stripe_invoice_id=stripe_id, expected_total=300,
+    )  # fmt: skip
+
+
+def test_every_stripe_finding_names_its_kind_and_invoice_and_each_invoice_is_checked() -> None:
+    invoices = {
+        "inv-0": _also("inv-0", "in_0", InvoiceState.OPEN),  # not final: not compared
+        "inv-9": _also("inv-9", "in_9", InvoiceState.PAID),  # missing, scope partial
+        "inv-1": _also("inv-1", "in_1", InvoiceState.FINALIZED),
+        "inv-2": _also("inv-2", "in_2", InvoiceState.PAID),
+        "inv-3": _also("inv-3", "in_3", InvoiceState.CLOSED),
+    }
+    stripe = [
+        StripeInvoice("in_0", "draft", 999, "inv-0"),
+        StripeInvoice("in_1", "draft", 300, "inv-1"),
+        StripeInvoice("in_2", "paid", 200, "inv-2"),
+        StripeInvoice("in_3", "draft", 300, "inv-3"),  # a draft of a closed invoice: fine
+    ]
+    found = check_stripe_invoices(stripe, invoices, whole=False)
+    assert [(f.kind, f.subject) for f in found] == [("stripe", "inv-1"), ("stripe", "inv-2")]
+    whole = check_stripe_invoices(stripe, invoices, whole=True)
+    assert [(f.kind, f.subject, f.detail) for f in whole] == [
+        ("stripe", "inv-9", "in_9 not in Stripe"),
+        ("stripe", "inv-1", "in_1 is still a draft in Stripe"),
+        ("stripe", "inv-2", "Stripe's invoice in_2 totals 200; the ledger expected 300"),
+    ]
+    opened = [StripeInvoice("in_3", "open", 300, "inv-3"), StripeInvoice("in_0", "open", 1, "x")]
+    later = check_stripe_invoices(opened, invoices, whole=True)
+    assert [(f.kind, f.subject) for f in later] == [
+        ("stripe", "inv-9"), ("stripe", "inv-1"), ("stripe", "inv-2"),  # not in this listing
+        ("stripe", "inv-3"), ("stripe", "inv-0"),  # final in Stripe, not in the ledger
+    ]  # fmt: skip
+    assert later[3].detail == "in_3 is open in Stripe; the ledger's invoice is closed"
