@@ -125,9 +125,10 @@ class LinePusher:
 
     def push(self, line_id: UUID) -> PushReport:
         """Bring Stripe and the charges up to the line's newest total, as far as now allows."""
-        with telemetry.span(
+        span = telemetry.span(
             "push line", telemetry.transaction_context(line_id), billing__line_id=str(line_id)
-        ) as current:
+        )
+        with span as current:
             report = self._push(line_id)
             current.set_attributes(
                 {
@@ -373,8 +374,7 @@ class LinePusher:
         self.ledger.save(push)
         m = metrics()
         m.charge_steps.add(1, {"result": "retry" if failure.retryable else "abandoned"})
-        if failure.retryable:
-            m.retries.add(1)
+        m.retries.add(int(failure.retryable))
         log.warning(
             "line push failed: %s", failure.message,
             extra=step_fields("push", str(decision.verdict), error_code=failure.error_class,

@@ -21,6 +21,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 from uuid import UUID
 
@@ -110,17 +111,7 @@ class Relay:
         body = json.loads(bytes(state))
         customer = self._customer(conn, originator_id, body)
         message = EventMessage(nid, originator_id, version, topic, event)
-        txn = str(originator_id) if ":BillingTransaction." in topic else None
-        line = str(originator_id) if ":InvoiceLine." in topic else None
-        with telemetry.span(
-            "relay publish",
-            telemetry.transaction_context(originator_id) if txn or line else None,
-            billing__transaction_id=txn,
-            billing__line_id=line,
-            billing__customer_id=customer,
-            billing__event=event,
-            billing__notification_id=nid,
-        ):
+        with _trace_publish(originator_id, topic, customer, event, nid):
             self.producer.send(
                 self.topic,
                 key=customer.encode(),
@@ -145,3 +136,20 @@ class Relay:
             created = json.loads(bytes(first[0])) if first else {}
             self._customers[originator_id] = str(created.get("customer_id", originator_id))
         return self._customers[originator_id]
+
+
+def _trace_publish(
+    originator_id: UUID, topic: str, customer: str, event: str, nid: int
+) -> AbstractContextManager[Any]:
+    """The ``relay publish`` span, in the transaction's (or line's) own trace."""
+    txn = str(originator_id) if ":BillingTransaction." in topic else None
+    line = str(originator_id) if ":InvoiceLine." in topic else None
+    return telemetry.span(
+        "relay publish",
+        telemetry.transaction_context(originator_id) if txn or line else None,
+        billing__transaction_id=txn,
+        billing__line_id=line,
+        billing__customer_id=customer,
+        billing__event=event,
+        billing__notification_id=nid,
+    )

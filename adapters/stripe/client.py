@@ -125,7 +125,8 @@ class StripeGateway:
             found = self.find_invoice(draft.invoice_id)
             if found is not None:
                 return found
-        with telemetry.span("stripe draft_invoice", billing__customer_id=draft.customer_id):
+        span = telemetry.span("stripe draft_invoice", billing__customer_id=draft.customer_id)
+        with span:
             invoice = self._call(
                 "invoices.create",
                 lambda: self.client.v1.invoices.create(
@@ -193,7 +194,8 @@ class StripeGateway:
     def read_invoice(self, stripe_invoice_id: str) -> DraftView:
         """The invoice's status, total and items: one retrieve (Stripe embeds the first
         lines), and the item list paged through only when the lines have more."""
-        with telemetry.span("stripe read_invoice", stripe__invoice_id=stripe_invoice_id):
+        span = telemetry.span("stripe read_invoice", stripe__invoice_id=stripe_invoice_id)
+        with span:
             found = self.retrieve_invoice(stripe_invoice_id)
             lines = found.get("lines") or {}
             if lines.get("has_more"):
@@ -244,12 +246,13 @@ class StripeGateway:
 
     def push_line(self, items: LineItems) -> list[str]:
         """Set the line's items to the plan's amounts; their ids in chunk order."""
-        with telemetry.span(
+        span = telemetry.span(
             "stripe push_line",
             billing__line_id=str(items.line_id),
             billing__sequence=items.plan.sequence,
             billing__requests=items.plan.calls,
-        ) as current:
+        )
+        with span as current:
             try:
                 ids = [self._item(items, step) for step in items.plan.items]
             except Exception as exc:

@@ -338,8 +338,15 @@ class WebhookHandler:
 
     @staticmethod
     def _answer(status: int, outcome: WebhookOutcome, event: StripeEvent | None) -> WebhookAnswer:
-        kind = event.type if event is not None and event.type in HANDLED_TYPES else "other"
-        metrics().webhooks.add(1, {"outcome": outcome.value, "type": kind})
+        metrics().webhooks.add(
+            1,
+            {
+                "outcome": outcome.value,
+                "type": (
+                    event.type if event is not None and event.type in HANDLED_TYPES else "other"
+                ),
+            },
+        )
         return WebhookAnswer(
             status, outcome, event.id if event else None, event.type if event else None
         )
