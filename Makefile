@@ -1,7 +1,8 @@
 # The two commands a newcomer needs:
 #   make demo   set up, then run the whole pipeline on the embedded default
 #   make test   set up, then lint, type-check and run every test
-#   make mutate mutation testing of domain/ against the unit and fast tests (not in test)
+#   make mutate mutation testing of domain/ and the money path (charging, Stripe client,
+#               webhook handler) against the unit and fast tests (not in test)
 # Nothing needs to be installed first but Python 3.11 (no Docker, no services).
 
 PYTHON ?= python3
