@@ -14,6 +14,8 @@ constructors.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -339,13 +341,16 @@ def build_charge_worker(
     return ChargeWorker(scheduler, consumer, DeadLetterStore(db or database(settings, pool_size=0)))
 
 
-def build_ownership(settings: Settings) -> Ownership:
-    """Which lines this process pushes: those of the partitions its charge consumer holds,
-    and any whose oldest unsent change is ``line_takeover_s`` old (the owner is late)."""
+def build_ownership(settings: Settings, ledger: BillingLedger) -> Ownership:
+    """Which lines this process pushes: those of the partitions its charge consumer holds
+    (each claimed in ``ledger`` when it is given, as ``host:pid``), and any whose oldest
+    unsent change is ``line_takeover_s`` old (the owner is late)."""
+    owner = f"{socket.gethostname()}:{os.getpid()}"
     return Ownership(
         settings.events_topic,
         settings.events_partitions,
         timedelta(seconds=settings.line_takeover_s),
+        claim=lambda partition: ledger.claim_partition(settings.events_topic, partition, owner),
     )
 
 

@@ -126,8 +126,9 @@ def _run_roles(
             breakers.append(pusher.gateway.breaker)
         # With a charge consumer here, this process pushes the lines of the customers
         # whose partitions it holds (adapters.charging.ownership); without, all it finds.
-        ownership = build_ownership(settings) if "charge" in roles else None
+        ownership = build_ownership(settings, ledger) if "charge" in roles else None
         if ownership is not None:
+            pusher.claims = ownership.claim_for  # its pushes carry the partition's claim
             factories["charge"], stats["charge"] = _charge_role(
                 settings, scheduler, db, pulses, drill, ownership
             )

@@ -3,13 +3,21 @@
 BillingError
  +-- InvalidUsage          a usage record that cannot be billed (goes to the DLQ)
  +-- IllegalTransition     a lifecycle step not allowed from the current state
+ |    +-- StaleOwner       a pusher whose claim of a partition is older than the newest
  +-- UnknownMeter          (also an InvalidUsage) no price for the meter
  +-- PriceListError        the price list itself is malformed
 """
 
 from __future__ import annotations
 
-__all__ = ["BillingError", "IllegalTransition", "InvalidUsage", "PriceListError", "UnknownMeter"]
+__all__ = [
+    "BillingError",
+    "IllegalTransition",
+    "InvalidUsage",
+    "PriceListError",
+    "StaleOwner",
+    "UnknownMeter",
+]
 
 
 class BillingError(Exception):
@@ -26,6 +34,11 @@ class UnknownMeter(InvalidUsage):
 
 class IllegalTransition(BillingError):
     """Raised when a transaction is asked to take a step its state does not allow."""
+
+
+class StaleOwner(IllegalTransition):
+    """Raised when a pusher pushes a line under a claim older than one already recorded
+    on it: its process lost the line's partition to the newer claim's owner."""
 
 
 class PriceListError(BillingError):

@@ -19,6 +19,7 @@ __all__ = [
     "invoice_id",
     "line_id",
     "line_push_id",
+    "partition_claim_id",
     "transaction_id",
 ]
 
@@ -66,6 +67,7 @@ LINE_NAMESPACE = UUID("3d1f0c4e-7b2a-5e96-8c41-0a9b6e2f5d13")
 PUSH_NAMESPACE = UUID("8a6e2b1d-4c3f-5a07-9e58-1f2d7c6b0e94")
 INVOICE_NAMESPACE = UUID("5c0b9e7a-2d4f-5183-a6e2-7f3c1b8d9a05")
 CUSTOMER_NAMESPACE = UUID("e2a47c19-6b5d-5f30-8d1e-4c9a0f7b3e68")
+CLAIM_NAMESPACE = UUID("9b3d5e71-0c2a-5f48-b6d9-3e7a1c0f4b26")
 
 
 def _key(*parts: str) -> str:
@@ -91,3 +93,8 @@ def invoice_id(customer_id: str, currency: str, period_key: str) -> UUID:
 def customer_link_id(customer_id: str) -> UUID:
     """The link between a customer and its customer in the payment provider."""
     return uuid5(CUSTOMER_NAMESPACE, customer_id)
+
+
+def partition_claim_id(topic: str, partition: int) -> UUID:
+    """The claims of one partition of a topic by the processes that consumed it."""
+    return uuid5(CLAIM_NAMESPACE, _key(topic, str(partition)))

@@ -35,9 +35,10 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
-from domain.errors import IllegalTransition
+from domain.errors import IllegalTransition, StaleOwner
 from domain.ids import invoice_id, line_id, line_push_id
 from domain.money import add_exact, canonical, round_minor
+from domain.ownership import Claim
 from domain.periods import Period
 
 __all__ = ["InvoiceLine", "LinePush"]
@@ -278,12 +279,22 @@ class LinePush(Aggregate):
 
         invoice_id: UUID
 
+    class OwnerClaimed(Aggregate.Event):
+        """Its pushes run under this claim of the customer's partition from now on: an
+        attempt under an older claim of the same partition is refused
+        (``domain.ownership``)."""
+
+        partition: int
+        epoch: int
+
     # State added after the first LinePush histories: class defaults, so an older
     # snapshot (which lacks them) loads with them.
     sealed = False
     attempts_started = 0
     repairs = 0
     drifted = False
+    owner_partition: int | None = None
+    owner_epoch = 0
 
     @staticmethod
     def create_id(line_id: UUID, **_: Any) -> UUID:
@@ -400,16 +411,44 @@ class LinePush(Aggregate):
 
     # -- attempts ---------------------------------------------------------------------
 
-    def start_attempt(self, sequence: int, sent_at: datetime, lands_by: datetime) -> int:
+    def start_attempt(
+        self, sequence: int, sent_at: datetime, lands_by: datetime, claim: Claim | None = None
+    ) -> int:
         """Record, before it is sent at ``sent_at``, a request setting the line's amounts
-        to its total at ``sequence``; its number. A sealed push starts none."""
+        to its total at ``sequence``, by the holder of ``claim`` (None: a pusher that
+        holds no claim, never refused); its number. A sealed push starts none, nor does
+        a claim older than the newest recorded (``StaleOwner``); a newer one is recorded."""
         if self.sealed:
             raise IllegalTransition(f"line push {self.id} is sealed: its invoice is finalizing")
+        if self.fenced_out(claim):
+            raise StaleOwner(
+                f"line push {self.id} is pushed under claim {self.owner_epoch} of partition"
+                f" {self.owner_partition}, newer than this pusher's {claim}"
+            )
         if lands_by < sent_at:
             raise ValueError(f"an attempt cannot land ({lands_by}) before it is sent ({sent_at})")
+        if claim is not None and (claim.partition, claim.epoch) != (
+            self.owner_partition,
+            self.owner_epoch,
+        ):
+            self._owner_claimed(claim.partition, claim.epoch)
         attempt = self.attempts_started + 1
         self._attempt_started(attempt, sequence, sent_at, lands_by)
         return attempt
+
+    def fenced_out(self, claim: Claim | None) -> bool:
+        """Whether a pusher holding ``claim`` lost the line to a newer holder of its
+        partition. A claim of another partition (the topic was repartitioned) is newer."""
+        return (
+            claim is not None
+            and claim.partition == self.owner_partition
+            and claim.epoch < self.owner_epoch
+        )
+
+    @event(OwnerClaimed)
+    def _owner_claimed(self, partition: int, epoch: int) -> None:
+        self.owner_partition = partition
+        self.owner_epoch = epoch
 
     @event(AttemptStarted)
     def _attempt_started(

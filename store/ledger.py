@@ -44,11 +44,19 @@ from eventsourcing.persistence import (
 
 from domain.account import CustomerAccount
 from domain.customer import CustomerLink
-from domain.ids import account_id, customer_link_id, invoice_id, line_id, line_push_id
+from domain.ids import (
+    account_id,
+    customer_link_id,
+    invoice_id,
+    line_id,
+    line_push_id,
+    partition_claim_id,
+)
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.metering import Metering
 from domain.metering_events import MeteredBatch, meter_batch_events
+from domain.ownership import Claim, PartitionClaim
 from domain.periods import Period, PeriodPolicy
 from domain.pricing import PriceList
 from domain.transaction import BillingTransaction
@@ -249,6 +257,23 @@ class BillingLedger(Application[UUID]):
                 continue
             return
         raise ConcurrencyExhausted(f"could not set the limit of {customer_id}/{currency}")
+
+    def claim_partition(self, topic: str, partition: int, owner: str) -> Claim:
+        """Record that ``owner`` holds ``partition`` of ``topic`` from now on; its claim,
+        newer than every claim before it (two claimants: the version check orders them)."""
+        claim_id = partition_claim_id(topic, partition)
+        for _ in range(self.max_attempts):
+            try:
+                holder: PartitionClaim = self.repository.get(claim_id)
+            except AggregateNotFoundError:
+                holder = PartitionClaim(topic=topic, partition=partition)
+            claim = holder.claim(owner)
+            try:
+                self.save(holder)
+            except IntegrityError:
+                continue
+            return claim
+        raise ConcurrencyExhausted(f"could not claim partition {partition} of {topic}")
 
     def account(self, customer_id: str, currency: str) -> CustomerAccount | None:
         """The account, or None if the customer has no usage or limit in that currency."""

@@ -44,6 +44,7 @@ from domain.errors import IllegalTransition
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.invoice_states import InvoiceState
+from domain.ownership import Claim
 from domain.ports import DraftInvoice, LineItems, PaymentGateway
 from domain.pushing import (
     PushPlan,
@@ -114,6 +115,7 @@ class LinePusher:
         clock: Callable[[], datetime] = utcnow,
         jitter: Callable[[], float] = random.random,
         landing: LandingWindow = DEFAULT_LANDING,
+        claims: Callable[[str], Claim | None] = lambda customer: None,
     ) -> None:
         self.ledger = ledger
         self.gateway = gateway
@@ -122,6 +124,7 @@ class LinePusher:
         self.clock = clock
         self.jitter = jitter
         self.landing = landing
+        self.claims = claims  # the claim this process pushes a customer's lines under
 
     def push(self, line_id: UUID) -> PushReport:
         """Bring Stripe and the charges up to the line's newest total, as far as now allows."""
@@ -152,7 +155,10 @@ class LinePusher:
                     charged = self._record_charges(line, push)
                     return PushReport(StepResult.CHARGED, push.pushed_sequence, requests, charged)
                 plan = plan_push(line, push)
-                if plan is None or push.sealed or self._finalizing(line):
+                claim = self.claims(line.customer_id)
+                if plan is None or push.sealed or push.fenced_out(claim):
+                    return PushReport(StepResult.NOTHING, push.pushed_sequence, requests)
+                if self._finalizing(line):
                     return PushReport(StepResult.NOTHING, push.pushed_sequence, requests)
                 now = self.clock()
                 if push.next_attempt_at is not None and push.next_attempt_at > now:
@@ -165,7 +171,7 @@ class LinePusher:
                 if plan.calls and self.gateway.breaker_state() == "open":
                     # Our own breaker would refuse it unsent: no attempt, no backoff.
                     return self._not_sent(push, now)
-                sent = self._send(line, push, plan)
+                sent = self._send(line, push, plan, claim)
                 requests += sent.requests
                 outcome = sent.outcome
                 if isinstance(outcome, ChargeFailure):
@@ -196,7 +202,9 @@ class LinePusher:
             StepResult.WAIT, push.pushed_sequence, 0, retry_at=now + self.policy.base_delay
         )
 
-    def _send(self, line: InvoiceLine, push: LinePush, plan: PushPlan) -> _Sent:
+    def _send(
+        self, line: InvoiceLine, push: LinePush, plan: PushPlan, claim: Claim | None
+    ) -> _Sent:
         """The customer, the draft invoice and the items, as far as they go; the outcome,
         how many Stripe requests were sent, and the attempt recorded for the items.
         Nothing is sent when Stripe holds the amounts already (a change below the
@@ -211,7 +219,7 @@ class LinePusher:
         if isinstance(invoice, ChargeFailure):
             return _Sent(invoice, requests)
         look_first = self.clock() - push.created_on >= self.key_window
-        attempt = self._plan_items(push, plan, look_first=look_first)
+        attempt = self._plan_items(push, plan, claim, look_first=look_first)
         if not plan.calls:
             return _Sent(list(push.item_ids[: len(plan.items)]), requests)
         items = LineItems(
@@ -226,11 +234,14 @@ class LinePusher:
         )
         return _Sent(self.gateway.set_line_items(items), requests + plan.calls, attempt)
 
-    def _plan_items(self, push: LinePush, plan: PushPlan, *, look_first: bool) -> int:
-        """Record the items about to be created and the attempt about to be sent (and
-        the LinePush itself on a first push) before Stripe sees them; the attempt's
-        number (0: nothing to send). A lost race raises IntegrityError (the caller
-        reloads); a push sealed meanwhile raises IllegalTransition. The attempt's
+    def _plan_items(
+        self, push: LinePush, plan: PushPlan, claim: Claim | None, *, look_first: bool
+    ) -> int:
+        """Record the items about to be created and the attempt about to be sent under
+        ``claim`` (and the LinePush itself on a first push) before Stripe sees them; the
+        attempt's number (0: nothing to send). A lost race raises IntegrityError (the
+        caller reloads); a push sealed meanwhile, or pushed under a newer claim, raises
+        IllegalTransition (the reload then finds nothing to do). The attempt's
         deadline counts every call it may make one after another: each creation looked
         up first (a list of the invoice's items, two pages at most counted) when
         ``look_first``; a save slower than the landing margin would shorten it."""
@@ -242,7 +253,7 @@ class LinePusher:
             calls = plan.calls + (2 * creations if look_first else 0)
             sent_at = self.clock()
             attempt = push.start_attempt(
-                plan.sequence, sent_at, self.landing.deadline(sent_at, calls)
+                plan.sequence, sent_at, self.landing.deadline(sent_at, calls), claim
             )
         if push.pending_events:
             self.ledger.save(push)

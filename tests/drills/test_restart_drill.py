@@ -52,6 +52,7 @@ from uuid import UUID
 import psycopg
 import pytest
 import stripe
+from psycopg import sql
 
 from adapters.bootstrap import migrate, open_ledger
 from adapters.broker import ensure_topics, make_producer
@@ -60,6 +61,7 @@ from domain.ids import transaction_id
 from domain.invoice_states import InvoiceState
 from infra.stripe_emulator import StripeEmulator
 from store.ledger import BillingLedger
+from store.schema import EVENTS_TABLE
 from tests.conftest import settings_env
 from tests.drills.support import assert_invariants
 from tests.integration.support import metered_usage_ids, wait_for
@@ -255,11 +257,29 @@ def test_workers_started_and_killed_in_a_loop_beside_two_writers_never_fail_to_s
         invoices, repaired = _stripe_equals_the_ledger(url, ledger, emulator)  # I10
     assert states == {"charged": len(ids)}
     late = sum(r["outcome"] == "executed_late" for r in emulator.requests())
+    claims, fenced = _claims(url)
+    # Every charge consumer claimed what it was given: the two steady ones at least once
+    # each, and every rebalance a start caused claimed its partitions again.
+    assert claims >= 2 and fenced >= 1, (claims, fenced)
     print(
         f"restart drill: {starts} starts killed, {len(ids)} charged, {produced.malformed} dead;"
         f" {invoices} invoices finalized equal to the ledger, {late} item updates applied"
-        f" late, {repaired} drift(s) repaired before finalizing"
+        f" late, {repaired} drift(s) repaired before finalizing; {claims} partition claims,"
+        f" {fenced} line pushes taken over under a newer claim"
     )
+
+
+def _claims(url: str) -> tuple[int, int]:
+    """Partition claims recorded, and claims recorded on line pushes."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT count(*) FILTER (WHERE topic LIKE '%%:PartitionClaim.Claimed'),"
+                " count(*) FILTER (WHERE topic LIKE '%%:LinePush.OwnerClaimed') FROM {}"
+            ).format(sql.Identifier(EVENTS_TABLE))
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
 
 
 def _all_finalized(url: str) -> bool:
