@@ -1,5 +1,5 @@
 """Which line to push next: the oldest unsent change first, each line at most every
-``settle_interval_s``, a failed one not before its retry is due.
+``settle_interval_s`` after a push Stripe took, a failed one not before its retry is due.
 
 The scheduler is told about lines that changed (by the process manager, from the
 events on ``billing.events``, and by the reconciler, from the database) and hands
@@ -160,6 +160,10 @@ class LineScheduler:
             self.charged += report.charged
             if report.requests:
                 self.pushed += 1
+            if report.requests and report.result is StepResult.CHARGED:
+                # The interval runs from a push Stripe took; a failed one waits its retry
+                # only (after an outage, a line the breaker's probe failed on goes as
+                # soon as Stripe is back, not an interval after the probe).
                 self._last_push[line] = now
             if report.result in (StepResult.RETRY, StepResult.WAIT):
                 retry_at = now + _until(report.retry_at) if report.retry_at else now + 1.0
