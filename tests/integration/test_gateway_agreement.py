@@ -6,9 +6,10 @@ once final, credit notes bounded) is what the real client meets."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
 
 import pytest
@@ -21,7 +22,7 @@ from domain.pushing import ItemStep, PushPlan
 from domain.saga import ChargeFailure
 from domain.verification import DraftView
 from infra.stripe_emulator import StripeEmulator
-from tests.fast.fakes import FakeGateway
+from tests.fast.fakes import Clock, FakeGateway
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +36,7 @@ class Stripe:
     gateway: PaymentGateway
     invoice_id: UUID
     line_id: UUID
+    forget_keys: Callable[[], None]  # let every key used so far expire
 
     def customer(self) -> str:
         found = self.gateway.customer(f"agree-{self.invoice_id}", look_first=False)
@@ -62,14 +64,30 @@ class Stripe:
         return self.gateway.set_line_items(items)
 
 
+# Keys live this long in both (Stripe: at least 24 hours), so that a case can outlive one.
+KEY_TTL_S = 1.0
+
+
 @pytest.fixture(params=["fake", "emulator"])
 def stripe(request: pytest.FixtureRequest) -> Iterator[Stripe]:
     if request.param == "fake":
-        yield Stripe(FakeGateway(), uuid4(), uuid4())
+        clock = Clock()
+
+        def later() -> None:
+            clock.now += timedelta(seconds=KEY_TTL_S + 1)
+
+        fake = FakeGateway(key_ttl=timedelta(seconds=KEY_TTL_S), clock=clock)
+        yield Stripe(fake, uuid4(), uuid4(), later)
         return
-    with StripeEmulator(port=0) as emulator:
+    with StripeEmulator(port=0, key_ttl_s=KEY_TTL_S) as emulator:
         gateway = StripeGateway(StripeSettings(api_base=emulator.url, timeout_s=5.0))
-        yield Stripe(gateway, uuid4(), uuid4())
+
+        def expired() -> None:
+            # The emulator's keys expire on its own clock: wait it out (no condition to
+            # poll that would not itself use a key).
+            time.sleep(KEY_TTL_S + 0.2)
+
+        yield Stripe(gateway, uuid4(), uuid4(), expired)
 
 
 def _refused(answer: object) -> bool:
@@ -84,6 +102,18 @@ def test_creates_are_replayed_by_their_keys(stripe: Stripe) -> None:
     assert stripe.draft(customer) == invoice
     [item] = stripe.push(customer, invoice, 1, 100)  # type: ignore[misc]
     assert stripe.push(customer, invoice, 1, 100) == [item]  # the same creation, replayed
+
+
+def test_a_create_repeated_after_its_key_expired_makes_a_second_object(stripe: Stripe) -> None:
+    # Why the pusher looks a planned item up before creating it past the key window.
+    customer = stripe.customer()
+    invoice = stripe.draft(customer)
+    [item] = stripe.push(customer, invoice, 1, 100)  # type: ignore[misc]
+    stripe.forget_keys()
+    [again] = stripe.push(customer, invoice, 1, 100)  # type: ignore[misc]
+    assert again != item
+    view = stripe.gateway.read_draft(invoice)
+    assert isinstance(view, DraftView) and view.total == 200  # Stripe holds both
 
 
 def test_a_key_used_again_with_other_parameters_is_refused(stripe: Stripe) -> None:
