@@ -24,6 +24,7 @@ from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
 __all__ = [
+    "BrokerUnreachable",
     "LagProbe",
     "check_reachable",
     "consumer_lag",
@@ -133,7 +134,11 @@ def check_reachable(bootstrap: str, timeout_s: float = 3.0) -> None:
             return
         except (OSError, ValueError) as exc:
             errors.append(f"{server.strip()}: {exc}")
-    raise ConnectionError("; ".join(errors) or "no bootstrap server")
+    raise BrokerUnreachable("; ".join(errors) or "no bootstrap server")
+
+
+class BrokerUnreachable(ConnectionError):
+    """Raised when no bootstrap server accepts a connection (``check_reachable``)."""
 
 
 class LagProbe:

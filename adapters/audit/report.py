@@ -169,7 +169,11 @@ def check_anchors(
         findings.append(Finding("anchor", check.finding.subject, check.finding.detail))
     if not anchors.checkpoints:
         findings.append(
-            Finding("anchor_missing", anchors.source, "no signed checkpoint: nothing anchored")
+            Finding(
+                "anchor_missing",
+                anchors.source,
+                "no signed checkpoint: nothing anchored yet (`billing-ledger anchor` signs one)",
+            )
         )
     latest = max(anchors.checkpoints, key=lambda c: c.position) if anchors.checkpoints else None
     summary = {
@@ -269,7 +273,9 @@ def render(report: AuditReport) -> str:
         + (f", {report.stripe_items:,} Stripe items" if report.stripe_items is not None else "")
         + f" in {report.seconds:.1f} s",
     ]
-    if report.anchor is not None:
+    if report.anchor is not None and not report.anchor["checkpoints"]:
+        lines.append(f"anchor: no signed checkpoint in {report.anchor['source']} yet")
+    elif report.anchor is not None:
         a = report.anchor
         lines.append(
             f"anchor: {a['checkpoints']} signed checkpoint(s) in {a['source']}, the latest"

@@ -34,7 +34,12 @@ EXIT_USAGE = 2
 
 
 class CliError(Exception):
-    """Raised when a command cannot do what was asked; the message is shown as is."""
+    """Raised when a command cannot do what was asked; the message is shown as is, and
+    the process exits with ``status`` (``adapters.cli.errors``: 1 a failure, 2 misuse)."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.exit_status = status
 
 
 class Parser(argparse.ArgumentParser):
@@ -111,7 +116,12 @@ def period_moment(text: str) -> datetime:
     """A period given as ``YYYY-MM`` (its first instant) or an ISO 8601 instant in it."""
     if len(text) == 7 and text[4] == "-" and text[:4].isdigit() and text[5:].isdigit():
         text += "-01"
-    return timestamp(text)
+    try:
+        return timestamp(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a period: give YYYY-MM (2026-12) or an ISO 8601 instant in it"
+        ) from None
 
 
 def invoice_uuid(text: str) -> UUID:

@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from adapters.cli.args import EXIT_FAILURE, CliError, checked_customer, timestamp, usage
+from adapters.cli.args import EXIT_FAILURE, EXIT_USAGE, CliError, checked_customer, timestamp, usage
 from adapters.cli.output import print_table
 
 __all__ = ["add_commands", "print_balances_as_of"]
@@ -52,7 +52,7 @@ def _anchor_settings(settings: Any, *, required: bool) -> tuple[Path, bytes] | N
 
     if settings.anchor_path is None:
         if required:
-            raise CliError("set BILLING_LEDGER_ANCHOR_PATH (and ANCHOR_KEY) to anchor")
+            raise CliError("set BILLING_LEDGER_ANCHOR_PATH (and ANCHOR_KEY) to anchor", EXIT_USAGE)
         return None
     return settings.anchor_path, anchor_key(settings.anchor_key.get_secret_value())
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from adapters.cli.args import (
     EXIT_FAILURE,
+    EXIT_USAGE,
     CliError,
     Parser,
     int_arg,
@@ -164,7 +165,7 @@ def _history(args: argparse.Namespace) -> int:
     with open_ledger(Settings()) as ledger:
         events = ledger.history(txn_id)
     if not events:
-        raise CliError(f"no transaction {txn_id}")
+        raise CliError(f"no transaction {txn_id} in the ledger: check the id", EXIT_USAGE)
     rows = [event_row(e) for e in events]
     if args.json:
         print(json.dumps({"transaction_id": str(txn_id), "events": rows}, indent=2, default=str))
@@ -203,7 +204,7 @@ def _show_account(args: argparse.Namespace) -> int:
     with open_ledger(Settings()) as ledger:
         account = ledger.account(args.customer, currency)
     if account is None:
-        raise CliError(f"no account for {args.customer} in {currency}")
+        raise CliError(f"no account for {args.customer} in {currency}", EXIT_USAGE)
     body = {
         "customer_id": account.customer_id,
         "currency": currency,

@@ -1,9 +1,10 @@
 """``billing-ledger``: the command line, and the error boundary of every command.
 
-Misuse gets one line on stderr and exit status 2; a failure of a service (database,
-broker, settings) gets one line and exit status 1. Never a traceback. The commands
-live in one module per group (``service``, ``ledger``, ``audit``, ``tools``); each
-builds what it needs through ``adapters.bootstrap``, the composition root.
+Every error is one line on stderr that says what to do, with the exit status of its
+kind (``adapters.cli.errors``: 2 misuse, 1 a failed check, 3 a service unreachable);
+never a traceback, unless ``--debug``. The commands live in one module per group
+(``service``, ``ledger``, ``audit``, ``tools``); each builds what it needs through
+``adapters.bootstrap``, the composition root.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Sequence
+from importlib import metadata
 
 from adapters.cli import audit, ledger, service, tools
-from adapters.cli.args import EXIT_FAILURE, Parser
+from adapters.cli.args import Parser
+from adapters.cli.errors import explain
 
 __all__ = ["build_parser", "main"]
 
@@ -24,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[..., int] = args.handler
+    debug: bool = args.debug
     # SIGTERM unwinds like Ctrl-C, so whatever a command started (an embedded
     # PostgreSQL, a broker) is stopped by its context manager on the way out.
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -35,15 +40,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # quiet exit flush
         return 0
     except Exception as exc:  # the boundary: every error becomes one line
-        print(f"billing-ledger: error: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_FAILURE
+        if debug:
+            traceback.print_exc()
+        message, status = explain(exc)
+        print(f"billing-ledger: error: {message}", file=sys.stderr)
+        return status
 
 
 def build_parser() -> Parser:
     p = Parser(
         prog="billing-ledger",
         description="Event-sourced usage billing: Kafka usage in, PostgreSQL events, Stripe out.",
+        epilog="Exit status: 0 done, 1 a check failed, 2 misuse, 3 a service unreachable."
+        " Settings come from BILLING_LEDGER_* environment variables (README: Configuration).",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    p.add_argument("--debug", action="store_true", help="on an error, print its traceback as well")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     for group in (tools, service, ledger, audit):
         group.add_commands(sub)
@@ -54,14 +66,8 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _one_line(exc: BaseException) -> str:
-    from pydantic import ValidationError
-
-    from adapters.cli.args import CliError
-
-    if isinstance(exc, ValidationError):
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return f"setting BILLING_LEDGER_{where.upper()}: {first['msg']}"
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if isinstance(exc, CliError) else f"{type(exc).__name__}: {text}"
+def _version() -> str:
+    try:
+        return metadata.version("billing-ledger")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "(not installed)"

@@ -16,7 +16,14 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adapters.cli.args import EXIT_FAILURE, CliError, port, port_or_zero, positive_float
+from adapters.cli.args import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    CliError,
+    port,
+    port_or_zero,
+    positive_float,
+)
 
 if TYPE_CHECKING:
     from adapters.settings import Settings
@@ -131,13 +138,14 @@ def _render_status(status: SchemaStatus) -> str:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from adapters.broker import ensure_topics, make_producer
+    from adapters.broker import check_reachable, ensure_topics, make_producer
     from adapters.ingest.producer import send_usage
     from adapters.observability.telemetry import configure_tracing
     from adapters.settings import Settings
 
     settings = Settings()
     stream = sys.stdin.buffer if args.file == "-" else _open_input(args.file)
+    check_reachable(settings.kafka_bootstrap)  # seconds, not kafka-python's half minute
     ensure_topics(settings.kafka_bootstrap, [(settings.usage_topic, settings.usage_partitions)])
     producer = make_producer(settings.kafka_bootstrap)
     shutdown_tracing = configure_tracing(settings)
@@ -165,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
     settings = Settings()  # first: a bad setting is one line, before anything starts
     if args.ingest_processes is not None:
         if args.ingest_processes < 1:
-            raise CliError("--ingest-processes must be at least 1")
+            raise CliError("--ingest-processes must be at least 1", EXIT_USAGE)
         settings = settings.model_copy(update={"ingest_processes": args.ingest_processes})
     shutdown_tracing = configure_tracing(settings)
     try:

@@ -154,15 +154,15 @@ def test_accounts_set_limit_is_exact_and_shown(settings: Settings) -> None:
         (["history"], 2, "give a transaction id"),
         (["history", "not-a-uuid"], 2, "is not a transaction id"),
         (["demo", "--records", "0"], 2, "must be greater than 0"),
-        (["accounts", "set-limit", "acme", "1.234", "USD"], 1, "more decimals than USD allows"),
-        (["accounts", "set-limit", "acme", "10", "XYZ"], 1, "unknown currency"),
-        (["accounts", "set-limit", "acme", "-5", "USD"], 1, "not a non-negative amount"),
+        (["accounts", "set-limit", "acme", "1.234", "USD"], 2, "more decimals than USD allows"),
+        (["accounts", "set-limit", "acme", "10", "XYZ"], 2, "unknown currency"),
+        (["accounts", "set-limit", "acme", "-5", "USD"], 2, "not a non-negative amount"),
         (
             ["accounts", "set-limit", "acme", "99999999999999999999999999.00", "USD"],
-            1,
+            2,
             "a spend limit must be from 0 to 1,000,000,000,000,000 minor units",
         ),
-        (["history", "--customer", "acme", "--usage-id", "nope"], 1, "no transaction"),
+        (["history", "--customer", "acme", "--usage-id", "nope"], 2, "no transaction"),
     ],
 )
 def test_cli_misuse_gets_one_line_and_a_non_zero_exit(
@@ -180,5 +180,5 @@ def test_an_unreachable_database_is_one_line_not_a_traceback(settings: Settings)
     env = settings_env(settings)
     env["BILLING_LEDGER_DATABASE_URL"] = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1"
     proc = _cli("accounts", "show", "acme", "USD", env=env)
-    assert proc.returncode == 1
+    assert proc.returncode == 3
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

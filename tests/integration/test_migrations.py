@@ -300,7 +300,7 @@ def test_a_database_a_newer_build_migrated_is_refused_by_migrate_and_by_workers(
     assert f"{LATEST + 1}  from_a_newer_build" in status.stdout
     worker = _cli(settings, "run", "--role", "project")
     assert worker.returncode == 1
-    assert f"SchemaAhead: the database's schema is at {LATEST + 1}, newer" in worker.stderr
+    assert f"error: the database's schema is at {LATEST + 1}, newer" in worker.stderr
     assert "Traceback" not in worker.stderr
 
 
@@ -440,7 +440,7 @@ def test_a_worker_that_waited_too_long_exits_saying_what_to_run(
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert last == (
-        f"billing-ledger: error: SchemaNotReady: schema at 0, this build needs {LATEST}:"
+        f"billing-ledger: error: schema at 0, this build needs {LATEST}:"
         " run billing-ledger migrate (gave up after 0.5 s)"
     )
 

@@ -91,7 +91,7 @@ def test_an_unknown_trace_exporter_stops_run_with_one_line_naming_the_setting() 
         timeout=60,
         check=False,
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # a bad setting is misuse
     assert proc.stderr == (
         "billing-ledger: error: setting BILLING_LEDGER_TRACE_EXPORTER: "
         "Input should be 'none', 'console' or 'otlp'\n"

@@ -11,7 +11,7 @@ import pytest
 from opentelemetry import trace
 from pydantic import ValidationError
 
-from adapters.cli.main import _one_line
+from adapters.cli.errors import EXIT_USAGE, explain
 from adapters.observability import telemetry
 from adapters.observability.logs import JsonFormatter, step_fields
 from adapters.settings import Settings
@@ -78,8 +78,9 @@ def test_no_exporter_by_default_installs_nothing() -> None:
 def test_an_unknown_exporter_is_a_one_line_settings_error() -> None:
     with pytest.raises(ValidationError) as caught:
         Settings(trace_exporter="jaeger")  # type: ignore[arg-type]
-    assert _one_line(caught.value) == (
-        "setting BILLING_LEDGER_TRACE_EXPORTER: Input should be 'none', 'console' or 'otlp'"
+    assert explain(caught.value) == (
+        "setting BILLING_LEDGER_TRACE_EXPORTER: Input should be 'none', 'console' or 'otlp'",
+        EXIT_USAGE,
     )
 
 
