@@ -56,14 +56,18 @@ from eventsourcing.domain import Aggregate, event
 from domain.errors import IllegalTransition
 from domain.ids import invoice_id
 from domain.invoice_states import ALLOWED_FROM, FINAL_STATES, InvoiceState, StripeInvoiceView
+from domain.money import format_money
 from domain.periods import Period
 
 __all__ = ["Invoice", "mismatch_reason"]
 
 
-def mismatch_reason(expected_total: int, stripe_total: int) -> str:
+def mismatch_reason(expected_total: int, stripe_total: int, currency: str) -> str:
     """Why an invoice Stripe finalized at another total than expected needs attention."""
-    return f"Stripe finalized {stripe_total} where the ledger expected {expected_total}"
+    return (
+        f"Stripe finalized {format_money(stripe_total, currency)} where the ledger expected"
+        f" {format_money(expected_total, currency)}"
+    )
 
 
 S = InvoiceState
@@ -395,7 +399,7 @@ class Invoice(Aggregate):
     @event(MismatchFound)
     def _mismatch_found(self, expected_total: int, stripe_total: int, source: str) -> None:
         self.mismatch = (expected_total, stripe_total)
-        self.attention = mismatch_reason(expected_total, stripe_total)
+        self.attention = mismatch_reason(expected_total, stripe_total, self.currency)
 
     # -- reading back the draft ---------------------------------------------------------
 

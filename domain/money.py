@@ -51,8 +51,7 @@ __all__ = [
     "check_spend_limit",
     "exact_arithmetic",
     "exact_minor",
-    "format_exact",
-    "format_minor",
+    "format_money",
     "parse_exact_amount",
     "round_minor",
     "split_for_items",
@@ -126,23 +125,17 @@ def parse_exact_amount(text: str, currency: str) -> int:
     return int(minor)
 
 
-def format_minor(amount: int | Decimal, currency: str) -> str:
-    """``1250, "USD"`` -> ``"12.50 USD"`` (an exact amount is shown to the minor unit,
-    rounded half up: for display only)."""
+def format_money(amount: int | Decimal, currency: str) -> str:
+    """An amount in minor units as a person reads it, the one format every command and
+    log line uses: major units, the currency's decimals at least, every digit of an
+    exact amount kept (never rounded for show), and the currency code. ``1250, "USD"``
+    -> ``"12.50 USD"``; ``Decimal("0.38"), "USD"`` -> ``"0.0038 USD"``; ``7, "JPY"`` ->
+    ``"7 JPY"``."""
     code = currency.upper()
     exponent = CURRENCY_EXPONENTS.get(code, 2)
-    shown = Decimal(amount).quantize(Decimal(1), rounding=ROUNDING, context=_ROUND)
-    return f"{shown.scaleb(-exponent):.{exponent}f} {code}"
-
-
-def format_exact(amount: Decimal, currency: str) -> str:
-    """An exact amount in major units, every digit kept: ``0.38, "USD"`` -> ``"0.0038 USD"``."""
-    code = currency.upper()
-    major = canonical(Decimal(amount).scaleb(-CURRENCY_EXPONENTS.get(code, 2)))
-    text = f"{major:f}"
-    if "." not in text and CURRENCY_EXPONENTS.get(code, 2):
-        text += "." + "0" * CURRENCY_EXPONENTS.get(code, 2)
-    return f"{text} {code}"
+    whole, _, fraction = f"{canonical(Decimal(amount).scaleb(-exponent)):f}".partition(".")
+    fraction = fraction.ljust(exponent, "0")
+    return f"{whole}.{fraction} {code}" if fraction else f"{whole} {code}"
 
 
 def canonical(amount: Decimal | int) -> Decimal:

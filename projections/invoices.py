@@ -188,7 +188,9 @@ def _fold(rows: dict[UUID, dict[str, Any]], event: Any) -> None:  # noqa: PLR091
         row["attention"] = None
     elif isinstance(event, Invoice.MismatchFound):
         row["stripe_mismatch_total"] = event.stripe_total
-        row["attention"] = mismatch_reason(event.expected_total, event.stripe_total)
+        row["attention"] = mismatch_reason(
+            event.expected_total, event.stripe_total, row["currency"]
+        )
     elif isinstance(event, Invoice.Credited):
         row["credited"] += event.amount
         if event.transaction_id is not None:

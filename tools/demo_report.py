@@ -13,7 +13,7 @@ from typing import Any
 
 from adapters.bootstrap import database
 from adapters.settings import Settings
-from domain.money import format_minor
+from domain.money import format_money
 from domain.ports import DeadLetter
 from store.dead_letters import DeadLetterStore
 from store.ledger import BillingLedger
@@ -84,8 +84,8 @@ def render_summary(summary: dict[str, Any]) -> str:
             cur = ln["currency"]
             lines.append(
                 f"{ln['customer_id']:<10} {cur:<4} {ln['meter']:<22} {ln['transactions']:>8,}"
-                f" {ln['exact']:>22} {format_minor(ln['billed'], cur):>14}"
-                f" {format_minor(ln['stripe'], cur):>14} {ln['requests']:>8}"
+                f" {ln['exact']:>22} {format_money(ln['billed'], cur):>14}"
+                f" {format_money(ln['stripe'], cur):>14} {ln['requests']:>8}"
             )
     if summary.get("invoices"):
         lines += [
@@ -98,8 +98,8 @@ def render_summary(summary: dict[str, Any]) -> str:
             lines.append(
                 f"{inv['customer_id']:<10} {cur:<4} {inv['period_start']:<17} {inv['state']:<11}"
                 f" {inv['number'] or '-':<14} {inv['lines']:>5}"
-                f" {format_minor(inv['total'], cur):>12}"
-                f" {format_minor(inv['amount_paid'], cur):>12}"
+                f" {format_money(inv['total'], cur):>12}"
+                f" {format_money(inv['amount_paid'], cur):>12}"
                 f" {inv['payment_attempts']:>6}"
             )
         received = summary.get("webhooks", {})
@@ -131,5 +131,5 @@ def _dead_letters(settings: Settings) -> list[DeadLetter]:
 
 
 def _money(exact: str, currency: str) -> str:
-    """An exact amount (decimal text, minor units) shown to the cent, for reading."""
-    return format_minor(Decimal(exact), currency)
+    """An exact amount (decimal text, minor units), every digit kept."""
+    return format_money(Decimal(exact), currency)

@@ -53,6 +53,7 @@ from domain.closing import close_deadline, line_status
 from domain.errors import IllegalTransition
 from domain.invoice import Invoice
 from domain.invoice_states import InvoiceState
+from domain.money import format_money
 from domain.ports import CreditNote, ItemRepair, PaymentGateway
 from domain.saga import ChargeFailure, RetryPolicy, retry_due
 from domain.verification import (
@@ -353,8 +354,9 @@ class InvoiceCloser:
             # Credit notes made in the dashboard left less than the reversal: never credit
             # more than the invoice holds; the rest is an operator's call.
             invoice.need_attention(
-                f"reversal of {txn} owes {requested}, but the invoice can only be credited"
-                f" {amount} more: settle the remainder with the customer"
+                f"reversal of {txn} owes {format_money(requested, invoice.currency)}, but the"
+                f" invoice can only be credited {format_money(amount, invoice.currency)} more:"
+                " settle the remainder with the customer"
             )
             if amount == 0:
                 self.ledger.save(invoice)

@@ -21,7 +21,7 @@ from adapters.cli.args import (
     txn_uuid,
     usage,
 )
-from adapters.cli.output import event_row, print_table
+from adapters.cli.output import MONEY_COLUMNS, ROUNDING_NOTE, event_row, money_cell, print_table
 
 __all__ = ["add_commands"]
 
@@ -123,6 +123,7 @@ def _reverse(args: argparse.Namespace) -> int:
     from adapters.bootstrap import build_closer, build_corrections, build_pusher, open_ledger
     from adapters.charging.closer import CloseResult
     from adapters.settings import Settings
+    from domain.money import format_money
     from domain.saga import StepResult
 
     settings = Settings()
@@ -142,8 +143,9 @@ def _reverse(args: argparse.Namespace) -> int:
         credited = ledger.invoice_by_id(invoice.id) or invoice
         note = [n for n, t in credited.credited.items() if t == str(txn.id)]
         if note:
-            print(f"credit note {note[0]} of {credited.credits_requested[str(txn.id)]} on "
-                  f"invoice {credited.id} ({credited.number})")  # fmt: skip
+            amount = format_money(credited.credits_requested[str(txn.id)], credited.currency)
+            print(f"credit note {note[0]} of {amount} on invoice {credited.id}"
+                  f" ({credited.number})")  # fmt: skip
             return 0
         print(f"credit note not issued yet ({step.result}); the workers retry it")
         return EXIT_FAILURE if step.result is CloseResult.FAILED else 0
@@ -171,16 +173,27 @@ def _history(args: argparse.Namespace) -> int:
         print(json.dumps({"transaction_id": str(txn_id), "events": rows}, indent=2, default=str))
     else:
         print(f"transaction {txn_id}")
+        currency = next((r["data"]["currency"] for r in rows if r["data"].get("currency")), None)
         for row in rows:
-            data = ", ".join(f"{k}={v}" for k, v in row["data"].items())
+            data = ", ".join(f"{k}={_field(k, v, currency)}" for k, v in row["data"].items())
             print(f"  v{row['version']:<3} {row['timestamp']}  {row['event']:<13} {data}")
     return 0
+
+
+def _field(name: str, value: str | None, currency: str | None) -> str | None:
+    """An event's field as ``history`` shows it: amounts in the money format, a unit
+    price (major units) with its currency."""
+    if name in MONEY_COLUMNS:
+        return money_cell(value, currency)
+    if name == "unit_price" and currency is not None:
+        return f"{value} {currency}"
+    return value
 
 
 def _set_limit(args: argparse.Namespace) -> int:
     from adapters.bootstrap import open_ledger
     from adapters.settings import Settings
-    from domain.money import check_currency, format_minor, parse_exact_amount
+    from domain.money import check_currency, format_money, parse_exact_amount
 
     currency = check_currency(args.currency)
     limit = (
@@ -190,7 +203,7 @@ def _set_limit(args: argparse.Namespace) -> int:
     )
     with open_ledger(Settings()) as ledger:
         ledger.set_spend_limit(args.customer, currency, limit)
-    shown = "unlimited" if limit is None else format_minor(limit, currency)
+    shown = "unlimited" if limit is None else format_money(limit, currency)
     print(f"spend limit of {args.customer} in {currency}: {shown}")
     return 0
 
@@ -198,7 +211,7 @@ def _set_limit(args: argparse.Namespace) -> int:
 def _show_account(args: argparse.Namespace) -> int:
     from adapters.bootstrap import open_ledger
     from adapters.settings import Settings
-    from domain.money import check_currency, format_minor
+    from domain.money import check_currency, format_money
 
     currency = check_currency(args.currency)
     with open_ledger(Settings()) as ledger:
@@ -216,7 +229,7 @@ def _show_account(args: argparse.Namespace) -> int:
         print(json.dumps(body, indent=2, default=lambda d: f"{d:f}"))  # exact: decimal text
     else:
         for key, value in body.items():
-            shown = format_minor(value, currency) if isinstance(value, int | Decimal) else value
+            shown = format_money(value, currency) if isinstance(value, int | Decimal) else value
             print(f"{key:<12} {'unlimited' if value is None else shown}")
     return 0
 
@@ -233,7 +246,7 @@ def _balances(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     else:
-        print_table(rows, columns)
+        print_table(rows, columns, note=ROUNDING_NOTE)
     return 0
 
 
@@ -259,7 +272,12 @@ def _lines(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2, default=str))
     else:
         columns = ["customer_id", "currency", "meter", "period_start", "transactions"]
-        print_table(rows, [*columns, "exact_total", "billed", "stripe_amount", "last_error"])
+        print_table(
+            rows,
+            [*columns, "exact_total", "billed", "stripe_amount", "last_error"],
+            note="billed is the line's exact_total rounded once, half up; stripe_amount is"
+            " what Stripe holds for it.",
+        )
     return 0
 
 
@@ -280,7 +298,7 @@ def _invoices(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     else:
-        print_table(rows, INVOICE_COLUMNS)
+        print_table(rows, INVOICE_COLUMNS, note=ROUNDING_NOTE)
     return 0
 
 

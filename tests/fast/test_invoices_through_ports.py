@@ -270,7 +270,7 @@ def test_a_credit_is_never_more_than_the_invoice_can_still_be_credited() -> None
     assert note.amount == 10  # 50 finalized - 40 credited by hand
     stopped = pusher.ledger.invoice_by_id(invoice.id)
     assert stopped is not None and stopped.attention is not None
-    assert "owes 25, but the invoice can only be credited 10 more" in stopped.attention
+    assert "owes 0.25 USD, but the invoice can only be credited 0.10 USD more" in stopped.attention
     assert corrections.reverse(ids[1], "goodwill") is StepResult.REVERSED
     assert closer.step(invoice.id).result is CloseResult.ATTENTION  # nothing left to credit
     assert len(gateway.credit_notes) == 1

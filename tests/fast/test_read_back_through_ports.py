@@ -314,7 +314,7 @@ def test_a_total_changed_by_hand_after_verifying_is_a_recorded_mismatch_not_a_si
     final = parts.ledger.invoice_by_id(invoice.id)
     assert final is not None and final.state is InvoiceState.FINALIZED
     assert final.mismatch == (100, 150)
-    assert final.attention == "Stripe finalized 150 where the ledger expected 100"
+    assert final.attention == "Stripe finalized 1.50 USD where the ledger expected 1.00 USD"
     assert len(_events(parts.ledger, invoice.id, Invoice.MismatchFound)) == 1
 
 
@@ -543,7 +543,7 @@ def test_an_invoice_finalized_by_hand_while_finalizing_is_recorded_with_its_mism
     final = parts.ledger.invoice_by_id(invoice.id)
     assert final is not None and final.state is InvoiceState.FINALIZED
     assert (final.total, final.mismatch) == (90, (100, 90))
-    assert final.attention == "Stripe finalized 90 where the ledger expected 100"
+    assert final.attention == "Stripe finalized 0.90 USD where the ledger expected 1.00 USD"
 
 
 def test_a_push_loaded_before_the_seal_cannot_record_an_attempt_after_it() -> None:

@@ -50,6 +50,7 @@ from domain.health import assess
 from domain.invoice import Invoice
 from domain.invoice_states import InvoiceState
 from domain.metering import Metering, Source
+from domain.money import format_money
 from domain.ports import ItemRepair
 from domain.saga import ChargeFailure
 from domain.usage import UsageRecord
@@ -427,7 +428,8 @@ def test_the_cli_closes_a_period_early_lists_invoices_and_credits_a_reversal(
     credited = parts.invoice(invoice_id)
     [(note, txn)] = credited.credited.items()
     assert txn == str(txns[0])
-    assert f"credit note {note} of {credited.credits_requested[txn]}" in reversed_.stdout
+    amount = format_money(credited.credits_requested[txn], "USD")
+    assert f"credit note {note} of {amount} on invoice" in reversed_.stdout
     assert parts.emulator.credit_notes(str(final.stripe_invoice_id))[0]["id"] == note
     _audit_clean(parts)
 

@@ -12,7 +12,7 @@ from decimal import Decimal
 
 import pytest
 
-from domain.money import CURRENCY_EXPONENTS, exact_minor, format_minor, to_minor_units
+from domain.money import CURRENCY_EXPONENTS, exact_minor, format_money, to_minor_units
 
 ISO_4217_MINOR_UNIT = {
     "AUD": 2,  # Australian dollar
@@ -59,4 +59,4 @@ def test_each_currency_has_its_iso_4217_minor_unit(code: str, exponent: int) -> 
     assert to_minor_units(Decimal(1), code) == 10**exponent
     assert exact_minor(Decimal(3), Decimal("1.5"), 1, code) == Decimal("4.5") * 10**exponent
     shown = {0: "5", 2: "4.50", 3: "4.500"}[exponent]  # 4.5 yen round half up to 5
-    assert format_minor(to_minor_units(Decimal("4.5"), code), code) == f"{shown} {code}"
+    assert format_money(to_minor_units(Decimal("4.5"), code), code) == f"{shown} {code}"

@@ -220,7 +220,7 @@ def test_a_finalized_total_other_than_expected_is_a_recorded_mismatch_needing_at
     assert isinstance(mismatch, Invoice.MismatchFound)
     assert (mismatch.expected_total, mismatch.stripe_total, mismatch.source) == (700, 703, "evt_1")
     assert invoice.mismatch == (700, 703)
-    assert invoice.attention == "Stripe finalized 703 where the ledger expected 700"
+    assert invoice.attention == "Stripe finalized 7.03 USD where the ledger expected 7.00 USD"
     assert isinstance(finalized, Invoice.Finalized)
     assert (finalized.number, finalized.total, finalized.finalized_at, finalized.source) == (
         "INV-9",

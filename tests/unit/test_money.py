@@ -11,7 +11,7 @@ from domain.money import (
     CURRENCY_EXPONENTS,
     ROUNDING,
     check_currency,
-    format_minor,
+    format_money,
     parse_exact_amount,
     to_minor_units,
 )
@@ -155,7 +155,7 @@ def test_parse_exact_amount_never_rounds_a_long_input_silently() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# format_minor
+# format_money
 
 
 @pytest.mark.parametrize(
@@ -171,14 +171,14 @@ def test_parse_exact_amount_never_rounds_a_long_input_silently() -> None:
         (5, "KWD", "0.005 KWD"),
     ],
 )
-def test_format_minor_shows_major_units_with_the_currency_decimals(
+def test_format_money_shows_major_units_with_the_currency_decimals(
     amount: int, currency: str, text: str
 ) -> None:
-    assert format_minor(amount, currency) == text
+    assert format_money(amount, currency) == text
 
 
 @pytest.mark.parametrize(("amount", "currency"), [(1250, "USD"), (7, "JPY"), (1001, "KWD")])
-def test_format_minor_output_parses_back_to_the_same_amount(amount: int, currency: str) -> None:
-    major, code = format_minor(amount, currency).split(" ")
+def test_format_money_output_parses_back_to_the_same_amount(amount: int, currency: str) -> None:
+    major, code = format_money(amount, currency).split(" ")
     assert code == currency
     assert parse_exact_amount(major, code) == amount

@@ -14,8 +14,7 @@ from domain.money import (
     add_exact,
     canonical,
     exact_minor,
-    format_exact,
-    format_minor,
+    format_money,
     round_minor,
     split_for_items,
 )
@@ -93,7 +92,7 @@ def test_a_period_contains_its_start_and_not_its_end() -> None:
     ("amount", "code", "shown"),
     [
         (Decimal("0.38"), "USD", "0.0038 USD"),
-        (Decimal(1250), "usd", "12.5 USD"),
+        (Decimal(1250), "usd", "12.50 USD"),
         (Decimal(1200), "usd", "12.00 USD"),  # a whole major amount shows its decimals
         (Decimal(7), "JPY", "7 JPY"),
         (Decimal("1234.5"), "KWD", "1.2345 KWD"),
@@ -101,19 +100,22 @@ def test_a_period_contains_its_start_and_not_its_end() -> None:
         (Decimal("300"), "XYZ", "3.00 XYZ"),  # unknown: two decimals
     ],
 )
-def test_format_exact_keeps_every_digit_in_major_units(
+def test_format_money_keeps_every_digit_in_major_units(
     amount: Decimal, code: str, shown: str
 ) -> None:
-    assert format_exact(amount, code) == shown
+    assert format_money(amount, code) == shown
 
 
 @pytest.mark.parametrize(
     ("amount", "code", "shown"),
-    [(Decimal("1249.5"), "USD", "12.50 USD"), (Decimal("1249.49"), "usd", "12.49 USD"),
-     (Decimal("12345"), "XYZ", "123.45 XYZ"), (Decimal("-0.5"), "JPY", "-1 JPY")],
+    [(Decimal("1249.5"), "USD", "12.495 USD"), (Decimal("1249.49"), "usd", "12.4949 USD"),
+     (Decimal("12345"), "XYZ", "123.45 XYZ"), (Decimal("-0.5"), "JPY", "-0.5 JPY"),
+     (Decimal("-1250"), "USD", "-12.50 USD"), (Decimal("1E+3"), "USD", "10.00 USD")],
 )  # fmt: skip
-def test_format_minor_rounds_half_up_for_display(amount: Decimal, code: str, shown: str) -> None:
-    assert format_minor(amount, code) == shown
+def test_format_money_never_rounds_an_exact_amount_for_show(
+    amount: Decimal, code: str, shown: str
+) -> None:
+    assert format_money(amount, code) == shown
 
 
 @pytest.mark.parametrize(("exact", "billed"), [("2.5", 3), ("-2.5", -3), ("2.4999", 2), ("7", 7)])
