@@ -257,6 +257,9 @@ class Settings(BaseSettings):
         5.0, gt=0, description="how often workers record heartbeat, breaker state and lag"
     )
     health_max_consumer_lag: int = Field(10_000, ge=0, description="degraded above this lag")
+    health_max_dead_letters_per_hour: int = Field(
+        60, ge=0, description="degraded when more dead letters than this arrived in the last hour"
+    )
 
     def heartbeat_timeout_s(self) -> float:
         """A worker whose last heartbeat is older than this is reported silent."""

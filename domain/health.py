@@ -24,6 +24,9 @@ class Thresholds:
     max_projector_behind: int = 10_000
     max_loop_age_s: float = 300.0  # a role whose loop has not turned this long is hung
     max_unsent_age_s: float = 120.0  # a line change Stripe has not seen for this long is late
+    # A rate, not one letter: a producer sending bad records now and then is not an
+    # incident (each letter is kept with its reason); one a minute for an hour is.
+    max_dead_letters_last_hour: int = 60
 
 
 def assess(figures: Mapping[str, Any], limits: Thresholds = Thresholds()) -> tuple[str, list[str]]:
@@ -48,8 +51,11 @@ def assess(figures: Mapping[str, Any], limits: Thresholds = Thresholds()) -> tup
         degraded.append(f"{figures['retries_overdue']} retry(ies) overdue")
     if figures["stale_reserved"]:
         degraded.append(f"{figures['stale_reserved']} reserved transaction(s) not charged")
-    if figures["dead_letters_last_hour"]:
-        degraded.append(f"{figures['dead_letters_last_hour']} dead letter(s) in the last hour")
+    if figures["dead_letters_last_hour"] > limits.max_dead_letters_last_hour:
+        degraded.append(
+            f"{figures['dead_letters_last_hour']} dead letter(s) in the last hour (more than"
+            f" {limits.max_dead_letters_last_hour}): `billing-ledger dead-letters list` says why"
+        )
     if figures["conflicting_duplicates_last_hour"]:
         degraded.append(
             f"{figures['conflicting_duplicates_last_hour']} conflicting duplicate(s) in the last"

@@ -19,12 +19,24 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
+
+from psycopg import sql
 
 from domain.ports import DeadLetter
 from store.connections import Database
 
-__all__ = ["PAYLOAD_PREFIX_BYTES", "BoundedPayload", "DeadLetterStore", "bounded"]
+__all__ = [
+    "PAYLOAD_PREFIX_BYTES",
+    "BoundedPayload",
+    "DeadLetterStore",
+    "LetterFilter",
+    "StoredLetter",
+    "bounded",
+    "letter_id",
+    "parse_letter_id",
+]
 
 PAYLOAD_PREFIX_BYTES = 4096
 
@@ -48,6 +60,64 @@ def bounded(payload: bytes | None, limit: int = PAYLOAD_PREFIX_BYTES) -> Bounded
         return BoundedPayload(None, None, None)
     return BoundedPayload(payload[:limit], len(payload), hashlib.sha256(payload).hexdigest())
 
+
+@dataclass(frozen=True)
+class StoredLetter:
+    """A letter as the table keeps it: where it came from, why, what is kept of its bytes,
+    and whether it was re-driven."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    payload: bytes | None  # at most PAYLOAD_PREFIX_BYTES of it
+    reason: str
+    code: str
+    received_at: datetime
+    size: int | None
+    sha256: str | None
+    redriven_at: datetime | None
+
+    @property
+    def id(self) -> str:
+        return letter_id(self.topic, self.partition, self.offset)
+
+    @property
+    def whole(self) -> bool:
+        """Whether the kept bytes are the whole payload (a redrive needs them all)."""
+        return self.payload is not None and len(self.payload) == self.size
+
+
+def letter_id(topic: str, partition: int, offset: int) -> str:
+    """A letter's id, as logs name its record: ``usage/3@67``."""
+    return f"{topic}/{partition}@{offset}"
+
+
+def parse_letter_id(text: str) -> tuple[str, int, int] | None:
+    """``usage/3@67`` -> ``("usage", 3, 67)``; None when it is not a letter id."""
+    topic, slash, rest = text.rpartition("/")
+    partition, at, offset = rest.partition("@")
+    if not (topic and slash and at and partition.isdigit() and offset.isdigit()):
+        return None
+    return topic, int(partition), int(offset)
+
+
+@dataclass(frozen=True)
+class LetterFilter:
+    """Which letters: by reason code, received since, the record's key (its customer),
+    re-driven or not."""
+
+    code: str | None = None
+    since: datetime | None = None
+    customer: str | None = None
+    redriven: bool | None = None
+
+
+_LETTER_COLUMNS = sql.SQL(
+    "source_topic, source_partition, source_offset, record_key, payload, reason,"
+    " coalesce(reason_code, 'invalid'), received_at, payload_size,"
+    " encode(payload_sha256, 'hex'), redriven_at"
+)
 
 _INSERT = """
 WITH new AS (
@@ -111,6 +181,53 @@ class DeadLetterStore:
             ).fetchall()
         return [DeadLetter(*r) for r in rows]
 
+    def find(self, which: LetterFilter, limit: int = 100) -> list[StoredLetter]:
+        """The letters ``which`` names, newest first."""
+        where: list[str] = ["TRUE"]
+        params: list[object] = []
+        if which.code is not None:
+            where.append("coalesce(reason_code, 'invalid') = %s")
+            params.append(which.code)
+        if which.since is not None:
+            where.append("received_at >= %s")
+            params.append(which.since)
+        if which.customer is not None:
+            where.append("record_key = %s")
+            params.append(which.customer.encode())
+        if which.redriven is not None:
+            where.append("redriven_at IS NOT NULL" if which.redriven else "redriven_at IS NULL")
+        query = sql.SQL(
+            "SELECT {} FROM billing.dead_letters WHERE {}"
+            " ORDER BY received_at DESC, source_offset DESC LIMIT %s"
+        ).format(_LETTER_COLUMNS, sql.SQL(" AND ").join(map(sql.SQL, where)))
+        with self.database.connection() as conn:
+            rows = conn.execute(query, [*params, limit]).fetchall()
+        return [_letter(r) for r in rows]
+
+    def get(self, topic: str, partition: int, offset: int) -> StoredLetter | None:
+        """One letter, by where its record was read."""
+        with self.database.connection() as conn:
+            row = conn.execute(
+                sql.SQL(
+                    "SELECT {} FROM billing.dead_letters WHERE source_topic = %s"
+                    " AND source_partition = %s AND source_offset = %s"
+                ).format(_LETTER_COLUMNS),
+                (topic, partition, offset),
+            ).fetchone()
+        return _letter(row) if row else None
+
+    def mark_redriven(self, letter: StoredLetter) -> bool:
+        """Record that ``letter`` was sent again; False if it had been already."""
+        with self.database.connection() as conn:
+            return (
+                conn.execute(
+                    "UPDATE billing.dead_letters SET redriven_at = now() WHERE source_topic = %s"
+                    " AND source_partition = %s AND source_offset = %s AND redriven_at IS NULL",
+                    (letter.topic, letter.partition, letter.offset),
+                ).rowcount
+                == 1
+            )
+
     def count(self) -> int:
         """Every letter ever recorded (exact, whatever retention removed)."""
         with self.database.connection() as conn:
@@ -133,3 +250,11 @@ class DeadLetterStore:
         (never one another sweeper holds); their counts stay. Returns how many."""
         with self.database.connection() as conn:
             return conn.execute(_PURGE, (older_than_days, limit)).rowcount
+
+
+def _letter(row: Any) -> StoredLetter:
+    topic, partition, offset, key, payload, reason, code, at, size, sha, redriven = row
+    return StoredLetter(
+        topic, partition, offset, bytes(key) if key is not None else None,
+        bytes(payload) if payload is not None else None, reason, code, at, size, sha, redriven,
+    )  # fmt: skip

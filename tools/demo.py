@@ -292,7 +292,8 @@ def _lines(settings: Settings) -> list[dict[str, Any]]:
 
 def _health(settings: Settings, ledger: BillingLedger) -> dict[str, Any]:
     """Queue health once the read models have caught up (what ``billing-ledger health``
-    would print now): the demo's poison records show up as dead letters."""
+    would print now): the demo's poison records are dead letters, too few an hour to
+    degrade it."""
     with build_projector(settings, ledger) as projector:
         projector.pump_all()
     with database(settings, pool_size=0) as db, db.connection() as conn:

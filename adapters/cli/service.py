@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -149,21 +150,55 @@ def _produce(args: argparse.Namespace) -> int:
     ensure_topics(settings.kafka_bootstrap, [(settings.usage_topic, settings.usage_partitions)])
     producer = make_producer(settings.kafka_bootstrap)
     shutdown_tracing = configure_tracing(settings)
-    sent = 0
+    check = _local_check(settings)
+    sent, flagged = 0, 0
     try:
-        for line in stream:
+        for number, line in enumerate(stream, 1):
             value = line.rstrip(b"\r\n")
             if not value.strip():
                 continue
+            problem = check(value)
+            if problem is not None:
+                flagged += 1
+                if flagged <= MAX_WARNINGS:
+                    print(f"line {number}: would be a dead letter ({problem}); sent anyway",
+                          file=sys.stderr)  # fmt: skip
             send_usage(producer, settings.usage_topic, _customer_key(value), value)
             sent += 1
+            if sent % 10_000 == 0:
+                print(f"sent {sent:,}...", file=sys.stderr, flush=True)
         producer.flush()
     finally:
         producer.close()
         stream.close()
         shutdown_tracing()
     print(f"sent {sent} record(s) to {settings.usage_topic}", file=sys.stderr)
+    if flagged:
+        print(f"{flagged} of them would be dead letters by a local check (the ledger decides;"
+              " `billing-ledger dead-letters list` shows what it set aside)",
+              file=sys.stderr)  # fmt: skip
     return 0
+
+
+MAX_WARNINGS = 20  # warnings printed one by one; the rest are counted
+
+
+def _local_check(settings: Settings) -> Callable[[bytes], str | None]:
+    """What the ingest's decoder and the price list would say of a record: None when it
+    would be billed, else the dead letter's reason."""
+    from domain.errors import InvalidUsage
+    from domain.usage import decode_usage
+
+    prices = settings.load_prices()
+
+    def check(value: bytes) -> str | None:
+        try:
+            prices.price_of(decode_usage(value, max_bytes=settings.max_record_bytes).meter)
+        except InvalidUsage as exc:
+            return str(exc)
+        return None
+
+    return check
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -49,7 +49,7 @@ from projections.queue_health import read_health
 from projections.transactions import page_cursor, transactions
 from store.connections import Database
 
-__all__ = ["HealthProbe", "HealthServer", "health_app", "health_report"]
+__all__ = ["HealthProbe", "HealthServer", "health_app", "health_report", "health_thresholds"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,14 @@ def health_report(conn: psycopg.Connection[Any], limits: Thresholds) -> dict[str
     figures = read_health(conn)
     status, reasons = assess(figures, limits)
     return {"status": status, "reasons": reasons, **figures}
+
+
+def health_thresholds(settings: Settings) -> Thresholds:
+    """The health policy's thresholds from the settings."""
+    return Thresholds(
+        max_consumer_lag=settings.health_max_consumer_lag,
+        max_dead_letters_last_hour=settings.health_max_dead_letters_per_hour,
+    )
 
 
 class HealthProbe:
@@ -75,7 +83,7 @@ class HealthProbe:
             statement_timeout_ms=3000,
             password=password,
         )
-        self.limits = Thresholds(max_consumer_lag=settings.health_max_consumer_lag)
+        self.limits = health_thresholds(settings)
         self.cache_s = cache_s
         self._cached: tuple[float, dict[str, Any]] | None = None
         self._guard = threading.Lock()

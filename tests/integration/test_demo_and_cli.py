@@ -101,12 +101,11 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
     assert (audit["ok"], audit["findings"]) == (True, [])
     assert audit["transactions"] == len(seen)
     assert audit["stripe_items"] == len(lines)
-    # Everything settled: queue health has nothing against it but the poison records.
+    # Everything settled: queue health has nothing against it; the poison records are
+    # dead letters, below the rate that degrades health (60 an hour by default).
     health = summary["health"]
-    assert (health["status"], health["reasons"]) == (
-        "degraded",
-        [f"{invalid} dead letter(s) in the last hour"],
-    )
+    assert invalid <= 60
+    assert (health["status"], health["reasons"]) == ("ok", [])
 
 
 def test_history_shows_a_transactions_events_by_id_and_by_customer_and_usage_id(

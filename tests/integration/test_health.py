@@ -181,8 +181,7 @@ def test_queue_health_and_the_health_endpoint_report_what_a_test_set_up(
             f"Stripe circuit breaker open in worker {setup['worker']}",
             "2 invoice line(s) failing to reach Stripe",
             "2 reserved transaction(s) not charged",
-            "1 dead letter(s) in the last hour",
-            "2 Stripe error(s) in 5 min (connection: 2)",
+            "2 Stripe error(s) in 5 min (connection: 2)",  # one dead letter is no incident
         }
         assert len(silent) == 1
         by_id = {w["worker_id"]: w for w in body["workers"]}
@@ -471,12 +470,19 @@ def test_the_health_command_shows_the_figures_as_a_table_json_and_live(
     DeadLetterStore(Database(health_settings.database_url)).record(
         [DeadLetter("usage", 1, 5, b"k", b"[]", "not an object")]
     )
+    one = _cli("health", "--json", env=env)
+    assert one.returncode == 0, one.stdout  # one bad record is not an incident
+    assert json.loads(one.stdout)["dead_letters_last_hour"] == 1
+    env["BILLING_LEDGER_HEALTH_MAX_DEAD_LETTERS_PER_HOUR"] = "0"  # a rate above the threshold
     shown = _cli("health", "--json", env=env)
     assert shown.returncode == 1  # not ok: scripts can tell
     report = json.loads(shown.stdout)
     assert (report["status"], report["reasons"]) == (
         "degraded",
-        ["1 dead letter(s) in the last hour"],
+        [
+            "1 dead letter(s) in the last hour (more than 0): `billing-ledger dead-letters list`"
+            " says why"
+        ],
     )
     assert report["dead_letters_last_hour"] == 1
 

@@ -56,12 +56,14 @@ def test_quiet_figures_are_ok_with_no_reasons() -> None:
 
 def test_conflicting_duplicates_are_degraded_beside_the_dead_letters_they_are() -> None:
     status, reasons = assess(
-        figures(dead_letters_last_hour=3, conflicting_duplicates_last_hour=2, dead_letters_total=9)
+        figures(dead_letters_last_hour=3, conflicting_duplicates_last_hour=2, dead_letters_total=9),
+        Thresholds(max_dead_letters_last_hour=0),
     )
     assert (status, reasons) == (
         DEGRADED,
         [
-            "3 dead letter(s) in the last hour",
+            "3 dead letter(s) in the last hour (more than 0): `billing-ledger dead-letters"
+            " list` says why",
             "2 conflicting duplicate(s) in the last hour: a producer sent a usage_id again"
             " with another body",
         ],
@@ -122,16 +124,29 @@ def test_each_late_or_refused_thing_is_a_reason_for_degraded() -> None:
             },
             max_consumer_lag=11,
         ),
-        Thresholds(max_consumer_lag=10),
+        Thresholds(max_consumer_lag=10, max_dead_letters_last_hour=0),
     )
     assert status == DEGRADED
     assert reasons == [
         "2 retry(ies) overdue",
         "5 reserved transaction(s) not charged",
-        "1 dead letter(s) in the last hour",
+        "1 dead letter(s) in the last hour (more than 0): `billing-ledger dead-letters"
+        " list` says why",
         "4 Stripe error(s) in 5 min (http_503: 3, rate_limited: 1)",
         "consumer lag 11",
     ]
+
+
+def test_dead_letters_degrade_above_a_rate_not_for_one_bad_record() -> None:
+    assert assess(figures(dead_letters_last_hour=1)) == (OK, [])
+    assert assess(figures(dead_letters_last_hour=60)) == (OK, [])  # the default: 60 an hour
+    assert assess(figures(dead_letters_last_hour=61)) == (
+        DEGRADED,
+        [
+            "61 dead letter(s) in the last hour (more than 60): `billing-ledger dead-letters"
+            " list` says why"
+        ],
+    )
 
 
 def test_lag_and_errors_up_to_their_thresholds_are_ok() -> None:
@@ -141,13 +156,15 @@ def test_lag_and_errors_up_to_their_thresholds_are_ok() -> None:
 
 def test_past_deadline_is_failing_first_and_keeps_the_other_reasons() -> None:
     status, reasons = assess(
-        figures(past_deadline=3, dead_letters_last_hour=2, workers=[worker(breaker="open")])
+        figures(past_deadline=3, dead_letters_last_hour=2, workers=[worker(breaker="open")]),
+        Thresholds(max_dead_letters_last_hour=0),
     )
     assert status == FAILING
     assert reasons == [
         "3 transaction(s) past their deadline",
         "Stripe circuit breaker open in worker w1",
-        "2 dead letter(s) in the last hour",
+        "2 dead letter(s) in the last hour (more than 0): `billing-ledger dead-letters"
+        " list` says why",
     ]
 
 

@@ -1,0 +1,133 @@
+"""Dead letters from the command line, against the real broker and PostgreSQL: ``produce``
+warns of what a local check would set aside (and sends it all the same), ``dead-letters
+list`` and ``show`` find a letter by reason, customer and usage id, and ``redrive``
+sends a letter's bytes back to the usage topic once: after its meter is given a price,
+the record is billed, exactly once, however many times it is re-driven."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer
+
+from adapters.bootstrap import build_ingest_worker, close_worker, open_ledger
+from adapters.settings import DEFAULT_PRICE_LIST, Settings
+from domain.ids import transaction_id
+from domain.transaction import TxnState
+from store.ledger import BillingLedger
+from tests.conftest import settings_env
+from tests.integration.support import drive, metered_usage_ids
+
+pytestmark = pytest.mark.integration
+
+CLI = [sys.executable, "-m", "adapters.cli"]
+RECORDS = [
+    {"usage_id": "ok-1", "customer_id": "acme", "meter": "api.requests", "quantity": 10},
+    {"usage_id": "neg-1", "customer_id": "acme", "meter": "api.requests", "quantity": -100},
+    {"usage_id": "img-1", "customer_id": "acme", "meter": "vision.images", "quantity": 3},
+]
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+def _ingest(settings: Settings, ledger: BillingLedger, records: int) -> None:
+    worker = build_ingest_worker(settings, ledger)
+    try:
+        drive(worker, until=lambda: worker.stats.records >= records)
+    finally:
+        close_worker(worker)
+
+
+def _usage_topic(settings: Settings) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
+    consumer = KafkaConsumer(
+        settings.usage_topic,
+        bootstrap_servers=settings.kafka_bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=3000,
+    )
+    try:
+        return [(m.value, list(m.headers)) for m in consumer]
+    finally:
+        consumer.close()
+
+
+def test_a_letter_is_found_shown_and_re_driven_once_after_its_cause_is_fixed(
+    settings: Settings, ingest_ledger: BillingLedger, tmp_path: Path
+) -> None:
+    env = settings_env(settings)
+    at = "2026-12-04T10:00:00Z"
+    usage = tmp_path / "usage.jsonl"
+    usage.write_text("".join(json.dumps({**r, "occurred_at": at}) + "\n" for r in RECORDS))
+
+    produced = _cli("produce", str(usage), env=env)
+    assert produced.returncode == 0, produced.stderr
+    warned = produced.stderr.splitlines()
+    assert warned[0].startswith("line 2: would be a dead letter (") and "sent anyway" in warned[0]
+    assert warned[1].startswith("line 3: would be a dead letter (unknown meter")
+    assert "2 of them would be dead letters by a local check" in produced.stderr
+    _ingest(settings, ingest_ledger, 3)
+
+    listed = json.loads(_cli("dead-letters", "list", "--json", env=env).stdout)
+    assert sorted(r["usage_id"] for r in listed) == ["img-1", "neg-1"]
+    [image] = json.loads(
+        _cli("dead-letters", "list", "--reason", "unknown_meter", "--json", env=env).stdout
+    )
+    assert (image["usage_id"], image["customer"], image["redriven_at"]) == ("img-1", "acme", None)
+    assert _cli("dead-letters", "list", "--customer", "nobody", env=env).stdout == "(no rows)\n"
+    shown = _cli("dead-letters", "show", image["letter"], env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "code            unknown_meter" in shown.stdout
+    assert '"meter": "vision.images"' in shown.stdout and "payload_whole   True" in shown.stdout
+
+    # The price is added; the worker restarts with it; the letter is re-driven, twice.
+    prices = tmp_path / "prices.toml"
+    prices.write_text(
+        DEFAULT_PRICE_LIST.read_text()
+        + '\n[meters."vision.images"]\nunit_price = "0.01"\nper = 1\ncurrency = "USD"\n'
+    )
+    fixed = settings.model_copy(update={"price_list": prices})
+    env["BILLING_LEDGER_PRICE_LIST"] = str(prices)
+    first = _cli("dead-letters", "redrive", "--reason", "unknown_meter", env=env)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith(f"re-drove 1 letter(s) to {settings.usage_topic}")
+    again = _cli("dead-letters", "redrive", image["letter"], env=env)
+    assert again.stdout.startswith("re-drove 0 letter(s)")
+    assert f"not re-driven: {image['letter']}: re-driven already at" in again.stdout
+    with open_ledger(fixed) as ledger:
+        _ingest(fixed, ledger, 1)
+        txn = ledger.transaction(transaction_id("acme", "img-1"))
+        assert txn.state is TxnState.RESERVED and txn.amount == 3  # 3 x 0.01 USD: 3 cents
+    assert sorted(metered_usage_ids(settings.database_url)) == ["img-1", "ok-1"]
+
+    messages = _usage_topic(settings)
+    assert len(messages) == 4  # the three produced, and one re-drive
+    value, headers = messages[-1]
+    assert json.loads(value)["usage_id"] == "img-1"
+    assert ("redriven_from", image["letter"].encode()) in headers
+    [marked] = json.loads(
+        _cli("dead-letters", "list", "--reason", "unknown_meter", "--json", env=env).stdout
+    )
+    assert marked["redriven_at"] is not None
+
+
+def test_misuse_of_the_dead_letter_commands_is_one_line_and_status_2(
+    settings: Settings, ingest_ledger: BillingLedger
+) -> None:
+    env = settings_env(settings)
+    for args, said in [
+        (["show", "nonsense"], "'nonsense' is not a letter id"),
+        (["show", "usage/0@999"], "no dead letter usage/0@999"),
+        (["redrive"], "give one letter's id, or filters"),
+        (["redrive", "usage/0@1", "--reason", "x"], "give one letter's id, or filters"),
+    ]:
+        proc = _cli("dead-letters", *args, env=env)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert said in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
