@@ -222,7 +222,8 @@ class InvoiceCloser:
         if view.status != "draft":
             # Finalized already (an earlier attempt whose answer was lost, or by hand):
             # the finalize step reads it and compares Stripe's total with the ledger's.
-            return self._finalize(invoice)
+            step, sent = self._finalize(invoice)
+            return step, 1 + sent
         verdict = verify_draft(expected_items(pushes), invoice.expected_total, view)
         if verdict.equal:
             invoice.record_verified(view.total, len(view.items))
