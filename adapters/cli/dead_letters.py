@@ -21,15 +21,6 @@ from adapters.cli.output import print_table
 
 __all__ = ["add_commands"]
 
-EXAMPLES = """examples:
-  billing-ledger dead-letters list --reason unknown_meter --since 2026-12-04T00:00:00Z
-  billing-ledger dead-letters show usage/3@67
-  billing-ledger dead-letters redrive --reason unknown_meter   # after the price is added
-
-reads BILLING_LEDGER_DATABASE_URL (a login that may read dead letters: the writer or the
-auditor, not billing_reader); redrive also BILLING_LEDGER_KAFKA_BOOTSTRAP and
-BILLING_LEDGER_USAGE_TOPIC."""
-
 
 def add_commands(sub: Any) -> None:
     letters = sub.add_parser(
@@ -37,12 +28,9 @@ def add_commands(sub: Any) -> None:
         help="records set aside, with their reasons: list, show, redrive",
         description="Find the records the ledger set aside, see why, and re-drive them once"
         " the cause is fixed (a price added, a producer mended).",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     cmds = letters.add_subparsers(dest="letters_command", required=True, parser_class=Parser)
-    listed = cmds.add_parser("list", help="the newest letters first", epilog=EXAMPLES,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    listed = cmds.add_parser("list", help="the newest letters first")
     _filters(listed)
     listed.add_argument("--limit", type=positive_int, default=50, help="at most this many")
     listed.add_argument("--json", action="store_true", help="one JSON document, for programs")
@@ -54,8 +42,6 @@ def add_commands(sub: Any) -> None:
     redrive = cmds.add_parser(
         "redrive",
         help="send letters' original bytes to the usage topic again, once each",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     redrive.add_argument("letter", nargs="?", help="one letter's id (or use the filters)")
     _filters(redrive)

@@ -110,8 +110,6 @@ def _add_invoice_commands(sub: Any) -> None:
         "settle",
         help="settle what stopped an invoice (its draft or finalized total differs from the"
         " ledger in a way no push can repair): the draft is read back again before finalizing",
-        epilog="example: billing-ledger invoices settle 4f0c...-9a1b --how 'deleted the"
-        " hand-made item ii_123 in the dashboard' --by ops@example.com",
     )
     settle.add_argument("invoice_id", type=invoice_uuid, help="the ledger's invoice id")
     settle.add_argument("--how", required=True, help="what was done about it (audited)")

@@ -19,6 +19,7 @@ from importlib import metadata
 from adapters.cli import audit, dead_letters, ledger, service, tools
 from adapters.cli.args import Parser
 from adapters.cli.errors import explain
+from adapters.cli.help import teach
 
 __all__ = ["build_parser", "main"]
 
@@ -59,7 +60,18 @@ def build_parser() -> Parser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     for group in (tools, service, ledger, dead_letters, audit):
         group.add_commands(sub)
+    completion = sub.add_parser("completion", help="print a shell completion script")
+    completion.add_argument("shell", choices=("bash", "zsh", "tcsh"), help="your shell")
+    completion.set_defaults(handler=lambda args: _completion(p, args.shell))
+    teach(p)
     return p
+
+
+def _completion(parser: Parser, shell: str) -> int:
+    import shtab
+
+    print(shtab.complete(parser, shell))
+    return 0
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
