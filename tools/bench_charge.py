@@ -36,7 +36,7 @@ import psycopg
 from eventsourcing.utils import get_topic
 
 from adapters.bootstrap import migrate, prepare
-from adapters.broker import make_producer
+from adapters.ingest.producer import UsageProducer
 from adapters.observability.logs import configure_logging
 from adapters.progress import step
 from adapters.settings import Settings, child_env
@@ -187,10 +187,8 @@ class Load:
 
 def warm_up(settings: Settings, load: Load) -> None:
     """One record through the whole pipeline, so group joins are not in the figures."""
-    producer = make_producer(settings.kafka_bootstrap)
-    record = load.record(-1)
-    producer.send(settings.usage_topic, key=record.customer_id.encode(), value=record.to_json())
-    producer.close()
+    with UsageProducer(settings.kafka_bootstrap, settings.usage_topic) as usage:
+        usage.send(load.record(-1))
     load.produced = 1
     deadline = time.monotonic() + 90
     while charged_count(settings) < 1 and time.monotonic() < deadline:
@@ -249,21 +247,18 @@ def produce(
     stop: threading.Event | None = None,
 ) -> None:
     """``load``'s records at ``rate`` a second for ``seconds`` or until ``stop``."""
-    producer = make_producer(settings.kafka_bootstrap)
+    usage = UsageProducer(settings.kafka_bootstrap, settings.usage_topic)
     start = time.monotonic()
     i = 0
     while (elapsed := time.monotonic() - start) < seconds and not (stop and stop.is_set()):
         due = int(elapsed * rate)
         while i < due:
-            record = load.record(i)
-            producer.send(
-                settings.usage_topic, key=record.customer_id.encode(), value=record.to_json()
-            )
+            usage.send(load.record(i))
             i += 1
-        producer.flush()
+        usage.flush()
         load.produced = i + 1  # + the warm-up record
         time.sleep(0.005)
-    producer.close()
+    usage.close()
 
 
 def charged_count(settings: Settings) -> int:

@@ -35,7 +35,7 @@ from uuid import UUID
 
 import psycopg
 
-from adapters.broker import make_producer
+from adapters.ingest.producer import UsageProducer
 from adapters.progress import step
 from adapters.settings import Settings
 from domain.ids import transaction_id
@@ -189,13 +189,10 @@ class _Run:
         return self.load.produced + self.burst_produced
 
     def _send_burst(self, clock: _Clock) -> None:
-        producer = make_producer(self.settings.kafka_bootstrap)
-        topic, key = self.settings.usage_topic, BURST_CUSTOMER.encode()
-        for i in range(self.burst):
-            producer.send(topic, key=key, value=_burst_record(i).to_json())
-            self.burst_produced = i + 1
-        producer.flush()
-        producer.close()
+        with UsageProducer(self.settings.kafka_bootstrap, self.settings.usage_topic) as usage:
+            for i in range(self.burst):
+                usage.send(_burst_record(i))
+                self.burst_produced = i + 1
         clock.burst_sent = time.time()
 
     def _watch(self, phase: str, seconds: float, until: Callable[[], bool] | None = None) -> bool:

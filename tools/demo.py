@@ -33,8 +33,7 @@ from adapters.bootstrap import (
     open_ledger,
     prepare,
 )
-from adapters.broker import make_producer
-from adapters.ingest.producer import send_usage
+from adapters.ingest.producer import UsageProducer
 from adapters.ingest.worker import IngestStats
 from adapters.observability.health_server import health_report
 from adapters.observability.logs import configure_logging
@@ -88,11 +87,10 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
                     records, prices, seed=seed, max_record_bytes=settings.max_record_bytes
                 )
             )
-            producer = make_producer(settings.kafka_bootstrap)
-            for p in produced:
-                send_usage(producer, settings.usage_topic, p.key, p.value)
-            producer.flush()
-            producer.close()
+            # The stream as it is, its poison included: the ledger is what sets it aside.
+            with UsageProducer(settings.kafka_bootstrap, settings.usage_topic) as usage:
+                for p in produced:
+                    usage.send_raw(p.key, p.value)
 
             step("ingesting (consumer group joins in ~3 s)")
             worker = build_ingest_worker(settings, ledger)

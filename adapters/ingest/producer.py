@@ -1,17 +1,121 @@
-"""Producing usage records to the usage topic (the ``produce`` command, the demo, the
-benchmarks): each send is a ``produce usage`` span in its transaction's trace."""
+"""Producing usage records to the usage topic: ``UsageProducer``, the client a service
+uses to send its usage (and the ``produce`` command, the demo and the benchmarks).
+
+    from adapters.ingest.producer import UsageProducer
+
+    with UsageProducer("127.0.0.1:9092", prices=Settings().load_prices()) as usage:
+        usage.send(customer_id="acme", usage_id="req-42", meter="gpt-4o.input_tokens",
+                   quantity=1200)
+
+Each record is checked before it is sent, by the rules the ingest applies (and, given
+a price list, that its meter has a price): a record the ledger would set aside raises
+``InvalidUsage`` with the dead letter's reason, and nothing is sent. It is keyed by its
+customer, so one customer's records stay in order on one partition. Each send is a
+``produce usage`` span in its transaction's trace, with the span's context in the
+headers (W3C ``traceparent``): ingest continues it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+from datetime import UTC, datetime
+from decimal import Decimal
+from types import TracebackType
+from typing import Self
 
 from kafka import KafkaProducer
 
+from adapters.broker import make_producer
 from adapters.observability import telemetry
 from domain.ids import transaction_id
+from domain.pricing import PriceList
+from domain.usage import DEFAULT_MAX_RECORD_BYTES, UsageRecord, decode_usage
+from store.schema import DEFAULT_USAGE_TOPIC
 
-__all__ = ["send_usage"]
+__all__ = ["UsageProducer", "send_usage"]
+
+
+class UsageProducer:
+    """Sends usage records to the ledger's usage topic, each checked first."""
+
+    def __init__(
+        self,
+        bootstrap: str | KafkaProducer,
+        topic: str = DEFAULT_USAGE_TOPIC,
+        *,
+        prices: PriceList | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    ) -> None:
+        self.producer = make_producer(bootstrap) if isinstance(bootstrap, str) else bootstrap
+        self.topic = topic
+        self.prices = prices
+        self.max_record_bytes = max_record_bytes
+        self.sent = 0
+
+    def send(
+        self,
+        record: UsageRecord | None = None,
+        *,
+        customer_id: str | None = None,
+        usage_id: str | None = None,
+        meter: str | None = None,
+        quantity: int | str | Decimal | None = None,
+        occurred_at: datetime | None = None,
+    ) -> UsageRecord:
+        """Check and send ``record``, or the record the fields make (``occurred_at``:
+        now); the record sent. Raises ``InvalidUsage`` (nothing sent) when the ledger
+        would set it aside."""
+        if record is None:
+            record = self.record(customer_id, usage_id, meter, quantity, occurred_at)
+        value = record.to_json()
+        checked = decode_usage(value, max_bytes=self.max_record_bytes)  # the ingest's rules
+        if self.prices is not None:
+            self.prices.price_of(checked.meter)  # UnknownMeter: an InvalidUsage
+        send_usage(self.producer, self.topic, record.customer_id.encode(), value)
+        self.sent += 1
+        return record
+
+    @staticmethod
+    def record(
+        customer_id: str | None,
+        usage_id: str | None,
+        meter: str | None,
+        quantity: int | str | Decimal | None,
+        occurred_at: datetime | None,
+    ) -> UsageRecord:
+        """The record of these fields, validated as ingest validates it."""
+        body = {
+            "customer_id": customer_id,
+            "usage_id": usage_id,
+            "meter": meter,
+            "quantity": str(quantity) if quantity is not None else None,
+            "occurred_at": (occurred_at or datetime.now(UTC)).isoformat(),
+        }
+        return decode_usage(json.dumps(body).encode())
+
+    def send_raw(self, key: bytes | None, value: bytes) -> None:
+        """Send bytes as they are, unchecked (a replay of a file, the demo's poison)."""
+        send_usage(self.producer, self.topic, key, value)
+        self.sent += 1
+
+    def flush(self) -> None:
+        self.producer.flush()
+
+    def close(self) -> None:
+        self.producer.flush()
+        self.producer.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 def send_usage(producer: KafkaProducer, topic: str, key: bytes | None, value: bytes) -> None:

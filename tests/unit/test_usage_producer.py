@@ -1,0 +1,107 @@
+"""``UsageProducer``, the client a service sends its usage with: each record checked by
+the ingest's rules (and the price list, when given) before it is sent, keyed by its
+customer; nothing sent for a record the ledger would set aside."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from adapters.ingest.producer import UsageProducer
+from adapters.settings import Settings
+from domain.errors import InvalidUsage, UnknownMeter
+from domain.usage import UsageRecord, decode_usage
+
+AT = datetime(2026, 12, 4, 10, tzinfo=UTC)
+
+
+class _Kafka:
+    """What a KafkaProducer was asked to do."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes]] = []
+        self.flushed = self.closed = 0
+
+    def send(self, topic: str, key: bytes | None, value: bytes, headers: Any = None) -> None:
+        self.sent.append((topic, key, value))
+
+    def flush(self) -> None:
+        self.flushed += 1
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def _producer(**kw: Any) -> tuple[UsageProducer, _Kafka]:
+    kafka = _Kafka()
+    return UsageProducer(kafka, "usage", **kw), kafka
+
+
+def test_a_record_made_of_fields_is_checked_keyed_by_its_customer_and_sent() -> None:
+    usage, kafka = _producer(prices=Settings().load_prices())
+    sent = usage.send(
+        customer_id="acme", usage_id="req-42", meter="gpt-4o.input_tokens", quantity=1200,
+        occurred_at=AT,
+    )  # fmt: skip
+    [(topic, key, value)] = kafka.sent
+    assert (topic, key) == ("usage", b"acme")
+    assert decode_usage(value) == sent
+    assert (sent.usage_id, sent.quantity, sent.occurred_at) == ("req-42", Decimal(1200), AT)
+    assert usage.sent == 1
+
+
+def test_a_record_without_a_time_is_stamped_now() -> None:
+    usage, _ = _producer()
+    before = datetime.now(UTC)
+    sent = usage.send(customer_id="acme", usage_id="u", meter="api.requests", quantity="0.5")
+    assert before <= sent.occurred_at <= datetime.now(UTC)
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"quantity": -100}, "quantity"),
+        ({"quantity": None}, "quantity"),
+        ({"customer_id": "has:colon"}, "customer_id"),
+        ({"usage_id": ""}, "usage_id"),
+    ],
+)
+def test_a_record_the_ledger_would_set_aside_is_refused_and_nothing_is_sent(
+    fields: dict[str, Any], reason: str
+) -> None:
+    usage, kafka = _producer()
+    body = {"customer_id": "acme", "usage_id": "u1", "meter": "api.requests", "quantity": 3}
+    with pytest.raises(InvalidUsage, match=reason):
+        usage.send(**{**body, **fields})
+    assert kafka.sent == [] and usage.sent == 0
+
+
+def test_an_unpriced_meter_is_refused_only_when_the_prices_are_given() -> None:
+    record = UsageRecord(
+        usage_id="u", customer_id="acme", meter="vision.images", quantity=Decimal(1),
+        occurred_at=AT,
+    )  # fmt: skip
+    priced, kafka = _producer(prices=Settings().load_prices())
+    with pytest.raises(UnknownMeter):
+        priced.send(record)
+    assert kafka.sent == []
+    unpriced, kafka = _producer()
+    assert unpriced.send(record) == record and len(kafka.sent) == 1
+
+
+def test_a_record_over_the_size_limit_is_refused() -> None:
+    usage, kafka = _producer(max_record_bytes=256)
+    with pytest.raises(InvalidUsage, match="exceeds the 256-byte limit"):
+        usage.send(customer_id="acme", usage_id="u" * 150, meter="m" * 150, quantity=1)
+    assert kafka.sent == []
+
+
+def test_raw_bytes_are_sent_as_they_are_and_closing_flushes() -> None:
+    with _producer()[0] as usage:
+        kafka: _Kafka = usage.producer
+        usage.send_raw(b"k", b"not json")
+    assert kafka.sent == [("usage", b"k", b"not json")]
+    assert (kafka.flushed, kafka.closed) == (1, 1)
