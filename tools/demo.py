@@ -278,6 +278,7 @@ def _lines(settings: Settings) -> list[dict[str, Any]]:
                 "customer_id": r["customer_id"],
                 "currency": r["currency"].strip(),
                 "meter": r["meter"],
+                "period_start": f"{r['period_start']:%Y-%m-%d %H:%M}",
                 "transactions": r["transactions"],
                 "exact": str(r["exact_total"]),
                 "billed": r["billed"],

@@ -20,7 +20,7 @@ from store.ledger import BillingLedger
 from tools.summary import Balances
 from tools.synthetic import Produced
 
-__all__ = ["render_summary", "summarize"]
+__all__ = ["headline", "render_summary", "summarize"]
 
 
 def summarize(
@@ -51,9 +51,38 @@ def _reason_kind(reason: str) -> str:
     return re.sub(r"'[^']*'", "'…'", re.sub(r"\d+", "N", head))
 
 
+def headline(summary: dict[str, Any]) -> list[str]:
+    """What happened, in a few sentences, before the tables."""
+    invoices = summary.get("invoices", [])
+    paid = [i for i in invoices if i["state"] == "paid"]
+    totals: Counter[str] = Counter()
+    for inv in paid:
+        totals[inv["currency"]] += inv["amount_paid"]
+    reasons = summary["dead_letter_reasons"]
+    top = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items(), key=lambda x: -x[1])[:3])
+    said = [
+        f"{summary['records_sent']:,} usage records went in: {summary['transactions']:,} became"
+        f" transactions on {len(summary.get('lines', [])):,} invoice lines,"
+        f" {summary['duplicates_ignored']:,} were duplicates (ignored, never billed twice),"
+        f" {summary['dead_letters']:,} were set aside as dead letters"
+        + (f" ({top}{', ...' if len(reasons) > 3 else ''})" if reasons else "")
+        + ".",
+        f"{summary['refused_by_limit']:,} were refused by a customer's spend limit (not billed).",
+    ]
+    if invoices:
+        money = ", ".join(format_money(n, cur) for cur, n in sorted(totals.items())) or "nothing"
+        said.append(
+            f"{len(invoices):,} invoices were closed and read back from Stripe;"
+            f" {len(paid):,} are paid ({money})."
+        )
+    return said
+
+
 def render_summary(summary: dict[str, Any]) -> str:
-    """The summary as a human table."""
+    """What happened in a few sentences, then the tables."""
     lines = [
+        *headline(summary),
+        "",
         f"records sent          {summary['records_sent']:>10,}",
         f"transactions          {summary['transactions']:>10,}",
         f"duplicates ignored    {summary['duplicates_ignored']:>10,}",
@@ -64,29 +93,34 @@ def render_summary(summary: dict[str, Any]) -> str:
         f"Stripe requests       {summary.get('stripe', {}).get('requests', 0):>10,}",
         f"money conserved       {'yes' if summary['conserved'] else 'NO':>10}",
         "",
-        f"{'customer':<10} {'cur':<4} {'txns':>7} {'metered':>14} {'in flight':>14} "
-        f"{'charged':>14} {'compensated':>14}",
+        f"{'customer':<10} {'cur':<4} {'txns':>7} {'metered':>18} {'in flight':>18} "
+        f"{'charged':>18} {'compensated':>18}",
     ]
     for customer, currencies in summary["customers"].items():
         for cur, b in currencies.items():
             lines.append(
                 f"{customer:<10} {cur:<4} {b['transactions']:>7,} "
-                f"{_money(b['metered'], cur):>14} {_money(b['in_flight'], cur):>14} "
-                f"{_money(b['charged'], cur):>14} {_money(b['compensated'], cur):>14}"
+                f"{_money(b['metered'], cur):>18} {_money(b['in_flight'], cur):>18} "
+                f"{_money(b['charged'], cur):>18} {_money(b['compensated'], cur):>18}"
             )
     if summary.get("lines"):
         lines += [
             "",
-            f"{'customer':<10} {'cur':<4} {'meter':<22} {'records':>8} {'exact (minor)':>22}"
-            f" {'billed':>14} {'in Stripe':>14} {'requests':>8}",
+            f"{'customer':<10} {'period (UTC)':<17} {'meter':<26} {'records':>8}"
+            f" {'exact':>20} {'billed':>14} {'in Stripe':>14} {'requests':>8}",
         ]
         for ln in summary["lines"]:
             cur = ln["currency"]
             lines.append(
-                f"{ln['customer_id']:<10} {cur:<4} {ln['meter']:<22} {ln['transactions']:>8,}"
-                f" {ln['exact']:>22} {format_money(ln['billed'], cur):>14}"
+                f"{ln['customer_id']:<10} {ln.get('period_start', ''):<17} {ln['meter']:<26}"
+                f" {ln['transactions']:>8,} {_money(ln['exact'], cur):>20}"
+                f" {format_money(ln['billed'], cur):>14}"
                 f" {format_money(ln['stripe'], cur):>14} {ln['requests']:>8}"
             )
+        lines.append(
+            "billed = the line's exact total rounded once, half up (records keep fractions"
+            " of a cent); in Stripe = what Stripe's draft holds, read back"
+        )
     if summary.get("invoices"):
         lines += [
             "",
