@@ -61,6 +61,7 @@ __all__ = [
     "check_size",
     "decode_usage",
     "usage_from_json",
+    "usage_id_of",
 ]
 
 DEFAULT_MAX_RECORD_BYTES = 16 * 1024
@@ -214,3 +215,14 @@ def _one_line(text: str) -> str:
 
 def _iso(moment: datetime) -> str:
     return moment.isoformat().replace("+00:00", "Z")
+
+
+def usage_id_of(raw: bytes | None) -> str | None:
+    """The usage id a record's bytes name, when they can be read as far as that (a dead
+    letter's log line and ``dead-letters`` show it); None otherwise. Never raises."""
+    try:
+        data = json.loads(raw or b"")
+    except (ValueError, RecursionError):
+        return None
+    usage_id = data.get("usage_id") if isinstance(data, dict) else None
+    return usage_id if isinstance(usage_id, str) else None

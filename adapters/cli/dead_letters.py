@@ -18,6 +18,7 @@ from typing import Any
 
 from adapters.cli.args import EXIT_USAGE, CliError, Parser, positive_int, timestamp, usage
 from adapters.cli.output import print_table
+from domain.usage import usage_id_of
 
 __all__ = ["add_commands"]
 
@@ -71,23 +72,13 @@ def _which(args: argparse.Namespace, *, redriven: bool | None = None) -> Any:
     return LetterFilter(args.reason, args.since, args.customer, redriven)
 
 
-def _usage_id(payload: bytes | None) -> str | None:
-    """The record's usage id, when its bytes can be read as far as that."""
-    try:
-        doc = json.loads(payload or b"")
-    except ValueError:
-        return None
-    usage_id = doc.get("usage_id") if isinstance(doc, dict) else None
-    return usage_id if isinstance(usage_id, str) else None
-
-
 def _row(letter: Any) -> dict[str, Any]:
     return {
         "letter": letter.id,
         "received_at": letter.received_at.isoformat(timespec="seconds"),
         "code": letter.code,
         "customer": letter.key.decode(errors="replace") if letter.key else None,
-        "usage_id": _usage_id(letter.payload),
+        "usage_id": usage_id_of(letter.payload),
         "reason": letter.reason,
         "redriven_at": letter.redriven_at.isoformat(timespec="seconds")
         if letter.redriven_at

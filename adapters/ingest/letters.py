@@ -18,6 +18,7 @@ from kafka import KafkaProducer
 from adapters.observability.logs import step_fields
 from domain.ports import DeadLetter, DeadLetterSink
 from domain.transaction import Source
+from domain.usage import usage_id_of
 from store.dead_letters import bounded
 
 __all__ = ["error_code", "internal_reason", "letter", "quarantine", "send_to_dlq"]
@@ -41,7 +42,9 @@ def quarantine(
         log.warning(
             "usage record quarantined",
             extra=step_fields("ingest", "dead_letter", error_code=d.code,
-                              reason=d.reason, source=f"{d.topic}/{d.partition}@{d.offset}"),
+                              reason=d.reason, source=f"{d.topic}/{d.partition}@{d.offset}",
+                              usage_id=usage_id_of(d.payload),
+                              customer_id=d.key.decode(errors="replace") if d.key else None),
         )  # fmt: skip
         send_to_dlq(producer, topic, d, max_message_bytes)
     producer.flush()

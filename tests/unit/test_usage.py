@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from domain.errors import InvalidUsage
-from domain.usage import DEFAULT_MAX_RECORD_BYTES, UsageRecord, decode_usage
+from domain.usage import DEFAULT_MAX_RECORD_BYTES, UsageRecord, decode_usage, usage_id_of
 
 VALID: dict[str, Any] = {
     "usage_id": "req-8812",
@@ -297,3 +297,21 @@ def test_to_json_writes_utc_as_z_and_the_quantity_as_a_string() -> None:
     body = json.loads(decode_usage(_raw(quantity=0.1)).to_json())
     assert body["occurred_at"] == "2026-12-02T10:15:00Z"
     assert body["quantity"] == "0.1"
+
+
+@pytest.mark.parametrize(
+    ("raw", "usage_id"),
+    [
+        (b'{"usage_id": "req-9", "quantity": -1}', "req-9"),  # readable, if not billable
+        (b'{"usage_id": 9}', None),
+        (b'["req-9"]', None),
+        (b"not json", None),
+        (b"", None),
+        (None, None),
+        (b"[" * 100_000, None),  # too deep for the parser: still an answer
+    ],
+)
+def test_the_usage_id_of_a_records_bytes_is_read_when_it_can_be(
+    raw: bytes | None, usage_id: str | None
+) -> None:
+    assert usage_id_of(raw) == usage_id
