@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 from uuid import uuid4
 
+import psycopg
 import pytest
 
 from adapters.bootstrap import migrate
 from adapters.settings import Settings
+from infra.embedded import EmbeddedPostgres
 from store.roles import READER
 from tests.conftest import settings_env
 from tests.integration.roles import as_role
@@ -124,3 +126,12 @@ def test_version_and_debug(settings: Settings) -> None:
     assert debug.returncode == 3
     assert "Traceback (most recent call last)" in debug.stderr
     assert debug.stderr.strip().splitlines()[-1].startswith("billing-ledger: error: cannot reach")
+
+
+def test_the_embedded_postgres_of_up_makes_a_data_dir_whose_parents_do_not_exist(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "not" / "made" / "yet"
+    with EmbeddedPostgres(data) as pg, psycopg.connect(pg.owner_url) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert (data / "pgdata" / "PG_VERSION").is_file()  # kept: the user's folder
