@@ -567,10 +567,12 @@ def test_a_draft_is_recorded_even_when_a_line_joins_its_invoice_meanwhile() -> N
     parts = Parts()
     [txn] = parts.reserve(1, quantity=1000)
     line = parts.line(txn)
-    parts.gateway.meanwhile["invoice"] = lambda: parts.reserve(
-        1, meter="gpt-4o.input_tokens", prefix="t"
-    )
+    parts.ledger.before.append(
+        (_recording(Invoice.DraftCreated),
+         lambda: parts.reserve(1, meter="gpt-4o.input_tokens", prefix="t"))
+    )  # fmt: skip
     assert parts.pusher.push(line).result is StepResult.CHARGED
+    assert parts.ledger.before == []
     invoice = parts.invoice(line)
     assert (invoice.stripe_invoice_id, invoice.stripe_customer_id) == ("in_1", "cus_acme")
     assert len(invoice.lines) == 2
@@ -583,10 +585,12 @@ def test_attention_is_recorded_even_when_a_line_joins_the_invoice_meanwhile() ->
     parts.pusher.push(line)
     parts.gateway.finalize_invoice("in_1", parts.invoice(line).id, look_first=False)
     parts.reserve(1, prefix="b")
-    parts.gateway.meanwhile["read"] = lambda: parts.reserve(
-        1, meter="gpt-4o.input_tokens", prefix="t"
-    )
+    parts.ledger.before.append(
+        (_recording(Invoice.AttentionNeeded),
+         lambda: parts.reserve(1, meter="gpt-4o.input_tokens", prefix="t"))
+    )  # fmt: skip
     assert parts.pusher.push(line).result is StepResult.DEFERRED
+    assert parts.ledger.before == []
     invoice = parts.invoice(line)
     assert invoice.attention is not None and len(invoice.lines) == 2
 
@@ -668,3 +672,49 @@ def test_the_invoice_of_a_line_without_one_is_an_illegal_transition_naming_both(
     with pytest.raises(IllegalTransition) as raised:
         invoice_of(parts.ledger, orphan)
     assert str(raised.value) == f"line {orphan.id} has no invoice {orphan.invoice_id}"
+
+
+def test_a_compensation_that_loses_every_race_leaves_the_usage_reserved_and_says_no_more() -> None:
+    parts = Parts()
+    [txn] = parts.reserve(1, quantity=1000)
+    line = parts.line(txn)
+    parts.pusher.push(line)
+    [unsent] = parts.reserve(1, quantity=1000, prefix="u")
+    parts.pusher.max_races = 1
+    parts.ledger.before.append((_recording(BillingTransaction.Compensated), _lose_the_race))
+    parts.gateway.fail["items"] = REFUSED
+    report = parts.pusher.push(line)
+    assert (report.result, report.more) == (StepResult.COMPENSATED, False)
+    assert parts.states([unsent]) == [TxnState.RESERVED]  # the next push tries again
+
+
+def test_a_push_that_loses_its_save_to_another_pushers_push_reports_nothing_and_its_requests() -> (
+    None
+):
+    parts = Parts()
+    [txn] = parts.reserve(1, quantity=1000)
+    line = parts.line(txn)
+    other = LinePusher(parts.ledger, parts.gateway, POLICY, clock=parts.clock, jitter=lambda: 0.5)
+    parts.ledger.before.append((_recording(LinePush.Pushed), lambda: other.push(line)))
+    sequence = parts.sequence(line)
+    assert parts.pusher.push(line) == PushReport(StepResult.NOTHING, sequence, 3)
+    assert parts.ledger.before == []
+    assert len(parts.events(txn, BillingTransaction.Charged)) == 1
+
+
+def test_a_push_that_loses_its_save_to_another_pushers_failure_waits_counting_its_requests() -> (
+    None
+):
+    parts = Parts()
+    [txn] = parts.reserve(1, quantity=1000)
+    line = parts.line(txn)
+    other = LinePusher(parts.ledger, parts.gateway, POLICY, clock=parts.clock, jitter=lambda: 0.5)
+
+    def other_fails() -> None:
+        parts.gateway.fail["items"] = DOWN
+        other.push(line)
+
+    parts.ledger.before.append((_recording(LinePush.Pushed), other_fails))
+    due = T0 + backoff(1, POLICY, 0.5)
+    assert parts.pusher.push(line) == PushReport(StepResult.WAIT, 0, 3, retry_at=due)
+    assert parts.ledger.before == []
