@@ -140,7 +140,7 @@ class Relay:
 
 def _trace_publish(
     originator_id: UUID, topic: str, customer: str, event: str, nid: int
-) -> AbstractContextManager[Any]:
+) -> AbstractContextManager[Any]:  # pragma: no mutate block
     """The ``relay publish`` span, in the transaction's (or line's) own trace."""
     txn = str(originator_id) if ":BillingTransaction." in topic else None
     line = str(originator_id) if ":InvoiceLine." in topic else None

@@ -282,6 +282,21 @@ def test_two_changes_pushed_together_are_charged_in_one_save() -> None:
     assert parts.states(first + second) == [TxnState.CHARGED] * 3
 
 
+def test_charges_are_saved_in_bounded_batches_of_whole_changes() -> None:
+    parts = Parts()
+    parts.pusher.max_charges_per_save = 4
+    sizes = (2, 2, 1, 5)  # the last change alone is over the bound: never split
+    ids = [t for i, n in enumerate(sizes) for t in parts.reserve(n, prefix=f"b{i}")]
+    line = parts.line(ids[0])
+    versions = [e.originator_version for e in parts.events(line, InvoiceLine.Settled)]
+    assert parts.pusher.push(line).charged == 10
+    recorded = parts.push_events(line, LinePush.ChargesRecorded)
+    assert [(r.through, r.transactions) for r in recorded] == [
+        (versions[1], 4), (versions[2], 1), (versions[3], 5),
+    ]  # fmt: skip
+    assert parts.states(ids) == [TxnState.CHARGED] * 10
+
+
 def test_charges_left_unrecorded_after_stripe_acknowledged_are_recorded_without_a_request() -> None:
     parts = Parts()
     first = parts.reserve(1, quantity=1000)
