@@ -152,6 +152,7 @@ def test_a_handler_without_a_signing_secret_is_refused() -> None:
 def test_its_repr_shows_how_many_secrets_and_the_tolerance_never_a_secret() -> None:
     parts = Parts()
     assert repr(parts.handler) == "WebhookHandler(secrets=2, tolerance_s=300)"
+    assert SECRET not in repr(parts.handler) and OLD not in repr(parts.handler)
     assert repr(parts.make_handler(tolerance_s=60)) == "WebhookHandler(secrets=2, tolerance_s=60)"
 
 
