@@ -42,6 +42,8 @@ class _Entry:
 class LineScheduler:
     """Lines waiting to be pushed, and the threads that push them."""
 
+    remembered_pushes = 10_000  # past this many lines, pushes older than the interval go
+
     def __init__(
         self,
         pusher: LinePusher,
@@ -49,7 +51,10 @@ class LineScheduler:
         settle_interval_s: float,
         workers: int,
         clock: Callable[[], float] = time.monotonic,
+        condition: threading.Condition | None = None,
     ) -> None:
+        """``clock`` is monotonic seconds; ``condition`` is what a worker with nothing
+        ready waits on (a test gives one whose wait moves its clock instead)."""
         self.pusher = pusher
         self.settle_interval_s = settle_interval_s
         self.workers = workers
@@ -59,7 +64,7 @@ class LineScheduler:
         self._busy_customers: set[str] = set()
         self._customer_of: dict[UUID, str | None] = {}
         self._last_push: dict[UUID, float] = {}
-        self._cond = threading.Condition()
+        self._cond = condition or threading.Condition()
         self.pushed = 0
         self.requests = 0
         self.charged = 0
@@ -177,7 +182,7 @@ class LineScheduler:
             self._cond.notify()
 
     def _forget_old_pushes(self, now: float) -> None:
-        if len(self._last_push) > 10_000:
+        if len(self._last_push) > self.remembered_pushes:
             cutoff = now - self.settle_interval_s
             for line in [k for k, at in self._last_push.items() if at < cutoff]:
                 del self._last_push[line]

@@ -26,10 +26,20 @@ class Clock:
         return self.now
 
 
+class _NoWait(threading.Condition):
+    """A worker with nothing ready returns at once instead of waiting."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return False
+
+
 def _scheduler() -> tuple[LineScheduler, Clock]:
     clock = Clock()
     pusher = LinePusher(memory_ledger(), FakeGateway(), RetryPolicy())
-    return LineScheduler(pusher, settle_interval_s=SETTLE, workers=1, clock=clock), clock
+    scheduler = LineScheduler(
+        pusher, settle_interval_s=SETTLE, workers=1, clock=clock, condition=_NoWait()
+    )
+    return scheduler, clock
 
 
 STOP = threading.Event()
