@@ -1,0 +1,265 @@
+"""The relay pinned down (``adapters.charging.relay``): the event store's log, in commit
+order, published to ``billing.events`` through a fake producer, over a fake of the
+PostgreSQL it reads. The fake knows the events table (committed rows, read after a
+position in ``(xid, notification_id)`` order as ``store.eventlog.read_after`` asks),
+``billing.relay_position``, and nothing else: any other statement is refused, and a
+write on a connection without autocommit is lost when it closes (never committed)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from psycopg import sql
+
+from adapters.charging.messages import EventMessage, decode_event
+from adapters.charging.relay import Relay
+from store.eventlog import _READ_AFTER
+from store.schema import EVENTS_TABLE
+from tests.fast.fakes import FakeProducer
+
+TOPIC = "billing.events"
+TXN, LINE, INVOICE = UUID(int=0xA1), UUID(int=0xB2), UUID(int=0xC3)
+RESERVED = "domain.transaction:BillingTransaction.Reserved"
+CHARGED = "domain.transaction:BillingTransaction.Charged"
+SETTLED = "domain.invoice_line:InvoiceLine.Settled"
+FINALIZED = "domain.invoice:Invoice.Finalized"
+
+_STATEMENTS = {
+    "position": "select xid::text, notification_id from billing.relay_position where name = %s",
+    "save": "insert into billing.relay_position (name, xid, notification_id)"
+    " values (%s, %s::xid8, %s) on conflict (name) do update"
+    " set xid = excluded.xid, notification_id = excluded.notification_id",
+    "first": sql.SQL("select state from {} where originator_id = %s and originator_version = 1")
+    .format(sql.Identifier(EVENTS_TABLE))
+    .as_string(None),
+    "read": _READ_AFTER.as_string(None).lower(),
+}
+
+
+class EventStore:
+    """The database the relay reads: committed events and stored positions."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, int, UUID, int, str, bytes]] = []
+        self.positions: dict[str, tuple[str, int]] = {}
+        self.connections: list[Connection] = []
+        self.fail_next = False  # the next statement finds the server gone
+
+    def commit(self, xid: int, originator: UUID, version: int, topic: str, **state: Any) -> None:
+        nid = len(self.rows) + 1
+        self.rows.append((str(xid), nid, originator, version, topic, json.dumps(state).encode()))
+
+    def dedicated(self, *, autocommit: bool = False) -> Connection:
+        conn = Connection(self, bool(autocommit))
+        self.connections.append(conn)
+        return conn
+
+
+class Connection:
+    def __init__(self, store: EventStore, autocommit: bool) -> None:
+        self.store = store
+        self.autocommit = autocommit
+        self.closed = False
+        self.pending: dict[str, tuple[str, int]] = {}
+
+    def close(self) -> None:
+        self.closed = True
+        self.pending.clear()  # never committed
+
+    def execute(self, query: Any, params: tuple[Any, ...]) -> Rows:
+        assert not self.closed, "a statement on a closed connection"
+        if self.store.fail_next:
+            self.store.fail_next = False
+            self.closed = True
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        text = query if isinstance(query, str) else query.as_string(None)
+        if "%S" in text:
+            raise psycopg.ProgrammingError("only '%s', '%b', '%t' are allowed as placeholders")
+        statement = next((k for k, v in _STATEMENTS.items() if v == text.lower()), None)
+        store = self.store
+        if statement == "position":
+            (name,) = params
+            return Rows([store.positions[name]] if name in store.positions else [])
+        if statement == "read":
+            xid, nid, limit = params
+            after = [r for r in store.rows if (int(r[0]), r[1]) > (int(xid), nid)]
+            return Rows(sorted(after, key=lambda r: (int(r[0]), r[1]))[:limit])
+        if statement == "first":
+            (originator,) = params
+            return Rows([(r[5],) for r in store.rows if r[2] == originator and r[3] == 1])
+        if statement == "save":
+            name, xid, nid = params
+            (store.positions if self.autocommit else self.pending)[name] = (str(xid), nid)
+            return Rows([])
+        raise psycopg.errors.SyntaxError(f"not a statement this database knows: {text}")
+
+
+class Rows:
+    def __init__(self, rows: list[Any]) -> None:
+        self.rows = rows
+
+    def fetchone(self) -> Any:
+        return self.rows[0] if self.rows else None
+
+    def fetchall(self) -> list[Any]:
+        return self.rows
+
+
+def _relay(store: EventStore, batch: int = 10) -> tuple[Relay, FakeProducer]:
+    producer = FakeProducer()
+    relay = Relay(store, producer, TOPIC, batch=batch)  # type: ignore[arg-type]
+    return relay, producer
+
+
+def _sent(producer: FakeProducer) -> list[tuple[str, bytes | None, EventMessage]]:
+    """What was published: (topic, key, message read back as a consumer reads it)."""
+    return [(topic, key, decode_event(value)) for topic, key, value, _ in producer.sent]
+
+
+def test_each_event_is_published_in_commit_order_keyed_by_its_customer() -> None:
+    store = EventStore()
+    store.commit(7, TXN, 1, RESERVED, customer_id="acme")
+    store.commit(5, LINE, 1, SETTLED, customer_id="zed")  # committed first: older xid
+    store.commit(7, TXN, 2, CHARGED)  # no customer in it: its aggregate's first has one
+    relay, producer = _relay(store)
+    assert relay.pump() == 3
+    assert _sent(producer) == [
+        (TOPIC, b"zed", EventMessage(2, LINE, 1, SETTLED, "Settled")),
+        (TOPIC, b"acme", EventMessage(1, TXN, 1, RESERVED, "Reserved")),
+        (TOPIC, b"acme", EventMessage(3, TXN, 2, CHARGED, "Charged")),
+    ]
+    assert [h[:2] for *_, h in producer.sent] == [
+        [("notification_id", b"2"), ("event", b"Settled")],
+        [("notification_id", b"1"), ("event", b"Reserved")],
+        [("notification_id", b"3"), ("event", b"Charged")],
+    ]
+    assert producer.flushes == 1 and relay.published == 3
+
+
+def test_an_aggregate_whose_events_carry_no_customer_is_keyed_by_its_first_events_or_its_id() -> (
+    None
+):
+    store = EventStore()
+    store.commit(1, INVOICE, 1, FINALIZED)  # no customer anywhere
+    store.commit(2, LINE, 2, SETTLED)  # its first event is not in the store
+    relay, producer = _relay(store)
+    relay.pump()
+    store.rows.append(("3", 3, TXN, 2, CHARGED, b'["not", "an", "object"]'))
+    store.commit(4, UUID(int=0xD4), 2, CHARGED, customer_id=42)  # not a customer id
+    relay.pump()
+    assert [key for _, key, _ in _sent(producer)] == [
+        str(INVOICE).encode(),
+        str(LINE).encode(),
+        str(TXN).encode(),
+        str(UUID(int=0xD4)).encode(),
+    ]
+
+
+def test_an_aggregates_customer_is_remembered_from_its_own_events() -> None:
+    store = EventStore()
+    store.commit(1, TXN, 2, CHARGED, customer_id="acme")  # read from the middle of its life
+    store.commit(2, TXN, 3, CHARGED)
+    store.commit(3, TXN, 1, RESERVED, customer_id="other")  # what the store says first
+    relay, producer = _relay(store)
+    relay.pump()
+    assert [key for _, key, _ in _sent(producer)] == [b"acme", b"acme", b"other"]
+
+
+def test_the_position_is_stored_after_each_batch_and_the_next_pump_resumes_after_it() -> None:
+    store = EventStore()
+    for version in range(1, 4):
+        store.commit(10 + version, TXN, version, CHARGED, customer_id="acme")
+    relay, producer = _relay(store, batch=2)
+    assert relay.pump() == 2
+    assert store.positions == {TOPIC: ("12", 2)}
+    store.commit(11, LINE, 1, SETTLED, customer_id="acme")  # an older xid, seen already
+    assert relay.pump() == 1
+    assert store.positions == {TOPIC: ("13", 3)}
+    assert relay.pump() == 0
+    assert [m.notification_id for *_, m in _sent(producer)] == [1, 2, 3]
+    assert (producer.flushes, relay.published) == (2, 3)
+
+
+def test_a_restarted_relay_resumes_at_the_stored_position() -> None:
+    store = EventStore()
+    for version in range(1, 4):
+        store.commit(20 + version, TXN, version, CHARGED, customer_id="acme")
+    first, _ = _relay(store, batch=2)
+    first.pump()
+    first.close()
+    store.commit(30, LINE, 1, SETTLED, customer_id="acme")
+    relay, producer = _relay(store)
+    assert relay.pump() == 2
+    assert [m.notification_id for *_, m in _sent(producer)] == [3, 4]
+
+
+def test_after_the_database_goes_away_the_relay_reconnects_and_publishes_on() -> None:
+    store = EventStore()
+    store.commit(1, TXN, 1, RESERVED, customer_id="acme")
+    relay, producer = _relay(store)
+    store.fail_next = True
+    with pytest.raises(psycopg.OperationalError):
+        relay.pump()
+    assert relay.pump() == 1
+    store.connections[-1].close()  # closed under it between pumps
+    store.commit(2, TXN, 2, CHARGED)
+    assert relay.pump() == 1
+    assert len(store.connections) == 3 and not store.connections[-1].closed
+    assert [m.notification_id for *_, m in _sent(producer)] == [1, 2]
+    relay.close()
+    relay.close()  # closing twice is harmless
+    assert store.connections[-1].closed
+
+
+def test_run_publishes_until_stopped_then_closes_its_connection() -> None:
+    store = EventStore()
+    store.commit(1, TXN, 1, RESERVED, customer_id="acme")
+    stop = threading.Event()
+
+    class StopOnFlush(FakeProducer):
+        def flush(self) -> None:
+            super().flush()
+            stop.set()
+
+    producer = StopOnFlush()
+    relay = Relay(store, producer, TOPIC)  # type: ignore[arg-type]
+    turns: list[int] = []
+    relay.pulse = lambda: turns.append(relay.published)
+    relay.run(stop)
+    assert turns == [0] and relay.published == 1
+    assert [c.closed for c in store.connections] == [True]
+
+
+def test_a_transactions_or_lines_event_is_published_in_its_trace_with_its_attributes(
+    spans: InMemorySpanExporter,
+) -> None:
+    store = EventStore()
+    store.commit(1, TXN, 1, RESERVED, customer_id="acme")
+    store.commit(2, LINE, 1, SETTLED, customer_id="zed")
+    store.commit(3, INVOICE, 1, FINALIZED, customer_id="zed")
+    relay, producer = _relay(store)
+    relay.pump()
+    published = [s for s in spans.get_finished_spans() if s.name == "relay publish"]
+    assert [dict(s.attributes or {}) for s in published] == [
+        {"billing.transaction_id": str(TXN), "billing.customer_id": "acme",
+         "billing.event": "Reserved", "billing.notification_id": 1},
+        {"billing.line_id": str(LINE), "billing.customer_id": "zed",
+         "billing.event": "Settled", "billing.notification_id": 2},
+        {"billing.customer_id": "zed", "billing.event": "Finalized",
+         "billing.notification_id": 3},
+    ]  # fmt: skip
+    traces = [s.context.trace_id for s in published if s.context is not None]
+    assert traces[:2] == [TXN.int, LINE.int] and traces[2] not in (TXN.int, LINE.int)
+    parents = [s.parent.trace_id if s.parent else None for s in published]
+    assert parents == [TXN.int, LINE.int, None]
+    carried = [dict(h).get("traceparent", b"").decode() for *_, h in producer.sent]
+    assert [t.split("-")[1] for t in carried] == [
+        trace.format_trace_id(t) for t in traces
+    ]  # the consumer continues each trace
