@@ -150,6 +150,65 @@ def test_a_stop_between_messages_handles_no_more_and_commits_no_offset() -> None
 
     scheduler = _scheduler(StopAfterOne)
     worker, _ = _worker([_message(first), _message(second)], scheduler)
+    turns: list[None] = []
+    worker.pulse = lambda: turns.append(None) if len(turns) < 10 else stop.set()  # a guard
     worker.run(stop)  # returns once stop is set: here, after the first message
     assert worker.scheduled == 1 and scheduler.waiting() == 1
     assert worker.consumer.commits == []  # type: ignore[attr-defined]
+
+
+class _TimedConsumer(FakeConsumer):
+    """The fake consumer, remembering how long each poll may block."""
+
+    timeouts: list[int]
+
+    def poll(self, timeout_ms: int = 0) -> dict[Any, list[FakeRecord]]:
+        self.timeouts.append(timeout_ms)
+        return super().poll(timeout_ms)
+
+
+def test_a_line_change_is_scheduled_as_its_customers_and_keys_that_are_not_utf8_still_count() -> (
+    None
+):
+    lines = [uuid4() for _ in range(4)]
+    keys = [b"acme", b"acme", b"ac\xffme", None]
+    records = [
+        FakeRecord("billing.events", 0, i, key, _message(line))
+        for i, (key, line) in enumerate(zip(keys, lines, strict=True))
+    ]
+    scheduler = _scheduler()
+    letters = FakeDeadLetters()
+    worker = ChargeWorker(scheduler, FakeConsumer([records]), letters)  # type: ignore[arg-type]
+    assert worker.poll_once() == 4
+    assert letters.letters == {} and worker.scheduled == 4
+    stop = threading.Event()
+    taken = [scheduler._take(stop) for _ in range(4)]
+    # acme's second line waits for its first; the undecodable key is a customer of its own
+    # ("ac\ufffdme"), and a change without a key has no customer to wait for.
+    assert taken[3] is None and {lines[2], lines[3]} <= set(taken)
+    assert len({lines[0], lines[1]} & set(taken)) == 1
+
+
+def test_run_polls_at_most_200_ms_at_a_time_and_counts_every_message_seen() -> None:
+    stop = threading.Event()
+    batches = [
+        [FakeRecord("billing.events", 0, i, b"acme", _message(uuid4())) for i in range(2)],
+        [FakeRecord("billing.events", 0, 2, b"acme", None)],
+    ]
+    consumer = _TimedConsumer(batches)
+    consumer.timeouts = []
+    letters = FakeDeadLetters()
+    worker = ChargeWorker(_scheduler(), consumer, letters)  # type: ignore[arg-type]
+    worker.pulse = lambda: stop.set() if len(consumer.timeouts) == 2 else None
+    worker.run(stop)
+    assert consumer.timeouts == [200, 200, 200]  # the third finds nothing; then it stops
+    assert (worker.seen, worker.scheduled, worker.set_aside) == (3, 2, 1)
+
+
+def test_a_message_set_aside_keeps_its_key() -> None:
+    records = [FakeRecord("billing.events", 3, 9, b"acme", b"not json")]
+    letters = FakeDeadLetters()
+    worker = ChargeWorker(_scheduler(), FakeConsumer([records]), letters)  # type: ignore[arg-type]
+    worker.poll_once()
+    letter = letters.letters["billing.events", 3, 9]
+    assert (letter.key, letter.payload, letter.code) == (b"acme", b"not json", "not_json")

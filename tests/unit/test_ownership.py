@@ -64,3 +64,13 @@ def test_a_rebalance_moves_ownership_and_another_topics_partitions_are_ignored()
     assert owned.held == frozenset({1})
     owned.on_partitions_assigned([TopicPartition(TOPIC, 3), TopicPartition("other", 0)])
     assert owned.held == frozenset({3})
+
+
+def test_before_its_first_assignment_a_process_holds_nothing_and_pushes_only_late_lines() -> None:
+    owned = Ownership(TOPIC, 4, takeover_after=timedelta(seconds=60))
+    assert owned.held == frozenset()
+    customer = "c-0"
+    assert not owned.pushes(customer, NOW - timedelta(seconds=5), NOW)
+    assert owned.pushes(customer, NOW - timedelta(seconds=60), NOW)
+    owned.on_partitions_revoked([TopicPartition(TOPIC, 0)])  # a revoke first is harmless
+    assert owned.held == frozenset()
