@@ -14,8 +14,6 @@ from uuid import UUID
 
 import psycopg
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from psycopg import sql
 
 from adapters.charging.messages import EventMessage, decode_event
@@ -237,29 +235,16 @@ def test_run_publishes_until_stopped_then_closes_its_connection() -> None:
     assert [c.closed for c in store.connections] == [True]
 
 
-def test_a_transactions_or_lines_event_is_published_in_its_trace_with_its_attributes(
-    spans: InMemorySpanExporter,
-) -> None:
+def test_a_transactions_or_lines_event_carries_its_trace_to_the_consumer() -> None:
     store = EventStore()
     store.commit(1, TXN, 1, RESERVED, customer_id="acme")
     store.commit(2, LINE, 1, SETTLED, customer_id="zed")
     store.commit(3, INVOICE, 1, FINALIZED, customer_id="zed")
     relay, producer = _relay(store)
     relay.pump()
-    published = [s for s in spans.get_finished_spans() if s.name == "relay publish"]
-    assert [dict(s.attributes or {}) for s in published] == [
-        {"billing.transaction_id": str(TXN), "billing.customer_id": "acme",
-         "billing.event": "Reserved", "billing.notification_id": 1},
-        {"billing.line_id": str(LINE), "billing.customer_id": "zed",
-         "billing.event": "Settled", "billing.notification_id": 2},
-        {"billing.customer_id": "zed", "billing.event": "Finalized",
-         "billing.notification_id": 3},
-    ]  # fmt: skip
-    traces = [s.context.trace_id for s in published if s.context is not None]
-    assert traces[:2] == [TXN.int, LINE.int] and traces[2] not in (TXN.int, LINE.int)
-    parents = [s.parent.trace_id if s.parent else None for s in published]
-    assert parents == [TXN.int, LINE.int, None]
-    carried = [dict(h).get("traceparent", b"").decode() for *_, h in producer.sent]
-    assert [t.split("-")[1] for t in carried] == [
-        trace.format_trace_id(t) for t in traces
-    ]  # the consumer continues each trace
+    carried = [dict(headers).get("traceparent", b"").decode() for *_, headers in producer.sent]
+    traces = [t.split("-")[1] if t else None for t in carried]
+    # One transaction (or line) is one trace whose id is its own; an invoice's event
+    # starts none of its own there.
+    assert traces[:2] == [TXN.hex, LINE.hex]
+    assert traces[2] not in (TXN.hex, LINE.hex, INVOICE.hex)
