@@ -83,8 +83,9 @@ class Connection:
         statement = next((k for k, v in _STATEMENTS.items() if v == text.lower()), None)
         store = self.store
         if statement == "position":
-            (name,) = params
-            return Rows([store.positions[name]] if name in store.positions else [])
+            (name,) = params  # its own uncommitted write, else the committed one
+            stored = self.pending.get(name) or store.positions.get(name)
+            return Rows([stored] if stored else [])
         if statement == "read":
             xid, nid, limit = params
             after = [r for r in store.rows if (int(r[0]), r[1]) > (int(xid), nid)]
