@@ -144,7 +144,7 @@ def _trace_publish(
     """The ``relay publish`` span, in the transaction's (or line's) own trace."""
     txn = str(originator_id) if ":BillingTransaction." in topic else None
     line = str(originator_id) if ":InvoiceLine." in topic else None
-    return telemetry.span(
+    span = telemetry.span(
         "relay publish",
         telemetry.transaction_context(originator_id) if txn or line else None,
         billing__transaction_id=txn,
@@ -153,3 +153,4 @@ def _trace_publish(
         billing__event=event,
         billing__notification_id=nid,
     )
+    return span

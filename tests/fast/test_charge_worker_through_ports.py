@@ -4,6 +4,7 @@ stops it (issue 11): what it schedules, what it sets aside and why, and where it
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Sequence
@@ -12,10 +13,11 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
+from eventsourcing.domain import DomainEvent
 from eventsourcing.persistence import OperationalError
 from eventsourcing.utils import get_topic
 
-from adapters.charging.messages import EventMessage
+from adapters.charging.messages import MAX_EVENT_BYTES, EventMessage, decode_event
 from adapters.charging.process_manager import ChargeWorker
 from adapters.charging.pusher import LinePusher
 from adapters.charging.scheduler import LineScheduler
@@ -161,9 +163,12 @@ class _TimedConsumer(FakeConsumer):
     """The fake consumer, remembering how long each poll may block."""
 
     timeouts: list[int]
+    stop: threading.Event  # set by the third poll (the batches are read by then)
 
     def poll(self, timeout_ms: int = 0) -> dict[Any, list[FakeRecord]]:
         self.timeouts.append(timeout_ms)
+        if len(self.timeouts) == 3:
+            self.stop.set()
         return super().poll(timeout_ms)
 
 
@@ -196,12 +201,11 @@ def test_run_polls_at_most_200_ms_at_a_time_and_counts_every_message_seen() -> N
         [FakeRecord("billing.events", 0, 2, b"acme", None)],
     ]
     consumer = _TimedConsumer(batches)
-    consumer.timeouts = []
+    consumer.timeouts, consumer.stop = [], stop
     letters = FakeDeadLetters()
     worker = ChargeWorker(_scheduler(), consumer, letters)  # type: ignore[arg-type]
-    worker.pulse = lambda: stop.set() if len(consumer.timeouts) == 2 else None
     worker.run(stop)
-    assert consumer.timeouts == [200, 200, 200]  # the third finds nothing; then it stops
+    assert consumer.timeouts == [200, 200, 200]
     assert (worker.seen, worker.scheduled, worker.set_aside) == (3, 2, 1)
 
 
@@ -212,3 +216,70 @@ def test_a_message_set_aside_keeps_its_key() -> None:
     worker.poll_once()
     letter = letters.letters["billing.events", 3, 9]
     assert (letter.key, letter.payload, letter.code) == (b"acme", b"not json", "not_json")
+
+
+def _reason(value: bytes) -> str:
+    """Why the charge worker sets ``value`` aside (its dead letter's reason)."""
+    letters = FakeDeadLetters()
+    records = [FakeRecord("billing.events", 0, 0, b"acme", value)]
+    ChargeWorker(_scheduler(), FakeConsumer([records]), letters).poll_once()  # type: ignore[arg-type]
+    return letters.letters["billing.events", 0, 0].reason
+
+
+def _body(**fields: Any) -> bytes:
+    body = {"notification_id": 7, "originator_id": str(uuid4()), "originator_version": 2,
+            "topic": SETTLED, "event": "Settled", **fields}  # fmt: skip
+    return json.dumps(body).encode()
+
+
+def test_a_field_of_the_wrong_type_is_set_aside_naming_the_type_it_has() -> None:
+    assert _reason(_body(notification_id="7")) == "notification_id: expected an integer, got str"
+    assert _reason(_body(originator_version=[2])) == (
+        "originator_version: expected an integer, got list"
+    )
+
+
+def test_an_integer_of_20_characters_is_read_and_one_of_21_set_aside() -> None:
+    scheduler = _scheduler()
+    longest = -1234567890123456789  # a sign and 19 digits: the smallest bigint's width
+    worker, letters = _worker([_body(notification_id=longest)], scheduler)
+    worker.poll_once()
+    assert letters.letters == {} and worker.scheduled == 1
+    assert _reason(_body(notification_id=longest * 10)) == (
+        "not valid JSON: an integer of 21 characters"
+    )
+
+
+def test_an_unknown_events_topic_is_shown_up_to_80_characters_then_cut() -> None:
+    exactly = "domain.x:" + "T" * 63 + ".Settled"
+    assert len(exactly) == 80
+    assert _reason(_body(topic=exactly)) == f"unknown event '{exactly}'"
+    longer = exactly + "d"
+    assert _reason(_body(topic=longer, event="Settledd")) == f"unknown event '{exactly}'..."
+
+
+def test_a_number_that_is_not_an_integer_is_set_aside_as_not_json() -> None:
+    assert _reason(_body(notification_id=7.5)) == "not valid JSON: '7.5' is not an integer"
+    nan = _body().replace(b'"notification_id": 7', b'"notification_id": NaN')
+    assert _reason(nan) == "not valid JSON: 'NaN' is not an integer"
+
+
+def test_a_message_of_exactly_the_size_limit_is_read_and_one_byte_more_set_aside() -> None:
+    body = _body()
+    at_limit = body[:-1] + b" " * (MAX_EVENT_BYTES - len(body)) + b"}"
+    assert len(at_limit) == MAX_EVENT_BYTES
+    worker, letters = _worker([at_limit])
+    worker.poll_once()
+    assert letters.letters == {} and worker.scheduled == 1
+    assert _reason(at_limit + b" ") == (
+        f"message of {MAX_EVENT_BYTES + 1} bytes exceeds the {MAX_EVENT_BYTES}-byte limit"
+    )
+
+
+def test_an_event_class_of_the_domain_defined_after_the_first_message_is_known() -> None:
+    _reason(b"[]")  # a first message: the known events are looked up
+    # An aggregate's event, as a domain module imported later defines it (only
+    # adapters.charging.messages walks the event classes; it stays known to it).
+    type("Late", (DomainEvent,), {"__module__": "domain.late", "__qualname__": "Later.Late"})
+    message = EventMessage(1, uuid4(), 1, "domain.late:Later.Late", "Late")
+    assert decode_event(message.to_json()) == message

@@ -49,6 +49,7 @@ class EventStore:
         self.positions: dict[str, tuple[str, int]] = {}
         self.connections: list[Connection] = []
         self.fail_next = False  # the next statement finds the server gone
+        self.arriving: list[tuple[str, int, UUID, int, str, bytes]] = []  # after a read
 
     def commit(self, xid: int, originator: UUID, version: int, topic: str, **state: Any) -> None:
         nid = len(self.rows) + 1
@@ -89,6 +90,8 @@ class Connection:
         if statement == "read":
             xid, nid, limit = params
             after = [r for r in store.rows if (int(r[0]), r[1]) > (int(xid), nid)]
+            store.rows += store.arriving  # committed while this read ran: seen next time
+            store.arriving = []
             return Rows(sorted(after, key=lambda r: (int(r[0]), r[1]))[:limit])
         if statement == "first":
             (originator,) = params
@@ -159,6 +162,18 @@ def test_an_aggregate_whose_events_carry_no_customer_is_keyed_by_its_first_event
         str(TXN).encode(),
         str(UUID(int=0xD4)).encode(),
     ]
+
+
+def test_a_relay_resuming_past_an_aggregates_first_event_keys_its_next_by_that_ones_customer() -> (
+    None
+):
+    store = EventStore()
+    store.commit(1, TXN, 1, RESERVED, customer_id="acme")
+    store.positions[TOPIC] = ("1", 1)  # published before a restart
+    store.commit(2, TXN, 2, CHARGED)
+    relay, producer = _relay(store)
+    assert relay.pump() == 1
+    assert [(key, m.notification_id) for _, key, m in _sent(producer)] == [(b"acme", 2)]
 
 
 def test_an_aggregates_customer_is_remembered_from_its_own_events() -> None:
@@ -234,6 +249,27 @@ def test_run_publishes_until_stopped_then_closes_its_connection() -> None:
     relay.run(stop)
     assert turns == [0] and relay.published == 1
     assert [c.closed for c in store.connections] == [True]
+
+
+def test_an_idle_relay_reads_again_at_once_when_told_not_to_wait() -> None:
+    store = EventStore()
+    store.arriving.append(("1", 1, TXN, 1, RESERVED, b'{"customer_id": "acme"}'))
+    stop = threading.Event()
+
+    class StopOnFlush(FakeProducer):
+        def flush(self) -> None:
+            super().flush()
+            stop.set()
+
+    relay = Relay(store, StopOnFlush(), TOPIC)  # type: ignore[arg-type]
+    watchdog = threading.Timer(5.0, stop.set)  # a relay that waits forever is stopped
+    watchdog.start()
+    try:
+        relay.run(stop, idle_wait_s=0)  # the first read finds nothing, the second one row
+    finally:
+        watchdog.cancel()
+        watchdog.join()
+    assert relay.published == 1 and store.positions == {TOPIC: ("1", 1)}
 
 
 def test_a_transactions_or_lines_event_carries_its_trace_to_the_consumer() -> None:
