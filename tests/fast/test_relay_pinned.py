@@ -8,7 +8,9 @@ write on a connection without autocommit is lost when it closes (never committed
 from __future__ import annotations
 
 import json
+import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -49,6 +51,7 @@ class EventStore:
         self.positions: dict[str, tuple[str, int]] = {}
         self.connections: list[Connection] = []
         self.fail_next = False  # the next statement finds the server gone
+        self.on_failure: Callable[[], object] = lambda: None
         self.arriving: list[tuple[str, int, UUID, int, str, bytes]] = []  # after a read
 
     def commit(self, xid: int, originator: UUID, version: int, topic: str, **state: Any) -> None:
@@ -76,6 +79,7 @@ class Connection:
         assert not self.closed, "a statement on a closed connection"
         if self.store.fail_next:
             self.store.fail_next = False
+            self.store.on_failure()
             self.closed = True
             raise psycopg.OperationalError("server closed the connection unexpectedly")
         text = query if isinstance(query, str) else query.as_string(None)
@@ -230,6 +234,21 @@ def test_after_the_database_goes_away_the_relay_reconnects_and_publishes_on() ->
     relay.close()
     relay.close()  # closing twice is harmless
     assert store.connections[-1].closed
+
+
+def test_a_relay_that_cannot_reach_the_database_says_so_in_its_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = EventStore()
+    stop = threading.Event()
+    store.fail_next, store.on_failure = True, stop.set  # stopped while it is down
+    relay, _ = _relay(store)
+    with caplog.at_level(logging.WARNING, logger="store.eventlog"):
+        relay.run(stop)
+    assert caplog.messages == [
+        "relay cannot reach the database: server closed the connection unexpectedly"
+    ]
+    assert [c.closed for c in store.connections] == [True]
 
 
 def test_run_publishes_until_stopped_then_closes_its_connection() -> None:
