@@ -283,3 +283,9 @@ def test_an_event_class_of_the_domain_defined_after_the_first_message_is_known()
     type("Late", (DomainEvent,), {"__module__": "domain.late", "__qualname__": "Later.Late"})
     message = EventMessage(1, uuid4(), 1, "domain.late:Later.Late", "Late")
     assert decode_event(message.to_json()) == message
+
+
+def test_an_event_its_topic_does_not_name_is_set_aside_showing_both() -> None:
+    assert _reason(_body(event="Removed")) == (
+        f"unknown event 'Removed' (its topic says '{SETTLED}')"
+    )
