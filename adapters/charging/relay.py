@@ -108,7 +108,7 @@ class Relay:
     def _publish(self, conn: psycopg.Connection[Any], row: LogRow) -> None:
         _, nid, originator_id, version, topic, state = row
         event = topic.rsplit(".", 1)[-1]
-        body = json.loads(bytes(state))
+        body = _json(state)
         customer = self._customer(conn, originator_id, body)
         message = EventMessage(nid, originator_id, version, topic, event)
         with _trace_publish(originator_id, topic, customer, event, nid):
@@ -133,9 +133,26 @@ class Relay:
                 ).format(sql.Identifier(EVENTS_TABLE)),
                 (originator_id,),
             ).fetchone()
-            created = json.loads(bytes(first[0])) if first else {}
-            self._customers[originator_id] = str(created.get("customer_id", originator_id))
+            named = _first_customer(first[0] if first else None)
+            self._customers[originator_id] = named or str(originator_id)
         return self._customers[originator_id]
+
+
+def _json(state: Any) -> Any:
+    """An event's stored state read as JSON (None when it is not: the relay never stops
+    on a row, whatever a hand or an old build wrote)."""
+    try:
+        return json.loads(bytes(state)) if state is not None else None
+    except ValueError:
+        return None
+
+
+def _first_customer(state: Any) -> str:
+    """The customer an aggregate's first event names ("" when it names none: a state that
+    is not an object, a customer id that is not text)."""
+    created = _json(state)
+    customer = created.get("customer_id") if isinstance(created, dict) else None
+    return customer if isinstance(customer, str) else ""
 
 
 def _trace_publish(

@@ -168,6 +168,21 @@ def test_an_aggregate_whose_events_carry_no_customer_is_keyed_by_its_first_event
     ]
 
 
+def test_a_first_event_the_relay_cannot_read_a_customer_from_never_stops_it() -> None:
+    store = EventStore()
+    store.rows.append(("1", 1, TXN, 1, RESERVED, b"[1, 2]"))  # not an object
+    store.rows.append(("2", 2, LINE, 1, SETTLED, b'{"customer_id": null}'))
+    store.rows.append(("3", 3, INVOICE, 1, FINALIZED, b"{not json"))
+    store.commit(4, TXN, 2, CHARGED)
+    store.commit(5, LINE, 2, SETTLED)
+    store.commit(6, INVOICE, 2, FINALIZED)
+    relay, producer = _relay(store)
+    assert relay.pump() == 6
+    assert [key for _, key, _ in _sent(producer)][3:] == [
+        str(TXN).encode(), str(LINE).encode(), str(INVOICE).encode(),
+    ]  # fmt: skip
+
+
 def test_a_relay_resuming_past_an_aggregates_first_event_keys_its_next_by_that_ones_customer() -> (
     None
 ):
