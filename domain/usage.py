@@ -220,8 +220,10 @@ def _iso(moment: datetime) -> str:
 def usage_id_of(raw: bytes | None) -> str | None:
     """The usage id a record's bytes name, when they can be read as far as that (a dead
     letter's log line and ``dead-letters`` show it); None otherwise. Never raises."""
+    if raw is None:
+        return None
     try:
-        data = json.loads(raw or b"")
+        data = json.loads(raw)
     except (ValueError, RecursionError):
         return None
     usage_id = data.get("usage_id") if isinstance(data, dict) else None

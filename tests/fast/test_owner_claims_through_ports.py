@@ -23,9 +23,10 @@ def _line(ledger: BillingLedger, txn: UUID) -> UUID:
 
 
 def _pusher(ledger: BillingLedger, gateway: FakeGateway, claim: Claim | None) -> LinePusher:
+    """A pusher holding ``claim`` of acme's partition (and none of any other's)."""
     return LinePusher(
         ledger, gateway, POLICY, clock=gateway.clock, jitter=lambda: 0.5,
-        claims=lambda customer: claim,
+        claims=lambda customer: claim if customer == "acme" else None,
     )  # fmt: skip
 
 

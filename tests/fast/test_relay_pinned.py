@@ -168,18 +168,23 @@ def test_an_aggregate_whose_events_carry_no_customer_is_keyed_by_its_first_event
     ]
 
 
+OTHER = UUID(int=0xE5)
+
+
 def test_a_first_event_the_relay_cannot_read_a_customer_from_never_stops_it() -> None:
     store = EventStore()
     store.rows.append(("1", 1, TXN, 1, RESERVED, b"[1, 2]"))  # not an object
     store.rows.append(("2", 2, LINE, 1, SETTLED, b'{"customer_id": null}'))
     store.rows.append(("3", 3, INVOICE, 1, FINALIZED, b"{not json"))
-    store.commit(4, TXN, 2, CHARGED)
-    store.commit(5, LINE, 2, SETTLED)
-    store.commit(6, INVOICE, 2, FINALIZED)
+    store.rows.append(("4", 4, OTHER, 1, RESERVED, b'{"customer_id": 42}'))
+    store.commit(5, TXN, 2, CHARGED)
+    store.commit(6, LINE, 2, SETTLED)
+    store.commit(7, INVOICE, 2, FINALIZED)
+    store.commit(8, OTHER, 2, CHARGED)
     relay, producer = _relay(store)
-    assert relay.pump() == 6
-    assert [key for _, key, _ in _sent(producer)][3:] == [
-        str(TXN).encode(), str(LINE).encode(), str(INVOICE).encode(),
+    assert relay.pump() == 8
+    assert [key for _, key, _ in _sent(producer)][4:] == [
+        str(TXN).encode(), str(LINE).encode(), str(INVOICE).encode(), str(OTHER).encode(),
     ]  # fmt: skip
 
 
