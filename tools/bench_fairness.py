@@ -189,7 +189,9 @@ class _Run:
         return self.load.produced + self.burst_produced
 
     def _send_burst(self, clock: _Clock) -> None:
-        with UsageProducer(self.settings.kafka_bootstrap, self.settings.usage_topic) as usage:
+        with UsageProducer(
+            self.settings.kafka_bootstrap, self.settings.usage_topic, check=False
+        ) as usage:
             for i in range(self.burst):
                 usage.send(_burst_record(i))
                 self.burst_produced = i + 1

@@ -105,3 +105,13 @@ def test_raw_bytes_are_sent_as_they_are_and_closing_flushes() -> None:
         usage.send_raw(b"k", b"not json")
     assert kafka.sent == [("usage", b"k", b"not json")]
     assert (kafka.flushed, kafka.closed) == (1, 1)
+
+
+def test_unchecked_the_records_are_sent_as_made_keyed_by_their_customer() -> None:
+    usage, kafka = _producer(check=False, prices=Settings().load_prices())
+    record = UsageRecord(
+        usage_id="u", customer_id="acme", meter="vision.images", quantity=Decimal(1),
+        occurred_at=AT,
+    )  # fmt: skip
+    assert usage.send(record) == record  # an unpriced meter: not looked at
+    assert kafka.sent == [("usage", b"acme", record.to_json())]
