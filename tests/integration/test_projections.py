@@ -375,11 +375,13 @@ def test_cli_shows_the_read_models_and_refuses_bad_filters_changing_nothing(
     ]
     table = _cli("balances", env=env)
     assert table.returncode == 0
-    assert [line.split()[0] for line in table.stdout.splitlines()] == [
+    rows_shown, note = table.stdout.split("\n\n")
+    assert [line.split()[0] for line in rows_shown.splitlines()] == [
         "customer_id",
         "acme",
         "bolt",
     ]
+    assert note.startswith("Exact amounts keep fractions of a minor unit")
 
     for args, status, message in [
         (["transactions", "--state", "bogus"], 2, "unknown state 'bogus'"),
