@@ -100,20 +100,20 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _letter(text: str) -> Any:
+def _letter(text: str, store: Any) -> Any:
     from store.dead_letters import parse_letter_id
 
     where = parse_letter_id(text)
     if where is None:
         raise usage(f"{text!r} is not a letter id: give it as `list` shows it (usage/3@67)")
-    letter = _store().get(*where)
+    letter = store.get(*where)
     if letter is None:
         raise CliError(f"no dead letter {text}: `billing-ledger dead-letters list`", EXIT_USAGE)
     return letter
 
 
 def _show(args: argparse.Namespace) -> int:
-    letter = _letter(args.letter)
+    letter = _letter(args.letter, _store())
     body = {
         **_row(letter),
         "payload_bytes": letter.size,
@@ -147,7 +147,7 @@ def _redrive(args: argparse.Namespace) -> int:
         raise usage("give one letter's id, or filters (--reason, --since, --customer), not both")
     settings = Settings()
     store = _store()
-    letters = [_letter(args.letter)] if args.letter else store.find(
+    letters = [_letter(args.letter, store)] if args.letter else store.find(
         _which(args, redriven=False), limit=args.limit
     )  # fmt: skip
     check_reachable(settings.kafka_bootstrap)

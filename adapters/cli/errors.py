@@ -88,7 +88,7 @@ def _privilege(exc: BaseException) -> str:
 
 def _database(exc: BaseException) -> str:
     detail = _first_line(exc)
-    where = re.search(r'(?:at|server at) "?([^"\s,]+)"?', detail)
+    where = re.search(r'\bat "?([^"\s,]+)"?', detail)
     place = f" at {where.group(1)}" if where else ""
     return (
         f"cannot reach PostgreSQL{place} ({detail}): is it running, and is"

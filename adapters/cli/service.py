@@ -186,14 +186,14 @@ MAX_WARNINGS = 20  # warnings printed one by one; the rest are counted
 def _local_check(settings: Settings) -> Callable[[bytes], str | None]:
     """What the ingest's decoder and the price list would say of a record: None when it
     would be billed, else the dead letter's reason."""
+    from adapters.ingest.producer import check_record
     from domain.errors import InvalidUsage
-    from domain.usage import decode_usage
 
     prices = settings.load_prices()
 
     def check(value: bytes) -> str | None:
         try:
-            prices.price_of(decode_usage(value, max_bytes=settings.max_record_bytes).meter)
+            check_record(value, prices, settings.max_record_bytes)
         except InvalidUsage as exc:
             return str(exc)
         return None

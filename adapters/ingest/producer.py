@@ -34,7 +34,18 @@ from domain.pricing import PriceList
 from domain.usage import DEFAULT_MAX_RECORD_BYTES, UsageRecord, decode_usage
 from store.schema import DEFAULT_USAGE_TOPIC
 
-__all__ = ["UsageProducer", "send_usage"]
+__all__ = ["UsageProducer", "check_record", "send_usage"]
+
+
+def check_record(
+    value: bytes, prices: PriceList | None, max_bytes: int = DEFAULT_MAX_RECORD_BYTES
+) -> UsageRecord:
+    """The record ``value`` holds, by the rules the ingest applies (and, given the price
+    list, with a priced meter); raises ``InvalidUsage`` with the dead letter's reason."""
+    record = decode_usage(value, max_bytes=max_bytes)
+    if prices is not None:
+        prices.price_of(record.meter)  # UnknownMeter: an InvalidUsage
+    return record
 
 
 class UsageProducer:
@@ -75,9 +86,7 @@ class UsageProducer:
             record = self.record(customer_id, usage_id, meter, quantity, occurred_at)
         value = record.to_json()
         if self.check:
-            checked = decode_usage(value, max_bytes=self.max_record_bytes)  # the ingest's rules
-            if self.prices is not None:
-                self.prices.price_of(checked.meter)  # UnknownMeter: an InvalidUsage
+            check_record(value, self.prices, self.max_record_bytes)
         txn = transaction_id(record.customer_id, record.usage_id)
         _send(
             self.producer, self.topic, record.customer_id.encode(), value, txn, record.customer_id

@@ -88,3 +88,8 @@ def test_an_error_nobody_expected_asks_for_debug_without_its_class_name() -> Non
 def test_an_error_without_words_still_says_something() -> None:
     message, _ = explain(ValueError())
     assert message == "no detail given"
+
+
+def test_a_database_error_without_an_address_names_none() -> None:
+    message, _ = explain(psycopg.OperationalError("the server said that it is shutting down"))
+    assert message.startswith("cannot reach PostgreSQL (the server said that it is")
