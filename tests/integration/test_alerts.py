@@ -34,6 +34,12 @@ def test_the_alerting_rules_are_rules_prometheus_loads() -> None:
     assert "SUCCESS: 6 rules found" in checked.stdout
 
 
+def test_the_prometheus_configuration_loads_the_rules() -> None:
+    checked = promtool("check", "config", "infra/prometheus.yml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 1 rule files found" in checked.stdout
+
+
 def test_each_alert_fires_on_its_series_and_stays_quiet_below_its_threshold() -> None:
     tested = promtool("test", "rules", "infra/alerts.test.yml")
     assert tested.returncode == 0, tested.stdout + tested.stderr
