@@ -22,6 +22,7 @@ from adapters.observability.metrics import Metrics
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "infra/alerts.yml"
 RULE_TESTS = ROOT / "infra/alerts.test.yml"
+RUNBOOKS = ROOT / "docs/operate/runbooks"
 NAME = re.compile(r"\bbilling_[a-z0-9_]+")
 
 
@@ -92,3 +93,16 @@ def test_the_registry_shows_every_series_the_metrics_module_lists() -> None:
     exported = exported_series()
     histograms = {n.removesuffix("_count") for n in exported if n.endswith("_count")}
     assert listed <= exported | histograms, sorted(listed - exported - histograms)
+
+
+def test_each_alert_links_its_own_runbook_page_and_each_page_has_an_alert() -> None:
+    urls = {rule["alert"]: rule["annotations"]["runbook_url"] for rule in _rules()}
+    base = {url.rpartition("operate/runbooks/")[0] for url in urls.values()}
+    assert len(base) == 1, f"every runbook_url on one site: {base}"
+    pages = {url.rpartition("operate/runbooks/")[2].removesuffix("/") for url in urls.values()}
+    assert len(pages) == len(urls), "one runbook per alert"
+    on_disk = {p.stem for p in RUNBOOKS.glob("*.md")} - {"index"}
+    assert pages == on_disk
+    for alert, url in urls.items():
+        page = RUNBOOKS / (url.rstrip("/").rpartition("/")[2] + ".md")
+        assert alert in page.read_text(), f"{page.name} does not name {alert}"
