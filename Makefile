@@ -3,7 +3,9 @@
 #   make test   set up, then lint, type-check and run every test
 #   make mutate mutation testing of domain/ and the money path (charging, Stripe client,
 #               webhook handler) against the unit and fast tests (not in test)
-# Nothing needs to be installed first but Python 3.11 (no Docker, no services).
+# Nothing needs to be installed first but Python 3.11 (no Docker, no services), and for
+# the alerting rules' tests promtool (`apt-get install prometheus`; .ci/run installs it):
+# without it they fail saying so, or skip when BILLING_LEDGER_PROMTOOL_OPTIONAL=1.
 
 PYTHON ?= python3
 VENV   ?= .venv

@@ -24,6 +24,13 @@ def add_commands(sub: Any) -> None:
     audit.add_argument("--stripe", action="store_true", help="cross-check Stripe's invoice items")
     audit.add_argument("--json", action="store_true")
     audit.add_argument("--out", type=Path, help="write the report to this file too")
+    audit.add_argument(
+        "--metrics-file",
+        type=Path,
+        metavar="FILE.prom",
+        help="write the findings by kind as Prometheus series (node_exporter's textfile"
+        " collector) for the BillingAuditFinding alert",
+    )
     audit.set_defaults(handler=_audit)
 
     export = sub.add_parser("export", help="a customer's events as JSON lines, with hashes")
@@ -130,7 +137,20 @@ def _audit(args: argparse.Namespace) -> int:
             args.out.write_text(text + "\n")
         except OSError as exc:
             raise CliError(f"cannot write {args.out}: {exc.strerror}") from None
+    if args.metrics_file is not None:
+        _write_metrics(report, args.metrics_file)
     return 0 if report.ok else EXIT_FAILURE
+
+
+def _write_metrics(report: Any, path: Path) -> None:
+    import time
+
+    from adapters.audit.textfile import write_textfile
+
+    try:
+        write_textfile(report, path, finished_at=time.time())
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc.strerror}") from None
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -110,7 +110,11 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
         f"{DB}, {KAFKA}, BILLING_LEDGER_USAGE_TOPIC",
     ),
     "audit": (
-        ("billing-ledger audit", "billing-ledger audit --customer acme --stripe --json"),
+        (
+            "billing-ledger audit",
+            "billing-ledger audit --customer acme --stripe --json",
+            "billing-ledger audit --stripe --metrics-file /var/lib/node_exporter/audit.prom",
+        ),
         f"{DB} (as billing_auditor), BILLING_LEDGER_ANCHOR_PATH, BILLING_LEDGER_ANCHOR_KEY,"
         f" {STRIPE} (with --stripe)",
     ),
