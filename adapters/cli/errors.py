@@ -116,6 +116,14 @@ def _setting(exc: Any) -> str:
     return f"setting BILLING_LEDGER_{where.upper()}: {first['msg']}"
 
 
+def _gave_up(exc: BaseException) -> str:
+    return (
+        f"the worker stopped: {_first_line(exc)}; the cause is in its log lines `role"
+        " failed, restarting` (docs: operate/runbooks/worker-restarting); the process"
+        " exits for its supervisor (systemd, Kubernetes) to start it again"
+    )
+
+
 def _as_said(exc: BaseException) -> str:
     return _first_line(exc)
 
@@ -135,6 +143,7 @@ KNOWN: tuple[Known, ...] = (
     # The schema behind or ahead of this build: each message says what to run.
     Known("schema not current", _named("SchemaError"), EXIT_FAILURE, _as_said),
     Known("store gave up", _named("ConcurrencyExhausted"), EXIT_FAILURE, _as_said),
+    Known("worker gave up", _named("WorkerFailed"), EXIT_FAILURE, _gave_up),
     # The domain's refusals of a value a person typed (an amount, a currency, a limit).
     Known("bad argument", _named("ValueError", "BillingError"), EXIT_USAGE, _as_said),
 )

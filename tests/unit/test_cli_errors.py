@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from adapters.broker import BrokerUnreachable
 from adapters.cli.args import CliError
 from adapters.cli.errors import EXIT_FAILURE, EXIT_UNREACHABLE, EXIT_USAGE, explain
+from adapters.errors import WorkerFailed
 from domain.errors import IllegalTransition
 from store.errors import ConcurrencyExhausted, SchemaAhead
 
@@ -54,6 +55,12 @@ def _setting_error() -> ValidationError:
         (_setting_error(), EXIT_USAGE, "setting BILLING_LEDGER_TRACE_EXPORTER: Input should be"),
         (SchemaAhead("the database's schema is at 9"), EXIT_FAILURE, "schema is at 9"),
         (ConcurrencyExhausted("could not claim"), EXIT_FAILURE, "could not claim"),
+        (
+            WorkerFailed("charge worker failed 5 times within 60 s; last: boom"),
+            EXIT_FAILURE,
+            "the worker stopped: charge worker failed 5 times within 60 s; last: boom; the"
+            " cause is in its log lines `role failed, restarting`",
+        ),
         (ValueError("-5 is not a non-negative amount"), EXIT_USAGE, "-5 is not a non-negative"),
         (IllegalTransition("transaction t is not charged"), EXIT_USAGE, "is not charged"),
         (CliError("no account for x in USD", 2), EXIT_USAGE, "no account for x in USD"),
