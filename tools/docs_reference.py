@@ -164,7 +164,7 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
         else:
             names = f"`{action.metavar or action.dest}`"
         shown_default = ""
-        if action.default not in (None, False, argparse.SUPPRESS) and action.nargs != 0:
+        if action.default not in (None, False, "", argparse.SUPPRESS) and action.nargs != 0:
             shown_default = f"`{action.default}`"
         helptext = action.help or ""
         if action.choices:
