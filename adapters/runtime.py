@@ -23,7 +23,7 @@ decides the next batch and holds the GIL. Each time the writer wakes it waits fo
 GIL, which CPython takes from a running thread only after a switch interval (5 ms by
 default): measured end to end in one process, the deciding thread then waited 8.8 to
 13.5 us a record for saves that had started a whole batch earlier, against 0.4 to 3.2
-us at 1 ms (``SWITCH_INTERVAL_S``; README, Benchmarks, "Saving behind").
+us at 1 ms (``SWITCH_INTERVAL_S``; docs/operate/scaling.md, "Saving behind").
 """
 
 from __future__ import annotations

@@ -98,15 +98,25 @@ class Settings(BaseSettings):
     kafka_security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL"] = Field(
         "PLAINTEXT", description="how clients talk to the brokers (SASL_SSL in production)"
     )
-    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "SCRAM-SHA-512", description="the SASL mechanism, when the protocol is SASL_*"
+    )
     kafka_sasl_username: str = Field("", description="this process's Kafka principal")
     kafka_sasl_password: SecretStr = Field(SecretStr(""), description="its password")
-    usage_topic: str = DEFAULT_USAGE_TOPIC
-    dlq_topic: str = DEFAULT_DLQ_TOPIC
+    usage_topic: str = Field(
+        DEFAULT_USAGE_TOPIC, description="the usage records' topic (created if missing)"
+    )
+    dlq_topic: str = Field(
+        DEFAULT_DLQ_TOPIC, description="where dead letters go, with their reason in headers"
+    )
     usage_partitions: int = Field(4, ge=1, description="partitions when creating the topic")
-    ingest_group: str = "billing-ledger-ingest"
-    price_list: Path = DEFAULT_PRICE_LIST
-    max_record_bytes: int = Field(DEFAULT_MAX_RECORD_BYTES, ge=256)
+    ingest_group: str = Field(
+        "billing-ledger-ingest", description="consumer group of the ingest processes"
+    )
+    price_list: Path = Field(DEFAULT_PRICE_LIST, description="the price list (TOML)")
+    max_record_bytes: int = Field(
+        DEFAULT_MAX_RECORD_BYTES, ge=256, description="larger usage records are dead letters"
+    )
     dlq_max_message_bytes: int = Field(
         1_000_000,
         ge=4096,
@@ -122,11 +132,11 @@ class Settings(BaseSettings):
     ingest_overlap_saves: bool = Field(
         True, description="save a batch on a writer thread while the next is decided"
     )
-    poll_timeout_ms: int = Field(200, ge=1)
+    poll_timeout_ms: int = Field(200, ge=1, description="how long a Kafka poll waits for records")
     fetch_max_wait_ms: int = Field(
         10, ge=1, description="longest a fetch waits for data (latency of each Kafka hop)"
     )
-    db_pool_size: int = Field(4, ge=1)
+    db_pool_size: int = Field(4, ge=1, description="database connections per process")
 
     # -- schema (store.migrations) -------------------------------------------------------
     schema_wait_s: float = Field(
@@ -143,14 +153,24 @@ class Settings(BaseSettings):
     )
 
     # -- charging ---------------------------------------------------------------
-    events_topic: str = DEFAULT_EVENTS_TOPIC
-    events_partitions: int = Field(4, ge=1)
-    charge_group: str = "billing-ledger-charge"
-    stripe_api_base: str = "http://127.0.0.1:12111"
-    stripe_api_key: SecretStr = SecretStr("sk_test_billing_ledger")
+    events_topic: str = Field(
+        DEFAULT_EVENTS_TOPIC, description="the topic the relay publishes events to"
+    )
+    events_partitions: int = Field(4, ge=1, description="partitions when creating the events topic")
+    charge_group: str = Field(
+        "billing-ledger-charge", description="consumer group of the charge process managers"
+    )
+    stripe_api_base: str = Field(
+        "http://127.0.0.1:12111", description="Stripe's API (default: the local emulator)"
+    )
+    stripe_api_key: SecretStr = Field(
+        SecretStr("sk_test_billing_ledger"), description="Stripe's secret key"
+    )
     stripe_rate_per_s: int = Field(25, ge=1, description="Stripe requests per second, at most")
-    stripe_max_concurrency: int = Field(8, ge=1)
-    stripe_timeout_s: float = Field(10.0, gt=0)
+    stripe_max_concurrency: int = Field(
+        8, ge=1, description="Stripe requests in flight at most (AIMD adapts below it)"
+    )
+    stripe_timeout_s: float = Field(10.0, gt=0, description="a Stripe request's timeout")
     line_takeover_s: float = Field(
         60.0,
         gt=0,
@@ -173,13 +193,22 @@ class Settings(BaseSettings):
     stripe_key_window_s: float = Field(
         23 * 3600.0, gt=0, description="past this age, look a charge up before creating it"
     )
-    breaker_fail_max: int = Field(5, ge=1)
-    breaker_reset_s: float = Field(5.0, gt=0)
-    retry_horizon_s: float = Field(3600.0, gt=0, description="give up and compensate after")
-    retry_base_s: float = Field(1.0, gt=0)
-    retry_max_delay_s: float = Field(300.0, gt=0)
+    breaker_fail_max: int = Field(5, ge=1, description="failures in a row that open the breaker")
+    breaker_reset_s: float = Field(
+        5.0, gt=0, description="an open breaker lets a probe through after this"
+    )
+    retry_horizon_s: float = Field(
+        3600.0,
+        gt=0,
+        description="a line failing longer is reported failing (retries go on: owed usage is"
+        " never dropped)",
+    )
+    retry_base_s: float = Field(1.0, gt=0, description="first retry delay (full-jitter backoff)")
+    retry_max_delay_s: float = Field(300.0, gt=0, description="longest retry delay")
     stale_after_s: float = Field(30.0, gt=0, description="reconciler drives Reserved after")
-    reconcile_interval_s: float = Field(5.0, gt=0)
+    reconcile_interval_s: float = Field(
+        5.0, gt=0, description="how often the reconciler looks for work past its due time"
+    )
     billing_period: str = Field(
         "month", description="invoice periods: month, day, hour, or a number of seconds (UTC)"
     )

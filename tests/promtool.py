@@ -1,7 +1,8 @@
 """promtool, Prometheus's checker of rules and metrics, for the tests that run it.
 
 It is not a Python package: Debian's ``prometheus`` package installs it
-(``apt-get install prometheus``), and ``.ci/run`` does so before ``make test``. A test
+(``apt-get install prometheus``), and ``make test`` does so when it is missing
+(``infra/debian-packages.sh``). A test
 that needs it and does not find it on PATH fails with that instruction rather than
 passing unchecked; set ``BILLING_LEDGER_PROMTOOL_OPTIONAL=1`` to skip those tests
 instead (on a machine where it cannot be installed; CI never sets it).

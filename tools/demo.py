@@ -66,7 +66,7 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
     step("starting embedded PostgreSQL and the Tansu broker")
     with EmbeddedPostgres() as pg, TansuBroker() as broker:
         # No superuser: migrate as the schema owner, everything else as the writer, the
-        # audit as the auditor (README "Security").
+        # audit as the auditor (docs/concepts/security.md).
         settings = Settings(
             database_url=pg.role_url(WRITER),
             migrate_database_url=pg.owner_url,

@@ -1,10 +1,11 @@
 """The docs' drawn pictures, made from their sources and stamped with the source's hash.
 
-``python -m tools.pictures architecture`` draws ``docs/images/architecture.svg`` from
-``docs/images/architecture.mmd`` with mermaid-cli (``npx``, so it needs Node.js) driving
-Debian's ``chromium`` (``apt-get install chromium``; no browser is downloaded). The SVG
-is checked in, so neither is needed to build the docs or run the tests; the stamp lets a
-test fail when the source changed and the picture was not drawn again.
+``python -m tools.pictures [NAME ...]`` draws ``docs/images/NAME.svg`` from
+``docs/images/NAME.mmd`` (every source when no name is given) with mermaid-cli
+(``npx``, so it needs Node.js) driving Debian's ``chromium`` (``apt-get install
+chromium``; no browser is downloaded). The SVGs are checked in, so neither is needed to
+build the docs or run the tests; the stamp lets a test fail when a source changed and
+its picture was not drawn again.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["IMAGES", "draw_architecture", "source_hash", "stamp_of"]
+__all__ = ["IMAGES", "draw", "source_hash", "sources", "stamp_of"]
 
 IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
 _STAMP = re.compile(r"<!-- source sha256: ([0-9a-f]{64}) -->")
@@ -35,8 +36,14 @@ def stamp_of(svg: Path) -> str | None:
     return found.group(1) if found else None
 
 
-def draw_architecture(images: Path = IMAGES) -> Path:
-    source, svg = images / "architecture.mmd", images / "architecture.svg"
+def sources(images: Path = IMAGES) -> list[Path]:
+    """Every picture's source."""
+    return sorted(images.glob("*.mmd"))
+
+
+def draw(source: Path) -> Path:
+    """Draw ``source`` (a Mermaid file) to the SVG beside it, stamped with its hash."""
+    images, svg = source.parent, source.with_suffix(".svg")
     chromium, npx = shutil.which("chromium"), shutil.which("npx")
     if chromium is None or npx is None:
         raise SystemExit("drawing the picture needs chromium (apt) and npx (Node.js)")
@@ -57,10 +64,13 @@ def draw_architecture(images: Path = IMAGES) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    if argv != ["architecture"]:
-        print("usage: python -m tools.pictures architecture", file=sys.stderr)
+    wanted = [IMAGES / f"{name}.mmd" for name in argv] or sources()
+    missing = [str(p) for p in wanted if not p.is_file()]
+    if missing:
+        print(f"no picture source: {', '.join(missing)}", file=sys.stderr)
         return 2
-    print(draw_architecture())
+    for source in wanted:
+        print(draw(source))
     return 0
 
 

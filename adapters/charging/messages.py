@@ -45,6 +45,7 @@ from uuid import UUID
 from eventsourcing.domain import DomainEvent
 
 __all__ = [
+    "EVENT_REASON_CODES",
     "MAX_EVENT_BYTES",
     "EventMessage",
     "MalformedEvent",
@@ -113,10 +114,11 @@ def decode_event(value: bytes | None) -> EventMessage:
 
 def event_error_code(reason: str) -> str:
     """A set-aside message's reason as a short code for logs and metrics."""
-    return next((code for prefix, code in _CODES if reason.startswith(prefix)), "invalid")
+    codes = EVENT_REASON_CODES
+    return next((code for prefix, code in codes if reason.startswith(prefix)), "invalid")
 
 
-_CODES = (
+EVENT_REASON_CODES = (
     ("empty message", "empty"),
     ("message of", "oversized"),
     ("not valid JSON", "not_json"),

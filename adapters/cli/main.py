@@ -53,7 +53,8 @@ def build_parser() -> Parser:
         prog="billing-ledger",
         description="Event-sourced usage billing: Kafka usage in, PostgreSQL events, Stripe out.",
         epilog="Exit status: 0 done, 1 a check failed, 2 misuse, 3 a service unreachable."
-        " Settings come from BILLING_LEDGER_* environment variables (README: Configuration).",
+        " Settings come from BILLING_LEDGER_* environment variables"
+        " (docs/reference/configuration.md).",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     p.add_argument("--debug", action="store_true", help="on an error, print its traceback as well")

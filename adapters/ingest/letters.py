@@ -21,7 +21,7 @@ from domain.transaction import Source
 from domain.usage import usage_id_of
 from store.dead_letters import bounded
 
-__all__ = ["error_code", "internal_reason", "letter", "quarantine", "send_to_dlq"]
+__all__ = ["REASON_CODES", "error_code", "internal_reason", "letter", "quarantine", "send_to_dlq"]
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ def send_to_dlq(producer: KafkaProducer, topic: str, d: DeadLetter, max_message_
     )
 
 
-_CODES = (
+# A reason's prefix and its code (the log's error_code, the letter's reason_code).
+REASON_CODES = (
     ("empty message", "empty"),
     ("payload of", "oversized"),
     ("not valid JSON", "not_json"),
@@ -107,7 +108,7 @@ def internal_reason(exc: Exception, source: Source) -> str:
 
 def error_code(reason: str) -> str:
     """A dead letter's reason as a short code for logs (``invalid``: a field failed)."""
-    return next((code for prefix, code in _CODES if reason.startswith(prefix)), "invalid")
+    return next((code for prefix, code in REASON_CODES if reason.startswith(prefix)), "invalid")
 
 
 def letter(rec: Any, reason: str) -> DeadLetter:

@@ -1,6 +1,6 @@
 """The alerting rules and the metrics, as Prometheus's own checker reads them.
 
-``promtool`` (``tests/promtool.py``: installed by ``.ci/run``) checks
+``promtool`` (``tests/promtool.py``: installed by ``make test``) checks
 ``infra/alerts.yml``, runs its unit tests (``infra/alerts.test.yml``: for each alert,
 series that fire it and series that must not), and lints what a real worker serves at
 ``/metrics`` and what ``billing-ledger audit --metrics-file`` writes.

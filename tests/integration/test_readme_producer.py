@@ -1,5 +1,5 @@
-"""The README's Python producer runs as written (against the test's broker), and what it
-sends is a record the ledger bills."""
+"""The documented Python producer (docs/reference/usage-records.md) runs as written
+(against the test's broker), and what it sends is a record the ledger bills."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from tests.integration.support import drive
 
 pytestmark = pytest.mark.integration
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "usage-records.md"
 
 
-def test_the_readme_python_producer_sends_a_record_the_ledger_bills(
+def test_the_documented_python_producer_sends_a_record_the_ledger_bills(
     settings: Settings, ingest_ledger: BillingLedger
 ) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
     [block] = [b for b in blocks if "UsageProducer" in b]
     here = f"UsageProducer({settings.kafka_bootstrap!r}, {settings.usage_topic!r},"
     exec(block.replace('UsageProducer("127.0.0.1:9092",', here), {})  # noqa: S102

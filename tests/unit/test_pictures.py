@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.pictures import IMAGES, source_hash, stamp_of
+from tools.pictures import source_hash, sources, stamp_of
 
 
-def test_the_architecture_svg_was_drawn_from_the_current_mermaid_source() -> None:
-    svg = IMAGES / "architecture.svg"
-    assert stamp_of(svg) == source_hash(IMAGES / "architecture.mmd"), (
-        "docs/images/architecture.mmd changed: draw it again with"
-        " `python -m tools.pictures architecture`"
-    )
+def test_every_picture_was_drawn_from_its_current_mermaid_source() -> None:
+    drawn = {p.stem for p in sources()}
+    assert {"architecture", "transaction-states", "invoice-states"} <= drawn
+    stale = [
+        p.name
+        for p in sources()
+        if not p.with_suffix(".svg").is_file() or stamp_of(p.with_suffix(".svg")) != source_hash(p)
+    ]
+    assert stale == [], f"draw them again: python -m tools.pictures {' '.join(stale)}"
 
 
 def test_the_stamp_is_read_from_the_svg_and_follows_the_source(tmp_path: Path) -> None:
