@@ -98,7 +98,7 @@ def measure_load(
         ended = workers.stop()
         run["money"] = money(settings, stripe)
         result = _report(run, rate=rate, seconds=seconds, stripe_rate=pipe.stripe_rate, load=load)
-        timeline = _timeline(run, pipe.stripe_rate)
+        timeline = _timeline(run, pipe.stripe_rate, rate)
     if ended:
         result["workers_ended"] = ended
     return result, timeline
@@ -336,7 +336,7 @@ _LATENCY = (
 )
 
 
-def _timeline(run: dict[str, Any], stripe_rate: int) -> Timeline:
+def _timeline(run: dict[str, Any], stripe_rate: int, rate: float) -> Timeline:
     settings: Settings = run["settings"]
     stripe: StripeEmulator = run["stripe"]
     with psycopg.connect(settings.database_url) as conn:
@@ -347,6 +347,7 @@ def _timeline(run: dict[str, Any], stripe_rate: int) -> Timeline:
         charges=[(float(at), float(latency)) for at, latency in charges],
         requests=[float(r["at"]) for r in _api_requests(stripe)],
         stripe_rate_limit_per_s=stripe_rate,
+        usage_rate_per_s=rate,
         load_end=run["load_ended"],
         outage=run["outage"],
     )

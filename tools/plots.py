@@ -10,10 +10,11 @@ outlines): searchable, and the legend readable by a test.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tools.timeline import Timeline
+from tools.timeline import LATENCY_WINDOW_S, Timeline
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -117,11 +118,9 @@ def draw_backlog(ax: Axes, timeline: Timeline) -> None:
 
 
 def draw_latency(ax: Axes, timeline: Timeline) -> None:
-    times = [t for t, _, _ in timeline.latency]
-    ax.plot(times, [p50 for _, p50, _ in timeline.latency], "o-", markersize=3,
-            color="tab:green", label=LABELS["p50"])  # fmt: skip
-    ax.plot(times, [p99 for _, _, p99 in timeline.latency], "o-", markersize=3,
-            color="tab:red", label=LABELS["p99"])  # fmt: skip
+    times, p50s, p99s = _with_gaps(timeline.latency)
+    ax.plot(times, p50s, "o-", markersize=3, color="tab:green", label=LABELS["p50"])
+    ax.plot(times, p99s, "o-", markersize=3, color="tab:red", label=LABELS["p99"])
     ax.set_ylabel("seconds")
     ax.set_ylim(bottom=0)
     _marks(ax, timeline, labelled=False)
@@ -135,7 +134,8 @@ def draw_requests(ax: Axes, timeline: Timeline) -> None:
     ax.axhline(limit, color="black", linestyle="--", linewidth=1,
                label=f"{LABELS['limit']} ({limit}/s)")  # fmt: skip
     ax.set_ylabel("requests/s")
-    ax.set_ylim(bottom=0)
+    peak = max((n for _, n in timeline.stripe_requests_per_s), default=0.0)
+    ax.set_ylim(0, max(peak, limit) * 1.2)  # the limit always in sight, below the top
     _marks(ax, timeline, labelled=False)
     ax.legend(loc="upper left", fontsize="small")
 
@@ -147,6 +147,25 @@ def _marks(ax: Axes, timeline: Timeline, *, labelled: bool = True) -> None:
                    label=LABELS["outage"] if labelled else None)  # fmt: skip
     ax.axvline(timeline.load_end_s, color="grey", linestyle=":", linewidth=1,
                label=LABELS["load_end"] if labelled else None)  # fmt: skip
+
+
+def _with_gaps(
+    latency: list[tuple[float, float, float]],
+) -> tuple[list[float], list[float], list[float]]:
+    """The windows' times, p50s and p99s, a gap (NaN) where windows had no charge (an
+    outage): no line is drawn across a time nothing was charged."""
+    times: list[float] = []
+    p50s: list[float] = []
+    p99s: list[float] = []
+    for at, p50, p99 in latency:
+        if times and at - times[-1] > LATENCY_WINDOW_S * 1.5:
+            times.append(at - LATENCY_WINDOW_S)
+            p50s.append(math.nan)
+            p99s.append(math.nan)
+        times.append(at)
+        p50s.append(p50)
+        p99s.append(p99)
+    return times, p50s, p99s
 
 
 def _columns(

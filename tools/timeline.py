@@ -10,7 +10,8 @@ Three series, in seconds from the start of the load:
   none sampled away);
 * Stripe API requests a second, from the time of each request the emulator received.
 
-Beside them, what the plot marks: the emulator's enforced rate limit, the outage
+Beside them, the usage rate of the load and what the plot marks: the emulator's
+enforced rate limit, the outage
 window if there was one, and when the load stopped. A timeline is kept as JSON
 (``to_json``, ``from_json``) so that a picture can be redrawn without a new run.
 """
@@ -38,6 +39,7 @@ class Timeline:
     latency: list[tuple[float, float, float]]  # (window end, p50 s, p99 s)
     stripe_requests_per_s: list[tuple[float, float]]  # (second's end, requests)
     stripe_rate_limit_per_s: int
+    usage_rate_per_s: float
     load_end_s: float
     outage: tuple[float, float] | None = None  # (start, end)
 
@@ -50,6 +52,7 @@ class Timeline:
         charges: Iterable[tuple[float, float]],
         requests: Iterable[float],
         stripe_rate_limit_per_s: int,
+        usage_rate_per_s: float,
         load_end: float,
         outage: tuple[float, float] | None,
     ) -> Timeline:
@@ -63,24 +66,32 @@ class Timeline:
             latency=latency_series([(at - started, s) for at, s in charges], end),
             stripe_requests_per_s=rate_series([at - started for at in requests], end),
             stripe_rate_limit_per_s=stripe_rate_limit_per_s,
+            usage_rate_per_s=usage_rate_per_s,
             load_end_s=round(load_end - started, 2),
             outage=(round(outage[0] - started, 2), round(outage[1] - started, 2))
             if outage
             else None,
         )
 
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+        return json.dumps(self.as_dict(), indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> Timeline:
-        doc: dict[str, Any] = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Timeline:
         outage = doc.get("outage")
         return cls(
             backlog=[(float(t), int(b)) for t, b in doc["backlog"]],
             latency=[(float(t), float(p50), float(p99)) for t, p50, p99 in doc["latency"]],
             stripe_requests_per_s=[(float(t), float(n)) for t, n in doc["stripe_requests_per_s"]],
             stripe_rate_limit_per_s=int(doc["stripe_rate_limit_per_s"]),
+            usage_rate_per_s=float(doc["usage_rate_per_s"]),
             load_end_s=float(doc["load_end_s"]),
             outage=(float(outage[0]), float(outage[1])) if outage else None,
         )

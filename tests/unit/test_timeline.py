@@ -29,6 +29,7 @@ def test_a_run_is_measured_from_its_start_with_its_outage_and_limit() -> None:
         charges=[(STARTED + 1.0, 0.5), (STARTED + 3.5, 2.5)],
         requests=[STARTED + 0.5, STARTED + 3.2, STARTED + 3.4],
         stripe_rate_limit_per_s=25,
+        usage_rate_per_s=40.0,
         load_end=STARTED + 3.0,
         outage=(STARTED + 1.0, STARTED + 2.0),
     )
