@@ -6,6 +6,7 @@ sparkline, follows the backlog as it rises, and Ctrl-C ends it with status 0."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import re
@@ -66,10 +67,12 @@ class Screen:
 
 
 @contextmanager
-def _watching(env: dict[str, str], out: int) -> Iterator[subprocess.Popen[bytes]]:
-    """The watch writing to ``out`` (closed here: the watch holds it); killed on the
-    way out if a failed test left it running."""
-    watch = subprocess.Popen(CLI, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+def _watching(env: dict[str, str], out: int, *more: str) -> Iterator[subprocess.Popen[bytes]]:
+    """The watch (with ``more`` options) writing to ``out`` (closed here: the watch
+    holds it); killed on the way out if a failed test left it running."""
+    watch = subprocess.Popen(
+        [*CLI, *more], env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+    )
     os.close(out)
     try:
         yield watch
@@ -143,3 +146,33 @@ def test_the_watch_into_a_pipe_prints_plain_redraws_one_after_the_other(
     assert "backlog: metered" in text and "projector behind (events)" in text
     lines = _sparklines(text)
     assert len(lines) >= 2 and lines[0] == (BARS[0], 0, 0) and lines[1] == (BARS[0] * 2, 0, 0)
+
+
+def test_the_watch_with_json_prints_a_report_a_line_until_ctrl_c(
+    settings: Settings, ingest_ledger: BillingLedger
+) -> None:
+    read, write = os.pipe()
+    screen = Screen(read)
+    with _watching(settings_env(settings), write, "--json") as watch:
+        screen.until(lambda t: t.count("\n") >= 2, "two reports")
+        assert _ctrl_c(watch) == 0
+    os.close(read)
+    first, second = (json.loads(line) for line in screen.text.splitlines()[:2])
+    assert first["status"] == second["status"] == "ok"
+    assert first["backlog_metered"] == 0 and "workers" in second
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--interval", "3"], "--interval goes with --watch"),
+        (["--watch", "2", "--interval", "3"], "--watch 2 and --interval 3 disagree"),
+        (["--watch", "--interval", "0"], "'0' must be greater than 0"),
+    ],
+)
+def test_a_watch_interval_that_makes_no_sense_is_misuse(args: list[str], said: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "adapters.cli", "health", *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
