@@ -128,8 +128,10 @@ def draw_latency(ax: Axes, timeline: Timeline) -> None:
 
 
 def draw_requests(ax: Axes, timeline: Timeline) -> None:
-    ax.step(*_columns(timeline.stripe_requests_per_s), where="pre", color="tab:purple",
-            label=LABELS["requests"])  # fmt: skip
+    ends, counts = _columns(timeline.stripe_requests_per_s)
+    # Each second drawn over its whole width: from its start, the last one to its end.
+    ax.step([e - 1 for e in ends] + ends[-1:], counts + counts[-1:], where="post",
+            color="tab:purple", label=LABELS["requests"])  # fmt: skip
     limit = timeline.stripe_rate_limit_per_s
     ax.axhline(limit, color="black", linestyle="--", linewidth=1,
                label=f"{LABELS['limit']} ({limit}/s)")  # fmt: skip
