@@ -13,6 +13,8 @@ usage for ``customers`` x ``meters`` lines arrives at a steady rate:
 
 Every run ends with the money checked: the amounts Stripe holds equal the lines' billed
 totals, each the line's exact total rounded once (|billed - exact| <= 0.5 minor unit).
+With ``plot``, the run's timeline (``tools.timeline``: the backlog, the latency p50/p99
+and Stripe's requests a second over time) is drawn to that file (``tools.plots``).
 A run reports what it measured even when the backlog did not drain within the drain
 timeout (``drained: false``; ``lost`` is then unknown) or a worker process ended
 (``workers_ended``): every worker is stopped before the report reads the ledger.
@@ -30,6 +32,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -45,8 +48,9 @@ from domain.usage import UsageRecord
 from infra.embedded import EmbeddedPostgres, TansuBroker
 from infra.stripe_emulator import StripeEmulator
 from tools.measure import cores, terminate
+from tools.timeline import Timeline
 
-__all__ = ["Pipeline", "pipeline", "render_load", "run_load"]
+__all__ = ["Pipeline", "measure_load", "pipeline", "render_load", "run_load"]
 
 METERS = ("api.requests", "gpt-4o.input_tokens", "gpt-4o.output_tokens", "gpu.a100.seconds")
 
@@ -65,7 +69,19 @@ class Pipeline:
     settle_interval_s: float = 30.0
 
 
-def run_load(
+def run_load(pipe: Pipeline, *, plot: Path | None = None, **load: Any) -> dict[str, Any]:
+    """The report of a load run (``load``: the arguments of ``measure_load``), its
+    timeline drawn to ``plot`` when given."""
+    result, timeline = measure_load(pipe, **load)
+    if plot is not None:
+        from tools.plots import plot_run
+
+        plot_run(timeline, plot)
+        step(f"plot: {plot}")
+    return result
+
+
+def measure_load(
     pipe: Pipeline,
     *,
     rate: float,
@@ -73,7 +89,8 @@ def run_load(
     outage_at: float | None = None,
     outage_s: float = 0.0,
     drain_timeout: float = 300.0,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], Timeline]:
+    """The report of a load run, and its timeline."""
     with pipeline(pipe) as (settings, stripe, workers, load):
         step(f"usage at {rate:g}/s for {seconds:g}s over {load.lines} lines")
         run = _drive(settings, stripe, load, rate, seconds, outage_at, outage_s,
@@ -81,9 +98,10 @@ def run_load(
         ended = workers.stop()
         run["money"] = money(settings, stripe)
         result = _report(run, rate=rate, seconds=seconds, stripe_rate=pipe.stripe_rate, load=load)
+        timeline = _timeline(run, pipe.stripe_rate, rate)
     if ended:
         result["workers_ended"] = ended
-    return result
+    return result, timeline
 
 
 class Workers:
@@ -206,7 +224,7 @@ def _drive(  # noqa: PLR0917
     drain_timeout: float,
 ) -> dict[str, Any]:
     samples: list[tuple[float, int]] = []
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
     producer = threading.Thread(target=produce, args=(settings, load, rate, seconds))
     producer.start()
     outage: tuple[float, float] | None = None
@@ -234,9 +252,9 @@ def _drive(  # noqa: PLR0917
             break
         time.sleep(0.25)
     assert load_ended is not None or not producer.is_alive()
-    return {"samples": samples, "outage": outage, "load_ended": load_ended or time.time(),
-            "drained": drained, "produced": load.produced, "stripe": stripe,
-            "settings": settings}  # fmt: skip
+    return {"samples": samples, "started": started, "outage": outage,
+            "load_ended": load_ended or time.time(), "drained": drained,
+            "produced": load.produced, "stripe": stripe, "settings": settings}  # fmt: skip
 
 
 def produce(
@@ -300,14 +318,39 @@ def money(settings: Settings, stripe: StripeEmulator) -> dict[str, Any]:
 
 
 _TXN = "domain.transaction:BillingTransaction."
-_LATENCY = (
-    "SELECT count(*), percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY extract(epoch"
-    " FROM (convert_from(c.state, 'UTF8')::jsonb -> 'timestamp' ->> '_data_')::timestamptz"
-    " - (convert_from(m.state, 'UTF8')::jsonb -> 'occurred_at' ->> '_data_')::timestamptz))"
+# Each charge: when it was made and its usage -> Charged latency (epoch seconds).
+_CHARGES = (
+    "SELECT extract(epoch FROM charged_at) AS charged_at,"
+    " extract(epoch FROM charged_at - occurred_at) AS latency FROM ("
+    " SELECT (convert_from(c.state, 'UTF8')::jsonb -> 'timestamp' ->> '_data_')::timestamptz"
+    " AS charged_at,"
+    " (convert_from(m.state, 'UTF8')::jsonb -> 'occurred_at' ->> '_data_')::timestamptz"
+    " AS occurred_at"
     " FROM billingledger_events c JOIN billingledger_events m"
     " ON m.originator_id = c.originator_id AND m.originator_version = 1"
-    " WHERE m.topic = %s AND c.topic = %s"
+    " WHERE m.topic = %s AND c.topic = %s) charges"
 )
+_LATENCY = (
+    "SELECT count(*), percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY latency)"  # noqa: S608
+    f" FROM ({_CHARGES}) latencies"
+)
+
+
+def _timeline(run: dict[str, Any], stripe_rate: int, rate: float) -> Timeline:
+    settings: Settings = run["settings"]
+    stripe: StripeEmulator = run["stripe"]
+    with psycopg.connect(settings.database_url) as conn:
+        charges = conn.execute(_CHARGES, (_TXN + "Metered", _TXN + "Charged")).fetchall()
+    return Timeline.measure(
+        started=run["started"],
+        backlog=run["samples"],
+        charges=[(float(at), float(latency)) for at, latency in charges],
+        requests=[float(r["at"]) for r in _api_requests(stripe)],
+        stripe_rate_limit_per_s=stripe_rate,
+        usage_rate_per_s=rate,
+        load_end=run["load_ended"],
+        outage=run["outage"],
+    )
 
 
 def _report(
@@ -324,7 +367,7 @@ def _report(
         ).fetchone()
     assert charged is not None
     compensated = compensated_row[0] if compensated_row else 0
-    api = [r for r in stripe.requests() if str(r["path"]).startswith("/v1/")]
+    api = _api_requests(stripe)
     ended = run["load_ended"]
     in_load = [b for at, b in samples if at <= ended]
     last_third = in_load[len(in_load) * 2 // 3 :] or [0]
@@ -375,6 +418,11 @@ def _report(
             _drained_at(samples, outage[1], level=steady) - outage[1], 1
         )
     return result
+
+
+def _api_requests(stripe: StripeEmulator) -> list[dict[str, Any]]:
+    """The requests to Stripe's API the emulator received (not its control routes)."""
+    return [r for r in stripe.requests() if str(r["path"]).startswith("/v1/")]
 
 
 def _drained_at(samples: list[tuple[float, int]], after: float, level: int = 0) -> float:

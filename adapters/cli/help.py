@@ -24,11 +24,17 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
         "none: embedded services (or --database-url)",
     ),
     "bench charge": (
-        ("billing-ledger bench charge --rate 2000 --seconds 60 --stripe-rate 25",),
+        (
+            "billing-ledger bench charge --rate 2000 --seconds 60 --stripe-rate 25",
+            "billing-ledger bench charge --seconds 30 --plot charge.svg",
+        ),
         "none: embedded services",
     ),
     "bench outage": (
-        ("billing-ledger bench outage --rate 1000 --outage-s 20 --stripe-rate 25",),
+        (
+            "billing-ledger bench outage --rate 1000 --outage-s 20 --stripe-rate 25",
+            "billing-ledger bench outage --plot outage.png",
+        ),
         "none: embedded services",
     ),
     "bench fairness": (("billing-ledger bench fairness --burst 12000",), "none: embedded services"),
@@ -53,7 +59,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
         ("billing-ledger run", "billing-ledger run --role ingest --role relay --health-port 8080"),
         f"every BILLING_LEDGER_* setting: {DB}, {KAFKA}, {STRIPE}, ...",
     ),
-    "health": (("billing-ledger health", "billing-ledger health --watch 5"), DB),
+    "health": (("billing-ledger health", "billing-ledger health --watch --interval 5"), DB),
     "reverse": (
         ('billing-ledger reverse 6f1c2a3b-4d5e-5f60-8a7b-9c0d1e2f3a4b --reason "refund"',),
         f"{DB}, {STRIPE}",

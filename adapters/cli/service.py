@@ -24,6 +24,7 @@ from adapters.cli.args import (
     port,
     port_or_zero,
     positive_float,
+    usage,
 )
 
 if TYPE_CHECKING:
@@ -80,8 +81,13 @@ def add_commands(sub: Any) -> None:
     health = sub.add_parser("health", help="queue health: what is stuck, and why")
     health.add_argument("--json", action="store_true")
     health.add_argument(
-        "--watch", type=positive_float, nargs="?", const=2.0, metavar="SECONDS",
-        help="refresh every SECONDS (default 2) until Ctrl-C",
+        "--watch", type=positive_float, nargs="?", const=True, metavar="SECONDS",
+        help="redraw until Ctrl-C: the figures and the backlog's last minute (every"
+        " --interval seconds; SECONDS is the same as --interval)",
+    )  # fmt: skip
+    health.add_argument(
+        "--interval", type=positive_float, metavar="S",
+        help="with --watch: seconds between redraws (default 1)",
     )  # fmt: skip
     health.set_defaults(handler=_health)
 
@@ -252,15 +258,34 @@ def _health(args: argparse.Namespace) -> int:
     from adapters.observability.health_server import HealthProbe, render
     from adapters.settings import Settings
 
+    interval = _watch_interval(args)
     probe = HealthProbe(Settings(), cache_s=0)
-    while True:
+    if interval is None:
         report = probe.report()
-        text = json.dumps(report, indent=2) if args.json else render(report)
-        if args.watch is None:
-            print(text)
-            return 0 if report["status"] == "ok" else EXIT_FAILURE
-        print("\x1b[H\x1b[2J" + text if sys.stdout.isatty() else text, flush=True)
-        time.sleep(args.watch)
+        print(json.dumps(report, indent=2) if args.json else render(report))
+        return 0 if report["status"] == "ok" else EXIT_FAILURE
+    if not args.json:
+        from adapters.cli.health_watch import watch
+
+        return watch(probe, interval)
+    try:  # a JSON document a redraw, one a line, for a script to follow
+        while True:
+            print(json.dumps(probe.report()), flush=True)
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _watch_interval(args: argparse.Namespace) -> float | None:
+    """Seconds between redraws, or None without ``--watch``."""
+    given = args.watch if isinstance(args.watch, float) else None
+    if args.watch is None:
+        if args.interval is not None:
+            raise usage("--interval goes with --watch")
+        return None
+    if given is not None and args.interval is not None and given != args.interval:
+        raise usage(f"--watch {given:g} and --interval {args.interval:g} disagree: give one")
+    return given or args.interval or 1.0
 
 
 def _customer_key(value: bytes) -> bytes | None:

@@ -11,10 +11,18 @@ import argparse
 import importlib
 import json
 from importlib.util import find_spec
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from adapters.cli.args import EXIT_FAILURE, CliError, Parser, positive_float, positive_int
+from adapters.cli.args import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    CliError,
+    Parser,
+    positive_float,
+    positive_int,
+)
 
 __all__ = ["add_commands"]
 
@@ -79,6 +87,7 @@ def _add_pipeline_benches(bench_sub: Any) -> None:
     b_charge.add_argument("--seconds", type=positive_float, default=60.0)
     b_charge.add_argument("--customers", type=positive_int, default=100)
     _pipeline_args(b_charge)
+    _plot_arg(b_charge)
     b_charge.set_defaults(handler=_bench_load, outage_at=None, outage_s=0.0)
     b_out = bench_sub.add_parser("outage", help="steady usage, a Stripe outage, recovery")
     b_out.add_argument("--rate", type=positive_float, default=1000.0, help="usage records/s")
@@ -87,6 +96,7 @@ def _add_pipeline_benches(bench_sub: Any) -> None:
     b_out.add_argument("--outage-s", type=positive_float, default=20.0)
     b_out.add_argument("--customers", type=positive_int, default=100)
     _pipeline_args(b_out)
+    _plot_arg(b_out)
     b_out.set_defaults(handler=_bench_load)
     b_fair = bench_sub.add_parser(
         "fairness", help="others' latency before, during and after one customer's burst"
@@ -115,6 +125,14 @@ def _pipeline_args(parser: Any) -> None:
         help="a line is pushed at most this often (SETTLE_INTERVAL_S; default 30)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true")
+
+
+def _plot_arg(parser: Any) -> None:
+    parser.add_argument(
+        "--plot", type=Path, metavar="FILE",
+        help="also draw the backlog, the latency p50/p99 and Stripe's requests/s over time"
+        " to FILE (.svg or .png; checked before the run starts)",
+    )  # fmt: skip
 
 
 def _tool(name: str) -> ModuleType:
@@ -192,10 +210,24 @@ def _bench_close(args: argparse.Namespace) -> int:
 
 
 def _bench_load(args: argparse.Namespace) -> int:
+    if args.plot is not None:
+        _check_plot(args.plot)
     return _pipeline_bench(
         args, "bench_charge", "load",
         rate=args.rate, seconds=args.seconds, outage_at=args.outage_at, outage_s=args.outage_s,
+        plot=args.plot,
     )  # fmt: skip
+
+
+def _check_plot(path: Path) -> None:
+    """Before a run: a ``--plot`` that could not be drawn is refused now, not after it."""
+    plots = _tool("plots")
+    if find_spec("matplotlib") is None:
+        raise CliError("--plot draws with matplotlib, which is missing: pip install '.[local]'")
+    try:
+        plots.check_target(path)
+    except plots.PlotTargetError as exc:
+        raise CliError(f"--plot: {exc}", EXIT_USAGE) from None
 
 
 def _bench_fairness(args: argparse.Namespace) -> int:

@@ -49,7 +49,15 @@ from projections.queue_health import read_health
 from projections.transactions import page_cursor, transactions
 from store.connections import Database
 
-__all__ = ["HealthProbe", "HealthServer", "health_app", "health_report", "health_thresholds"]
+__all__ = [
+    "FIGURES",
+    "HealthProbe",
+    "HealthServer",
+    "health_app",
+    "health_report",
+    "health_thresholds",
+    "render",
+]
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +298,8 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-_FIGURES = (
+# The figures the terminal shows (``render``, ``adapters.cli.health_watch``), in order.
+FIGURES = (
     ("backlog_metered", "backlog: metered"),
     ("backlog_reserved", "backlog: reserved"),
     ("backlog_charge_failed", "backlog: charge failed"),
@@ -321,8 +330,8 @@ def render(report: Mapping[str, Any]) -> str:
     if "backlog_reserved" not in report:
         return "\n".join(lines)
     lines.append("")
-    width = max(len(label) for _, label in _FIGURES)
-    for key, label in _FIGURES:
+    width = max(len(label) for _, label in FIGURES)
+    for key, label in FIGURES:
         value = report[key]
         shown = f"{value:.1f}" if isinstance(value, float) else str(value)
         lines.append(f"{label:<{width}}  {shown}")
