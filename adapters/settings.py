@@ -105,7 +105,11 @@ class Settings(BaseSettings):
     dlq_topic: str = DEFAULT_DLQ_TOPIC
     usage_partitions: int = Field(4, ge=1, description="partitions when creating the topic")
     ingest_group: str = "billing-ledger-ingest"
-    price_list: Path = DEFAULT_PRICE_LIST
+    price_list: Path = Field(
+        DEFAULT_PRICE_LIST,
+        description="the price file `migrate` starts the price book with (version 1, in force"
+        " from the epoch) when the ledger has none; later prices: `billing-ledger prices publish`",
+    )
     max_record_bytes: int = Field(DEFAULT_MAX_RECORD_BYTES, ge=256)
     dlq_max_message_bytes: int = Field(
         1_000_000,

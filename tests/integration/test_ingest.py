@@ -16,6 +16,7 @@ from kafka import KafkaConsumer, TopicPartition
 from adapters.bootstrap import build_ingest_worker, close_worker, open_ledger
 from adapters.settings import Settings
 from domain.ids import transaction_id
+from domain.price_book import PriceSchedule
 from domain.transaction import TxnState
 from projections.queue_health import read_health
 from store.connections import Database
@@ -204,9 +205,11 @@ def test_poison_records_go_to_the_dead_letter_topic_with_reasons_and_good_ones_a
 
 
 def test_a_record_whose_pricing_raises_unexpectedly_is_a_dead_letter_and_its_batch_is_recorded(
-    settings: Settings, ledger: BillingLedger
+    settings: Settings, ledger: BillingLedger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ledger.prices = FaultyPrices(ledger.prices.prices)  # raises for meter "faulty.meter"
+    schedule = PriceSchedule.initial(FaultyPrices(ledger.prices.latest.prices.prices))
+    ledger.prices = schedule  # raises for meter "faulty.meter", instead of the price book's
+    monkeypatch.setattr(ledger, "refresh_prices", lambda: schedule)
     faulty = json.loads(usage("bad").to_json()) | {"meter": "faulty.meter"}
     good = [usage(f"ok-{i}") for i in range(6)]
     messages = [(r.customer_id.encode(), r.to_json()) for r in good]
