@@ -1,7 +1,8 @@
 """The price book against a real PostgreSQL and broker: ``migrate`` starts it with the
 configured file, ``prices publish`` adds versions through the command line, a running
 ingest worker prices each record by the version in force when it occurred, picking up a
-new version without a restart."""
+new version without a restart, and the audit recomputes every amount from the version
+its record names."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -18,12 +20,14 @@ import pytest
 from adapters.bootstrap import build_ingest_worker, close_worker, migrate, open_ledger
 from adapters.settings import DEFAULT_PRICE_LIST, Settings
 from domain.ids import transaction_id
+from domain.metering import Metering
 from domain.price_book import EPOCH, PRICE_BOOK_ID
 from domain.pricing import PriceList
+from domain.transaction import BillingTransaction, Source
 from domain.usage import UsageRecord
 from store.ledger import BillingLedger
 from tests.conftest import settings_env
-from tests.integration.support import produce_records, wait_for
+from tests.integration.support import audit_findings, produce_records, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -180,3 +184,37 @@ def test_a_running_ingest_prices_by_the_version_in_force_when_the_usage_occurred
     assert priced("late-but-before") == (1, Decimal(100))
     assert priced("at-the-moment") == (2, Decimal(200))
     assert priced("after") == (2, Decimal(200))
+
+
+def test_the_audit_recomputes_each_amount_from_the_version_it_names(
+    settings: Settings, ingest_ledger: BillingLedger, tmp_path: Path
+) -> None:
+    ledger = ingest_ledger
+    prices = PriceList.from_toml(_price_file(tmp_path, "0.002").read_text())
+    ledger.publish_prices(prices, NEW_PRICE_AT)
+    ledger.record_usage(
+        [
+            Metering(_at("old-price", NEW_PRICE_AT - timedelta(days=1)), Source("usage", 0, 1)),
+            Metering(_at("new-price", NEW_PRICE_AT), Source("usage", 0, 2)),
+        ]
+    )
+    assert audit_findings(settings, ledger) == []
+
+    # A Metered event that names a version the book never published, and one whose
+    # amount is not its version's price x quantity (each on a transaction of its own).
+    schedule = ledger.refresh_prices()
+    made = [
+        BillingTransaction.from_usage(_at(usage_id, NEW_PRICE_AT), schedule, Source("usage", 0, i))
+        for i, usage_id in enumerate(("forged-version", "forged-amount"), start=3)
+    ]
+    forged_version = replace(made[0].collect_events()[0], price_version=9)
+    forged_amount = replace(made[1].collect_events()[0], amount=Decimal(100))
+    ledger.save(forged_version, forged_amount)
+
+    book = PRICE_BOOK_ID
+    price_findings = [f for f in audit_findings(settings, ledger) if f.startswith("price ")]
+    assert price_findings == [
+        f"price {made[0].id}: priced by price book {book} version 9, which does not exist",
+        f"price {made[1].id}: amount 100 USD, but price book {book} version 2 prices 1000 of"
+        " 'api.requests' at 200",
+    ]
