@@ -9,6 +9,12 @@ account or a transaction was written by someone else first), it reloads and
 re-decides, with events; a redelivered record then finds its transaction already recorded and
 is counted as a duplicate, with no second write.
 
+Usage is priced by the price book (``domain.price_book``) as the store has it:
+``decide`` asks ``refresh_prices`` first, one indexed read per batch (the aggregate
+cache's fast-forward of the book), and rebuilds what it prices by only when a version
+was published since; so a published version prices the next batch, in every process,
+without a restart. Before ``migrate`` started the book, the configured prices do.
+
 ``record_usage`` is ``decide`` then ``save_decided``; the ingest worker calls the two
 apart to save one batch on a writer thread while it decides the next on the state the
 first leaves (``decide(after=...)``; the rules are in ``adapters.ingest.worker``).
