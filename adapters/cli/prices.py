@@ -113,10 +113,10 @@ def _list(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from domain.money import format_money
 
+    if args.version is not None and args.at is not None:
+        raise CliError("give --at or --version, not both", EXIT_USAGE)
     schedule = _schedule()
     if args.version is not None:
-        if args.at is not None:
-            raise CliError("give --at or --version, not both", EXIT_USAGE)
         version = schedule.version(args.version)
         if version is None:
             raise CliError(
