@@ -22,6 +22,7 @@ first leaves (``decide(after=...)``; the rules are in ``adapters.ingest.worker``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -75,6 +76,8 @@ from store.schema import SNAPSHOTS_TABLE
 from store.snapshots import SealedSnapshotRecorder
 
 __all__ = ["BillingLedger", "ConcurrencyExhausted", "Decided"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -271,8 +274,21 @@ class BillingLedger(Application[UUID]):
         except AggregateNotFoundError:
             return self.prices
         if book.version != self._book_version:
+            if self._book_version is None:
+                self._warn_if_unpublished(book)
             self.prices, self._book_version = book.schedule, book.version
         return self.prices
+
+    def _warn_if_unpublished(self, book: PriceBook) -> None:
+        """Say so once when the configured price file is none of the book's versions: once
+        the book exists, editing the file changes no price (it must be published)."""
+        configured = self.configured.latest.prices
+        if all(v.prices != configured for v in book.versions):
+            log.warning(
+                "the configured price file (BILLING_LEDGER_PRICE_LIST) is not a version of"
+                " the price book: usage is priced by the book (`billing-ledger prices list`);"
+                " publish the file with `billing-ledger prices publish` to use it"
+            )
 
     def start_price_book(self, prices: PriceList) -> PriceVersion | None:
         """Start the price book with ``prices`` as version 1, effective from the epoch;

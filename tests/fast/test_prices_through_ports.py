@@ -3,8 +3,11 @@ exists, the book's versions from the next batch after each publication."""
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+
+import pytest
 
 from domain.ids import transaction_id
 from domain.metering import Metering
@@ -74,3 +77,28 @@ def test_a_newer_version_is_seen_by_a_ledger_that_already_read_the_book() -> Non
     second = writer.refresh_prices()
     assert second is not first
     assert [v.number for v in second.versions] == [1, 2]
+
+
+def test_a_configured_file_that_is_no_version_of_the_book_is_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ledger = memory_ledger()  # configured: the shipped file
+    ledger.start_price_book(CHEAP)  # the book started from another file
+    with caplog.at_level(logging.WARNING, logger="store.ledger"):
+        ledger.refresh_prices()
+        ledger.publish_prices(DEAR, T0)
+        ledger.refresh_prices()
+    [warning] = caplog.messages
+    assert warning.startswith(
+        "the configured price file (BILLING_LEDGER_PRICE_LIST) is not a version of the price book"
+    )
+    assert "`billing-ledger prices publish`" in warning
+
+
+def test_a_configured_file_the_book_holds_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    ledger = memory_ledger()
+    ledger.start_price_book(CHEAP)
+    ledger.publish_prices(ledger.configured.latest.prices, T0)  # an older version, later
+    with caplog.at_level(logging.WARNING, logger="store.ledger"):
+        assert ledger.refresh_prices().latest.number == 2
+    assert caplog.messages == []
