@@ -33,36 +33,48 @@ PriceVersions = Mapping[tuple[str | None, int], Mapping[str, Any]]
 def check_prices(txns: Iterable[TxnAudit], versions: PriceVersions) -> list[Finding]:
     """A finding for each transaction whose amount is not what the version it names
     prices (see the module docstring)."""
+    prices = {
+        (number, meter): Price(Decimal(spec["unit_price"]), spec["currency"], spec["per"])
+        for number, meters in versions.items()
+        for meter, spec in meters.items()
+    }  # each price parsed once: an audit checks millions of transactions
     findings: list[Finding] = []
     for txn in txns:
         if txn.priced_by is None:  # recorded before price books
             continue
-        problem = _price_problem(txn, txn.priced_by, versions)
+        price = prices.get((txn.priced_by, txn.meter))
+        problem: str | None
+        if price is None:
+            problem = _unpriced(txn, txn.priced_by, versions)
+        else:
+            problem = _amount_problem(txn, txn.priced_by, price)
         if problem is not None:
             findings.append(Finding("price", txn.transaction_id, problem))
     return findings
 
 
-def _price_problem(
-    txn: TxnAudit, priced_by: tuple[str | None, int], versions: PriceVersions
-) -> str | None:
-    named = f"price book {priced_by[0]} version {priced_by[1]}"
-    meters = versions.get(priced_by)
-    if meters is None:
-        return f"priced by {named}, which does not exist"
-    spec = meters.get(txn.meter)
-    if spec is None:
-        return f"priced by {named}, which has no price for meter {txn.meter!r}"
-    price = Price(Decimal(spec["unit_price"]), spec["currency"], spec["per"])
+def _named(priced_by: tuple[str | None, int]) -> str:
+    return f"price book {priced_by[0]} version {priced_by[1]}"
+
+
+def _unpriced(txn: TxnAudit, priced_by: tuple[str | None, int], versions: PriceVersions) -> str:
+    if priced_by not in versions:
+        return f"priced by {_named(priced_by)}, which does not exist"
+    return f"priced by {_named(priced_by)}, which has no price for meter {txn.meter!r}"
+
+
+def _amount_problem(txn: TxnAudit, priced_by: tuple[str | None, int], price: Price) -> str | None:
     if price.currency != txn.currency:
-        return f"in {txn.currency}, but {named} prices {txn.meter!r} in {price.currency}"
+        return (
+            f"in {txn.currency}, but {_named(priced_by)} prices {txn.meter!r} in {price.currency}"
+        )
     try:
         expected = price.exact_amount(Decimal(txn.quantity))
     except InvalidUsage as exc:
-        return f"{named} cannot price {txn.quantity} of {txn.meter!r}: {exc}"
+        return f"{_named(priced_by)} cannot price {txn.quantity} of {txn.meter!r}: {exc}"
     if expected != txn.amount:
         return (
-            f"amount {txn.amount:f} {txn.currency}, but {named} prices {txn.quantity}"
-            f" of {txn.meter!r} at {expected:f}"
+            f"amount {txn.amount:f} {txn.currency}, but {_named(priced_by)} prices"
+            f" {txn.quantity} of {txn.meter!r} at {expected:f}"
         )
     return None
