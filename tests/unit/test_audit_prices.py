@@ -27,7 +27,13 @@ MAPPER = memory_ledger().mapper
 def _book() -> PriceBook:
     book = PriceBook.start(PriceList({"api": Price(Decimal("0.001"), "USD")}))
     book.publish(
-        PriceList({"api": Price(Decimal("0.002"), "USD"), "gpu": Price(Decimal("2.5"), "EUR")}),
+        PriceList(
+            {
+                "api": Price(Decimal("0.002"), "USD"),
+                "gpu": Price(Decimal("2.5"), "EUR"),
+                "tokens": Price(Decimal("2.50"), "USD", per=1_000_000),
+            }
+        ),
         AT,
     )
     return book
@@ -81,7 +87,9 @@ def test_amounts_priced_by_the_versions_they_name_are_clean() -> None:
         _metered("b", AT - timedelta(seconds=1)),
         _metered("a", AT),
         _metered("g", AT, meter="gpu", quantity="3"),
+        _metered("t", AT, meter="tokens", quantity="2000"),
     ]
+    assert txns[-1].amount == Decimal("0.5")  # 2,000 x 2.50 USD / 1,000,000: the per counts
     assert check_prices(txns, VERSIONS) == []
 
 
