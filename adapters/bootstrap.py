@@ -37,6 +37,7 @@ from adapters.settings import Settings
 from adapters.stripe.client import StripeGateway
 from adapters.webhooks.app import webhook_server
 from adapters.webhooks.handler import WebhookHandler
+from domain.price_book import PriceVersion
 from projections import queue_health
 from projections.projector import Projector
 from store.connections import Database
@@ -103,12 +104,29 @@ def owner_database(settings: Settings) -> Database:
 
 
 def migrate(
-    settings: Settings, *, on_applied: Callable[[AppliedMigration], None] = lambda m: None
+    settings: Settings,
+    *,
+    on_applied: Callable[[AppliedMigration], None] = lambda m: None,
+    on_price_book: Callable[[PriceVersion], None] = lambda v: None,
 ) -> list[AppliedMigration]:
     """Apply the schema's pending migrations, each once (``store.migrations``), as the
     schema owner; then check the billing roles (``store.roles``: none may be more than
-    its grants) and give them the passwords of the settings. Returns the migrations this
-    call applied. The one place where DDL runs; safe to run concurrently."""
+    its grants) and give them the passwords of the settings. Then, when the ledger has
+    no price book yet, start it: the configured price file as version 1, effective from
+    the epoch (``on_price_book`` is told; PriceListError when the file is not valid).
+    Returns the migrations this call applied. The one place where DDL runs; safe to run
+    concurrently."""
+    applied = _apply_migrations(settings, on_applied)
+    with open_ledger(settings) as ledger:
+        started = ledger.start_price_book(settings.load_prices())
+    if started is not None:
+        on_price_book(started)
+    return applied
+
+
+def _apply_migrations(
+    settings: Settings, on_applied: Callable[[AppliedMigration], None]
+) -> list[AppliedMigration]:
     with owner_database(settings).dedicated(autocommit=True) as conn:
         applied = apply_migrations(
             conn,

@@ -113,7 +113,11 @@ class Settings(BaseSettings):
     ingest_group: str = Field(
         "billing-ledger-ingest", description="consumer group of the ingest processes"
     )
-    price_list: Path = Field(DEFAULT_PRICE_LIST, description="the price list (TOML)")
+    price_list: Path = Field(
+        DEFAULT_PRICE_LIST,
+        description="the price file `migrate` starts the price book with (version 1, in force"
+        " from the epoch) when the ledger has none; later prices: `billing-ledger prices publish`",
+    )
     max_record_bytes: int = Field(
         DEFAULT_MAX_RECORD_BYTES, ge=256, description="larger usage records are dead letters"
     )

@@ -7,7 +7,9 @@ by rebuilding the aggregate: an audit replays millions of events. The legal orde
 ``TxnAudit.apply`` repeats each ``@event`` method's effect on the state; the unit tests
 prove it agrees with the aggregate on every sequence.
 
-Findings are facts, not exceptions: an audit reports all of them.
+Findings are facts, not exceptions: an audit reports all of them. Each transaction's
+amount is recomputed from the price book version its Metered names in
+``domain.audit_prices`` (``priced_by`` below).
 """
 
 from __future__ import annotations
@@ -74,10 +76,13 @@ class TxnAudit:
     line_version: int | None = None
     line_sequence: int | None = None  # the acknowledged line sequence that charged it
     problems: tuple[str, ...] = ()  # a tuple: millions of these are built per audit
+    # The price book and version its Metered names; None before price books.
+    priced_by: tuple[str | None, int] | None = None
 
     @classmethod
     def metered(cls, transaction_id: str, data: Mapping[str, Any]) -> TxnAudit:
         """The transaction as its Metered event starts it."""
+        number = data.get("price_version")  # none in histories from before price books
         return cls(
             transaction_id,
             data["customer_id"],
@@ -87,6 +92,7 @@ class TxnAudit:
             Decimal(data["amount"]),  # an integer in histories from before exact amounts
             data["currency"],
             str(data["timestamp"]),
+            priced_by=None if number is None else (uuid_text(data["price_book_id"]), number),
         )
 
     def apply(self, name: str, data: Mapping[str, Any], version: int) -> None:

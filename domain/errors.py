@@ -5,7 +5,7 @@ BillingError
  +-- IllegalTransition     a lifecycle step not allowed from the current state
  |    +-- StaleOwner       a pusher whose claim of a partition is older than the newest
  +-- UnknownMeter          (also an InvalidUsage) no price for the meter
- +-- PriceListError        the price list itself is malformed
+ +-- PriceListError        a price list (or a price book version) is not valid
 """
 
 from __future__ import annotations
@@ -42,4 +42,4 @@ class StaleOwner(IllegalTransition):
 
 
 class PriceListError(BillingError):
-    """Raised when a price list file is malformed."""
+    """Raised when a price list, or a version published to the price book, is not valid."""

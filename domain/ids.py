@@ -20,6 +20,7 @@ __all__ = [
     "line_id",
     "line_push_id",
     "partition_claim_id",
+    "price_book_id",
     "transaction_id",
 ]
 
@@ -68,6 +69,7 @@ PUSH_NAMESPACE = UUID("8a6e2b1d-4c3f-5a07-9e58-1f2d7c6b0e94")
 INVOICE_NAMESPACE = UUID("5c0b9e7a-2d4f-5183-a6e2-7f3c1b8d9a05")
 CUSTOMER_NAMESPACE = UUID("e2a47c19-6b5d-5f30-8d1e-4c9a0f7b3e68")
 CLAIM_NAMESPACE = UUID("9b3d5e71-0c2a-5f48-b6d9-3e7a1c0f4b26")
+PRICE_BOOK_NAMESPACE = UUID("c4f2a9e8-1d6b-5e37-9a0c-7b5e3d2f8a61")
 
 
 def _key(*parts: str) -> str:
@@ -98,3 +100,8 @@ def customer_link_id(customer_id: str) -> UUID:
 def partition_claim_id(topic: str, partition: int) -> UUID:
     """The claims of one partition of a topic by the processes that consumed it."""
     return uuid5(CLAIM_NAMESPACE, _key(topic, str(partition)))
+
+
+def price_book_id() -> UUID:
+    """The ledger's one price book (``domain.price_book``: one for all currencies)."""
+    return uuid5(PRICE_BOOK_NAMESPACE, "prices")

@@ -44,6 +44,7 @@ from domain.ids import transaction_id
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine
 from domain.periods import Period, PeriodPolicy
+from domain.price_book import PriceSchedule
 from domain.pricing import PriceList
 from domain.transaction import BillingTransaction, Source
 from domain.usage import UsageRecord
@@ -93,7 +94,7 @@ class MeteringDecision:
 
 def meter_batch(
     batch: Sequence[Metering],
-    prices: PriceList,
+    prices: PriceList | PriceSchedule,
     *,
     load_account: AccountLoader,
     load_line: LineLoader,

@@ -44,6 +44,7 @@ from domain.metering import (
     refusal,
 )
 from domain.periods import Period, PeriodPolicy
+from domain.price_book import PriceSchedule
 from domain.pricing import PriceList
 from domain.transaction import BillingTransaction, TxnState
 
@@ -155,7 +156,7 @@ class MeteredBatch:
 
 def meter_batch_events(
     batch: Sequence[Metering],
-    prices: PriceList,
+    prices: PriceList | PriceSchedule,
     *,
     load_account: AccountLoader,
     load_line: LineLoader,

@@ -11,6 +11,7 @@ refused when it is loaded, not record by record.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -55,14 +56,26 @@ class PriceList:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise PriceListError(f"price list is not valid TOML: {exc}") from None
-        meters = data.get("meters")
-        if not isinstance(meters, dict) or not meters:
+        return cls.from_meters(data.get("meters"))
+
+    @classmethod
+    def from_meters(cls, meters: Any) -> PriceList:
+        """The ``[meters]`` table of a price list, checked by the same rules as a file
+        (``to_meters`` gives it back: a price book stores a version so)."""
+        if not isinstance(meters, Mapping) or not meters:
             raise PriceListError("price list has no [meters.NAME] tables")
         return cls({name: _parse_price(name, spec) for name, spec in meters.items()})
 
+    def to_meters(self) -> dict[str, dict[str, Any]]:
+        """The prices as a ``[meters]`` table: the unit price as decimal text."""
+        return {
+            name: {"unit_price": str(p.unit_price), "per": p.per, "currency": p.currency}
+            for name, p in self.prices.items()
+        }
+
 
 def _parse_price(name: str, spec: Any) -> Price:
-    if not isinstance(spec, dict):
+    if not isinstance(spec, Mapping):
         raise PriceListError(f"meter {name!r}: expected a table")
     try:
         unit_price = Decimal(str(spec["unit_price"]))

@@ -8,7 +8,9 @@
                 +--> Compensated  (refused: spend limit, ...)
      Charged --> Compensated  (operator reversal, with the Stripe reversal)
 
-``Metered`` keeps the exact amount (``Decimal`` minor units, never rounded). A
+``Metered`` keeps the exact amount (``Decimal`` minor units, never rounded) and names
+the price book version that priced it: the one in force when the usage occurred
+(``domain.price_book``; histories from before price books name the initial version). A
 transaction joins exactly one invoice line: its ``Reserved`` names the line (ingest
 saves it with the line's ``Settled`` in one atomic save); ``Charged`` names the line
 sequence Stripe acknowledged. Histories written before lines existed load through
@@ -33,6 +35,7 @@ from eventsourcing.domain import Aggregate, event
 
 from domain.errors import IllegalTransition, InvalidUsage
 from domain.ids import transaction_id
+from domain.price_book import INITIAL_VERSION, PRICE_BOOK_ID, PriceSchedule, as_schedule
 from domain.pricing import PriceList
 from domain.usage import UsageRecord
 
@@ -86,7 +89,7 @@ class BillingTransaction(Aggregate):
     """One usage record, priced, held against a limit, charged or compensated."""
 
     class Metered(Aggregate.Created):
-        class_version = 2
+        class_version = 3
         customer_id: str
         usage_id: str
         meter: str
@@ -97,10 +100,19 @@ class BillingTransaction(Aggregate):
         currency: str
         occurred_at: datetime
         source: str
+        price_book_id: UUID  # the price book version that priced it (v1, v2: none)
+        price_version: int
 
         @staticmethod
         def upcast_v1_v2(state: dict[str, Any]) -> None:
             state["amount"] = Decimal(state["amount"])
+
+        @staticmethod
+        def upcast_v2_v3(state: dict[str, Any]) -> None:
+            # Priced by the configured file before price books: the book's initial
+            # version (``domain.price_book``).
+            state["price_book_id"] = PRICE_BOOK_ID
+            state["price_version"] = INITIAL_VERSION
 
     class Reserved(Aggregate.Event):
         class_version = 2
@@ -146,15 +158,20 @@ class BillingTransaction(Aggregate):
 
     @classmethod
     def from_usage(
-        cls, record: UsageRecord, prices: PriceList, source: Source
+        cls, record: UsageRecord, prices: PriceList | PriceSchedule, source: Source
     ) -> BillingTransaction:
         """Price a valid usage record (raises InvalidUsage for an unknown meter/currency)."""
         return cls(**cls.metered_fields(record, prices, source))
 
     @staticmethod
-    def metered_fields(record: UsageRecord, prices: PriceList, source: Source) -> dict[str, Any]:
-        """The Metered event's fields for ``record``: the one place usage is priced."""
-        price = prices.price_of(record.meter)
+    def metered_fields(
+        record: UsageRecord, prices: PriceList | PriceSchedule, source: Source
+    ) -> dict[str, Any]:
+        """The Metered event's fields for ``record``: the one place usage is priced, by
+        the price book version in force when it occurred (a bare price list: the
+        initial version)."""
+        version = as_schedule(prices).price_at(record.occurred_at)
+        price = version.prices.price_of(record.meter)
         if record.currency is not None and record.currency.upper() != price.currency:
             raise InvalidUsage(
                 f"currency {record.currency!r} does not match meter {record.meter!r} "
@@ -171,6 +188,8 @@ class BillingTransaction(Aggregate):
             "currency": price.currency,
             "occurred_at": record.occurred_at,
             "source": str(source),
+            "price_book_id": version.book_id,
+            "price_version": version.number,
         }
 
     @event(Metered)
@@ -186,6 +205,8 @@ class BillingTransaction(Aggregate):
         currency: str,
         occurred_at: datetime,
         source: str,
+        price_book_id: UUID,
+        price_version: int,
     ) -> None:
         self.customer_id = customer_id
         self.usage_id = usage_id
@@ -197,6 +218,8 @@ class BillingTransaction(Aggregate):
         self.currency = currency
         self.occurred_at = occurred_at
         self.source = source
+        self.price_book_id = price_book_id
+        self.price_version = price_version
         self.state = TxnState.METERED
         self.account_id: UUID | None = None
         self.line_id: UUID | None = None

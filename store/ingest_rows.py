@@ -76,6 +76,8 @@ def transaction_rows(transactions: Sequence[NewTransaction], transcoder: Transco
             "currency": f["currency"],
             "occurred_at": _typed("datetime_iso", f["occurred_at"].isoformat()),
             "source": f["source"],
+            "price_book_id": _typed("uuid_hex", f["price_book_id"].hex),
+            "price_version": f["price_version"],
             "class_version": _METERED_VERSION,
         }
         reserved = {
@@ -98,7 +100,7 @@ def transaction_rows(transactions: Sequence[NewTransaction], transcoder: Transco
 
 _METERED_FIELDS = (
     "customer_id", "usage_id", "meter", "quantity", "unit_price", "per", "amount",
-    "currency", "occurred_at", "source",
+    "currency", "occurred_at", "source", "price_book_id", "price_version",
 )  # fmt: skip
 _RESERVED_FIELDS = ("account_id", "line_id", "line_version")
 

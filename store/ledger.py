@@ -9,6 +9,12 @@ account or a transaction was written by someone else first), it reloads and
 re-decides, with events; a redelivered record then finds its transaction already recorded and
 is counted as a duplicate, with no second write.
 
+Usage is priced by the price book (``domain.price_book``) as the store has it:
+``decide`` asks ``refresh_prices`` first, one indexed read per batch (the aggregate
+cache's fast-forward of the book), and rebuilds what it prices by only when a version
+was published since; so a published version prices the next batch, in every process,
+without a restart. Before ``migrate`` started the book, the configured prices do.
+
 ``record_usage`` is ``decide`` then ``save_decided``; the ingest worker calls the two
 apart to save one batch on a writer thread while it decides the next on the state the
 first leaves (``decide(after=...)``; the rules are in ``adapters.ingest.worker``).
@@ -16,6 +22,7 @@ first leaves (``decide(after=...)``; the rules are in ``adapters.ingest.worker``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -58,6 +65,7 @@ from domain.metering import Metering
 from domain.metering_events import MeteredBatch, meter_batch_events
 from domain.ownership import Claim, PartitionClaim
 from domain.periods import Period, PeriodPolicy
+from domain.price_book import PRICE_BOOK_ID, PriceBook, PriceSchedule, PriceVersion, as_schedule
 from domain.pricing import PriceList
 from domain.transaction import BillingTransaction
 from store.batch_reads import BatchReads
@@ -68,6 +76,8 @@ from store.schema import SNAPSHOTS_TABLE
 from store.snapshots import SealedSnapshotRecorder
 
 __all__ = ["BillingLedger", "ConcurrencyExhausted", "Decided"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -109,13 +119,17 @@ class BillingLedger(Application[UUID]):
 
     def __init__(
         self,
-        prices: PriceList,
+        prices: PriceList | PriceSchedule,
         env: dict[str, str] | None = None,
         *,
         periods: PeriodPolicy = MONTHLY,
     ) -> None:
         super().__init__(env)
-        self.prices = prices
+        # The configured prices price usage only while the store has no price book
+        # (``migrate`` publishes them as its version 1); ``refresh_prices`` switches.
+        self.configured = as_schedule(prices)
+        self.prices = self.configured
+        self._book_version: int | None = None
         self.periods = periods
         self.last_save = SaveStats(attempts=0, events=0)
 
@@ -155,7 +169,7 @@ class BillingLedger(Application[UUID]):
         reads = self._batch_reads(pending)
         decision = meter_batch_events(
             batch,
-            self.prices,
+            self.refresh_prices(),
             load_account=reads.account,
             load_line=reads.line,
             load_invoice=reads.invoice,
@@ -242,6 +256,68 @@ class BillingLedger(Application[UUID]):
         self._notify(recordings)
         self.notify(processing_event.events)  # deprecated hook, kept as the library has it
         return recordings
+
+    # -- prices ------------------------------------------------------------------------
+
+    def price_book(self) -> PriceBook | None:
+        """The price book, or None before ``migrate`` started it."""
+        found = self._get(PRICE_BOOK_ID)
+        return found if isinstance(found, PriceBook) else None
+
+    def refresh_prices(self) -> PriceSchedule:
+        """The prices to price usage by now: the price book's versions as the store has
+        them (the configured prices while it has no book). The check is the aggregate
+        cache's fast-forward: one indexed read of the events after the version already
+        known, so every batch sees a newly published version without a restart."""
+        try:
+            book: PriceBook = self.repository.get(PRICE_BOOK_ID, deepcopy_from_cache=False)
+        except AggregateNotFoundError:
+            return self.prices
+        if book.version != self._book_version:
+            if self._book_version is None:
+                self._warn_if_unpublished(book)
+            self.prices, self._book_version = book.schedule, book.version
+        return self.prices
+
+    def _warn_if_unpublished(self, book: PriceBook) -> None:
+        """Say so once when the configured price file is none of the book's versions: once
+        the book exists, editing the file changes no price (it must be published)."""
+        configured = self.configured.latest.prices
+        if all(v.prices != configured for v in book.versions):
+            log.warning(
+                "the configured price file (BILLING_LEDGER_PRICE_LIST) is not a version of"
+                " the price book: usage is priced by the book (`billing-ledger prices list`);"
+                " publish the file with `billing-ledger prices publish` to use it"
+            )
+
+    def start_price_book(self, prices: PriceList) -> PriceVersion | None:
+        """Start the price book with ``prices`` as version 1, effective from the epoch;
+        None when it exists already (a concurrent ``migrate`` may have started it)."""
+        if self.price_book() is not None:
+            return None
+        book = PriceBook.start(prices)
+        try:
+            self.save(book)
+        except IntegrityError:
+            return None
+        return book.versions[0]
+
+    def publish_prices(self, prices: PriceList, effective_from: datetime) -> PriceVersion:
+        """Publish ``prices`` as the book's next version (PriceListError, and nothing
+        recorded, when it is not valid). A book not started yet starts with it."""
+        for _ in range(self.max_attempts):
+            book = self.price_book()
+            if book is None:
+                book = PriceBook.start(prices, effective_from)
+                version = book.versions[0]
+            else:
+                version = book.publish(prices, effective_from)
+            try:
+                self.save(book)
+            except IntegrityError:
+                continue
+            return version
+        raise ConcurrencyExhausted("could not publish the prices: the price book kept changing")
 
     def set_spend_limit(self, customer_id: str, currency: str, spend_limit: int | None) -> None:
         """Set a customer's spend limit in one currency (None: unlimited)."""

@@ -30,6 +30,7 @@ from adapters.bootstrap import migrate, open_ledger
 from adapters.progress import Progress, step
 from adapters.settings import Settings
 from domain.audit import balances_of, check_balances, check_transactions
+from domain.audit_prices import check_prices
 from domain.metering import Metering
 from domain.transaction import BillingTransaction, Source, TxnState
 from domain.usage import UsageRecord
@@ -139,6 +140,7 @@ def _audit_replay(url: str) -> dict[str, Any]:
                 result.transactions.values(), now=datetime.now(UTC), horizon=timedelta(days=3650)
             )
         )
+        findings += len(check_prices(result.transactions.values(), result.prices))
         elapsed = time.perf_counter() - started
     states: dict[str, int] = {}
     for txn in result.transactions.values():

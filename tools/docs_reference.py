@@ -264,7 +264,7 @@ _USAGE_ACTION = {
     "not_object": "Mend the producer.",
     "unknown_currency": "Mend the producer (ISO 4217 codes only).",
     "currency_mismatch": "Send the meter's currency, or none; re-drive after the fix.",
-    "unknown_meter": "Add the meter to the price list (`PRICE_LIST`) and restart ingest,"
+    "unknown_meter": "Publish a price file that has the meter (`prices publish FILE`; no restart),"
     " then `dead-letters redrive --reason unknown_meter`.",
     "internal": "A bug: report it with the log line's traceback; re-drive once fixed.",
     "conflicting_duplicate": "The first record stays billed. Find why the producer reused"

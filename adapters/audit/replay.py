@@ -37,6 +37,7 @@ from domain.chain import GENESIS, ChainBreak, ChainLink, link_hash, link_problem
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.money import add_exact
+from domain.price_book import PriceBook
 from domain.transaction import BillingTransaction
 from store.schema import EVENTS_TABLE
 
@@ -59,6 +60,7 @@ ACCOUNT_TOPICS = get_topic(CustomerAccount.Opened).removesuffix("Opened")
 LINE_TOPICS = get_topic(InvoiceLine.Opened).removesuffix("Opened")
 PUSH_TOPICS = get_topic(LinePush.Opened).removesuffix("Opened")
 INVOICE_TOPICS = get_topic(Invoice.Opened).removesuffix("Opened")
+BOOK_PUBLISHED = get_topic(PriceBook.Published)
 HISTORY_COPY = sql.SQL(
     "COPY (SELECT uuid_send(originator_id), originator_version, topic, state, prev_hash, hash"
     " FROM {} ORDER BY notification_id) TO STDOUT (FORMAT BINARY)"
@@ -122,6 +124,8 @@ class Replay:
     # every reservation that took it past the limit in force at that event.
     committed: dict[tuple[str, str], Decimal] = field(default_factory=dict)
     overdrawn: list[Overdrawn] = field(default_factory=list)
+    # Every version of the price book: (book id, number) -> its [meters] table as stored.
+    prices: dict[tuple[str | None, int], Any] = field(default_factory=dict)
 
     def balances(self) -> dict[tuple[str, str], Balance]:
         return balances_of(self.transactions.values(), self.limits)
@@ -164,8 +168,11 @@ class _Aggregate:
 _SKIP = "skip"
 # Always decoded; other kinds only for an aggregate in scope.
 _ALWAYS = frozenset(
-    {"metered", "Opened", "LimitSet", "line:Opened", "push:Opened", "invoice:Opened"}
-)
+    {
+        "metered", "Opened", "LimitSet", "line:Opened", "push:Opened", "invoice:Opened",
+        "book:Published",
+    }
+)  # fmt: skip
 _WRAPPED = {
     "metered": ("quantity", "timestamp", "amount"),
     "ChargeFailed": ("next_attempt_at",),
@@ -261,6 +268,8 @@ def _kind(topic: str) -> str:
         return "line:" + topic[len(LINE_TOPICS) :]
     if topic.startswith(INVOICE_TOPICS):
         return "invoice:" + topic[len(INVOICE_TOPICS) :]
+    if topic == BOOK_PUBLISHED:
+        return "book:Published"
     if topic.startswith(PUSH_TOPICS) and not topic.endswith(".ItemPlanned"):
         return "push:" + topic[len(PUSH_TOPICS) :]
     return _SKIP  # planned items: nothing to recompute
@@ -272,6 +281,9 @@ def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
     data = orjson.loads(state)
     for key in _WRAPPED.get(kind, ()):
         data[key] = unwrap(data[key])
+    if kind == "book:Published":  # every version, whatever the scope: transactions name them
+        out.prices[_uuid_text(agg.id), data["number"]] = data["meters"]
+        return
     at = datetime.fromisoformat(unwrap(data["timestamp"])) if scope.partial else None
     if scope.as_of is not None and at is not None and at > scope.as_of:
         return

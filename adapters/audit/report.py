@@ -46,6 +46,7 @@ from domain.audit_invoices import (
     credited_transactions,
 )
 from domain.audit_lines import check_line_items, check_lines
+from domain.audit_prices import check_prices
 from store.connections import Database
 from store.eventlog import copy_log
 from store.snapshots import unsealed_snapshots
@@ -216,6 +217,7 @@ def _history_findings(
     findings += check_transactions(
         result.transactions.values(), now=datetime.now(UTC), horizon=horizon, failing_lines=failing
     )
+    findings += check_prices(result.transactions.values(), result.prices)
     return findings + check_balances(balances)
 
 

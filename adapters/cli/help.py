@@ -102,6 +102,19 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
         ("billing-ledger rebuild invoices", "billing-ledger rebuild --all"),
         f"BILLING_LEDGER_MIGRATE_DATABASE_URL (else {DB})",
     ),
+    "prices": (("billing-ledger prices list",), DB),
+    "prices publish": (
+        (
+            "billing-ledger prices publish prices.toml --effective-from 2027-01-01T00:00:00Z",
+            "billing-ledger prices publish prices.toml",
+        ),
+        DB,
+    ),
+    "prices list": (("billing-ledger prices list --json",), DB),
+    "prices show": (
+        ("billing-ledger prices show", "billing-ledger prices show --at 2026-12-01T00:00:00Z"),
+        DB,
+    ),
     "dead-letters": (("billing-ledger dead-letters list",), DB),
     "dead-letters list": (
         ("billing-ledger dead-letters list --reason unknown_meter --since 2026-12-04",),

@@ -119,6 +119,11 @@ def _migrate(args: argparse.Namespace) -> int:
     applied = migrate(
         settings,
         on_applied=lambda m: print(f"applied {m.label} in {m.duration_s:.2f} s", flush=True),
+        on_price_book=lambda v: print(
+            f"price book started: version {v.number} is {settings.price_list}"
+            f" ({len(v.prices.prices)} meters), in force from {v.effective_from.isoformat()}",
+            flush=True,
+        ),
     )
     status = schema_status(settings)
     done = f"{len(applied)} applied" if applied else "nothing to apply"

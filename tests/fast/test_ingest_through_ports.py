@@ -14,6 +14,7 @@ from kafka.errors import RebalanceInProgressError
 
 from adapters.ingest.worker import IngestWorker
 from domain.ids import transaction_id
+from domain.price_book import PriceSchedule
 from domain.transaction import TxnState
 from store.ledger import BillingLedger
 from tests.fast.fakes import (
@@ -90,7 +91,7 @@ def test_a_record_the_price_list_cannot_price_is_a_dead_letter_not_a_transaction
 
 def _faulty_ledger() -> BillingLedger:
     ledger = memory_ledger()
-    ledger.prices = FaultyPrices(ledger.prices.prices)
+    ledger.prices = PriceSchedule.initial(FaultyPrices(ledger.prices.latest.prices.prices))
     return ledger
 
 

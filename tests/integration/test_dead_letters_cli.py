@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer
 
-from adapters.bootstrap import build_ingest_worker, close_worker, open_ledger
+from adapters.bootstrap import build_ingest_worker, close_worker
 from adapters.settings import DEFAULT_PRICE_LIST, Settings
 from domain.ids import transaction_id
 from domain.transaction import TxnState
@@ -87,24 +87,27 @@ def test_a_letter_is_found_shown_and_re_driven_once_after_its_cause_is_fixed(
     assert "code            unknown_meter" in shown.stdout
     assert '"meter": "vision.images"' in shown.stdout and "payload_whole   True" in shown.stdout
 
-    # The price is added; the worker restarts with it; the letter is re-driven, twice.
+    # The price is published (in force from before the usage); the letter is re-driven,
+    # twice; the ledger that set it aside prices it, without a restart.
     prices = tmp_path / "prices.toml"
     prices.write_text(
         DEFAULT_PRICE_LIST.read_text()
         + '\n[meters."vision.images"]\nunit_price = "0.01"\nper = 1\ncurrency = "USD"\n'
     )
-    fixed = settings.model_copy(update={"price_list": prices})
-    env["BILLING_LEDGER_PRICE_LIST"] = str(prices)
+    published = _cli(
+        "prices", "publish", str(prices), "--effective-from", "2026-12-04T00:00:00Z", env=env
+    )
+    assert published.returncode == 0, published.stderr
     first = _cli("dead-letters", "redrive", "--reason", "unknown_meter", env=env)
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith(f"re-drove 1 letter(s) to {settings.usage_topic}")
     again = _cli("dead-letters", "redrive", image["letter"], env=env)
     assert again.stdout.startswith("re-drove 0 letter(s)")
     assert f"not re-driven: {image['letter']}: re-driven already at" in again.stdout
-    with open_ledger(fixed) as ledger:
-        _ingest(fixed, ledger, 1)
-        txn = ledger.transaction(transaction_id("acme", "img-1"))
-        assert txn.state is TxnState.RESERVED and txn.amount == 3  # 3 x 0.01 USD: 3 cents
+    _ingest(settings, ingest_ledger, 1)
+    txn = ingest_ledger.transaction(transaction_id("acme", "img-1"))
+    assert txn.state is TxnState.RESERVED and txn.amount == 3  # 3 x 0.01 USD: 3 cents
+    assert txn.price_version == 2
     assert sorted(metered_usage_ids(settings.database_url)) == ["img-1", "ok-1"]
 
     messages = _usage_topic(settings)

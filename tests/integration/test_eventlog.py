@@ -30,6 +30,6 @@ def test_batches_follow_numeric_xid_order_across_a_power_of_ten(settings: Settin
         read: list[str] = []
         position = START
         while rows := read_after(conn, position, limit=2):
-            read += [r.xid for r in rows]
+            read += [r.xid for r in rows if r.topic == "t"]  # not the price book's
             position = rows[-1].position
     assert read == ["98", "99", "100", "101"]

@@ -105,7 +105,9 @@ def test_the_reader_sees_read_models_and_health_but_not_the_history(
     with psycopg.connect(reader) as conn:
         conn.execute("SELECT * FROM billing.transactions LIMIT 1")
         conn.execute("SELECT * FROM billing.customer_balances LIMIT 1")
-        assert read_health(conn)["projector_behind"] == 0  # reads the history as its owner
+        # It reads the history as its owner: the price book migrate started (its Opened
+        # and Published) is there, not yet projected.
+        assert read_health(conn)["projector_behind"] == 2
     for statement in (
         "SELECT * FROM public.billingledger_events",
         "SELECT * FROM public.billingledger_snapshots",

@@ -9,7 +9,7 @@ field values (all but the wall-clock ``timestamp``), same accounts, same outcome
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -20,6 +20,7 @@ from domain.ids import transaction_id
 from domain.metering import Metering, meter_batch
 from domain.metering_events import meter_batch_events
 from domain.periods import PeriodPolicy
+from domain.price_book import PriceBook
 from domain.pricing import Price, PriceList
 from domain.transaction import BillingTransaction, Source, TxnState
 from domain.usage import UsageRecord
@@ -32,6 +33,7 @@ PRICES = PriceList(
     }
 )
 AT = datetime(2026, 12, 2, 10, 15, tzinfo=UTC)
+TICK = timedelta(microseconds=1)
 # No line exists yet: each batch opens the lines it needs (monthly periods).
 LINES: dict[str, Any] = {
     "load_line": lambda line_id: None,
@@ -188,3 +190,27 @@ def test_a_batch_of_only_recorded_records_yields_no_events_and_loads_no_account(
     assert (fast.transactions, fast.accounts, fast.transaction_events) == ([], [], [])
     assert fast.duplicates == batch
     assert loads == []
+
+
+def test_both_forms_price_each_record_by_the_version_in_force_when_it_occurred() -> None:
+    book = PriceBook.start(PRICES)
+    book.publish(PriceList({**PRICES.prices, "api.requests": Price(Decimal("0.02"), "USD")}), AT)
+    early = _usage("p-1", 10, offset=1)
+    early = Metering(early.record.model_copy(update={"occurred_at": AT - TICK}), early.source)
+    batch = [early, _usage("p-2", 10, offset=2)]
+    loader: Any = lambda customer_id, currency: None  # noqa: E731
+    reference = meter_batch(batch, book.schedule, load_account=loader, **LINES)
+    fast = meter_batch_events(batch, book.schedule, load_account=loader, **LINES)
+    assert [(t.price_version, t.amount) for t in reference.transactions] == [
+        (1, Decimal("10.00")),
+        (2, Decimal("20.00")),
+    ]
+    assert [(t.fields["price_version"], t.amount) for t in fast.transactions] == [
+        (1, Decimal("10.00")),
+        (2, Decimal("20.00")),
+    ]
+    assert [_fields(e) for e in fast.transaction_events] == [
+        _fields(e) for t in reference.transactions for e in t.pending_events
+    ]
+    (line,) = fast.lines
+    assert line.exact_total == Decimal("30.00")  # one line: the same meter and period

@@ -14,6 +14,7 @@ from eventsourcing.persistence import JSONTranscoder, Mapper
 
 from domain.account import CustomerAccount
 from domain.ids import account_id, transaction_id
+from domain.price_book import PRICE_BOOK_ID
 from domain.transaction import BillingTransaction
 from store.recorder import OrjsonTranscoder
 
@@ -66,6 +67,8 @@ def test_the_ledgers_events_are_stored_byte_for_byte_as_before() -> None:
         currency="USD",
         occurred_at=AT,
         source="usage/0@41",
+        price_book_id=PRICE_BOOK_ID,
+        price_version=2,
     )
     txn.reserve(account_id("acme", "USD"))
     account = CustomerAccount.open("acme", "USD", 250)

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from domain.errors import IllegalTransition, InvalidUsage, UnknownMeter
 from domain.ids import account_id, transaction_id
+from domain.price_book import PRICE_BOOK_ID, PriceBook
 from domain.pricing import Price, PriceList
 from domain.transaction import BillingTransaction, Source, TxnState
 from domain.usage import UsageRecord
@@ -26,6 +27,8 @@ PRICES = PriceList(
 SOURCE = Source(topic="usage", partition=3, offset=42)
 AT = datetime(2026, 12, 2, 10, 15, tzinfo=UTC)
 RETRY_AT = AT + timedelta(seconds=30)
+THREE_DAYS = timedelta(days=3)
+TICK = timedelta(microseconds=1)
 ACCOUNT = account_id("acme", "USD")
 
 
@@ -106,6 +109,45 @@ def test_from_usage_prices_the_record_and_records_its_source() -> None:
     assert txn.state is TxnState.METERED
     assert (txn.account_id, txn.attempts, txn.compensation_reason) == (None, 0, None)
     assert _event_names(txn) == ["Metered"]
+
+
+def test_from_usage_names_the_initial_version_when_given_a_bare_price_list() -> None:
+    txn = _metered()
+    assert (txn.price_book_id, txn.price_version) == (PRICE_BOOK_ID, 1)
+    assert txn.pending_events[0].price_version == 1  # type: ignore[attr-defined]
+
+
+def _at(moment: datetime, usage_id: str = "req-1") -> UsageRecord:
+    return _record(usage_id=usage_id).model_copy(update={"occurred_at": moment})
+
+
+def test_from_usage_prices_by_the_version_in_force_when_the_usage_occurred() -> None:
+    book = PriceBook.start(PRICES)
+    book.publish(PriceList({"api.requests": Price(Decimal("0.002"), "USD")}), AT)
+    book.publish(PriceList({"api.requests": Price(Decimal("0.004"), "EUR")}), AT + THREE_DAYS)
+    schedule = book.schedule
+    before = BillingTransaction.from_usage(_at(AT - TICK), schedule, SOURCE)
+    at = BillingTransaction.from_usage(_at(AT), schedule, SOURCE)
+    later = BillingTransaction.from_usage(_at(AT + THREE_DAYS), schedule, SOURCE)
+    assert (before.price_version, before.unit_price, before.amount) == (1, Decimal("0.001"), 150)
+    assert (at.price_version, at.unit_price, at.amount, at.currency) == (
+        2, Decimal("0.002"), 300, "USD",
+    )  # fmt: skip
+    assert (later.price_version, later.unit_price, later.amount, later.currency) == (
+        3, Decimal("0.004"), 600, "EUR",
+    )  # fmt: skip
+    assert {before.price_book_id, at.price_book_id, later.price_book_id} == {PRICE_BOOK_ID}
+    fields = BillingTransaction.metered_fields(_at(AT), schedule, SOURCE)
+    assert list(fields)[-2:] == ["price_book_id", "price_version"]
+    assert (fields["price_book_id"], fields["price_version"]) == (PRICE_BOOK_ID, 2)
+
+
+def test_from_usage_rejects_a_meter_the_version_in_force_does_not_have() -> None:
+    book = PriceBook.start(PRICES)
+    book.publish(PriceList({"other": Price(Decimal("1"), "USD")}), AT)
+    assert BillingTransaction.from_usage(_at(AT - TICK), book.schedule, SOURCE).amount == 150
+    with pytest.raises(UnknownMeter, match=r"^unknown meter 'api\.requests'$"):
+        BillingTransaction.from_usage(_at(AT), book.schedule, SOURCE)
 
 
 def test_from_usage_applies_the_per_unit_of_the_price() -> None:

@@ -1,4 +1,5 @@
-"""Histories written before exact amounts and invoice lines still load (``class_version``).
+"""Histories written before exact amounts, invoice lines and price books still load
+(``class_version``).
 
 The stored JSON below is what the previous version of the ledger wrote (no
 ``class_version``: version 1): an integer amount rounded per record, a ``Reserved``
@@ -8,6 +9,7 @@ integer reservations.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from decimal import Decimal
 from uuid import uuid4
 
@@ -15,7 +17,10 @@ import orjson
 from eventsourcing.persistence import StoredEvent
 
 from domain.account import CustomerAccount
-from domain.transaction import BillingTransaction, TxnState
+from domain.price_book import INITIAL_VERSION, PRICE_BOOK_ID, PriceBook
+from domain.pricing import Price, PriceList
+from domain.transaction import BillingTransaction, Source, TxnState
+from domain.usage import UsageRecord
 from tests.fast.fakes import memory_ledger
 
 TXN = "domain.transaction:BillingTransaction."
@@ -27,20 +32,23 @@ def _stored(originator: object, version: int, topic: str, state: dict[str, objec
     return StoredEvent(originator, version, topic, orjson.dumps({"timestamp": AT, **state}))
 
 
+V1_METERED = {
+    "originator_topic": TXN.rstrip("."),
+    "customer_id": "acme",
+    "usage_id": "old-1",
+    "meter": "api.requests",
+    "quantity": {"_type_": "decimal_str", "_data_": "250"},
+    "unit_price": {"_type_": "decimal_str", "_data_": "0.001"},
+    "per": 1,
+    "amount": 25,
+    "currency": "USD",
+    "occurred_at": AT,
+    "source": "usage/0@1",
+}
+
+
 def _v1_transaction(txn_id: object, account: object) -> list[StoredEvent]:
-    metered = {
-        "originator_topic": TXN.rstrip("."),
-        "customer_id": "acme",
-        "usage_id": "old-1",
-        "meter": "api.requests",
-        "quantity": {"_type_": "decimal_str", "_data_": "250"},
-        "unit_price": {"_type_": "decimal_str", "_data_": "0.001"},
-        "per": 1,
-        "amount": 25,
-        "currency": "USD",
-        "occurred_at": AT,
-        "source": "usage/0@1",
-    }
+    metered = V1_METERED
     return [
         _stored(txn_id, 1, TXN + "Metered", metered),
         _stored(
@@ -115,3 +123,58 @@ def test_a_version_1_account_loads_its_integer_reservations_exactly() -> None:
     reserved = ledger.history(account_id)[1]
     assert isinstance(reserved, CustomerAccount.AmountsReserved)
     assert reserved.amounts == ["25", "100"]
+
+
+def _v2_metered(txn_id: object) -> StoredEvent:
+    """A Metered event as the ledger stored it before price books (``class_version`` 2:
+    an exact amount, no price version)."""
+    exact = {"_type_": "decimal_str", "_data_": "25.0"}
+    metered = {**V1_METERED, "usage_id": "v2-1", "amount": exact, "class_version": 2}
+    return _stored(txn_id, 1, TXN + "Metered", metered)
+
+
+def test_a_metered_event_from_before_price_books_loads_naming_the_initial_version() -> None:
+    ledger = memory_ledger()
+    txn_id = uuid4()
+    metered = ledger.mapper.to_domain_event(_v2_metered(txn_id))
+    assert isinstance(metered, BillingTransaction.Metered)
+    assert (metered.price_book_id, metered.price_version) == (PRICE_BOOK_ID, 1)
+    assert metered.amount == Decimal("25.0")
+    ledger.recorder.insert_events([_v2_metered(txn_id)])
+    txn = ledger.transaction(txn_id)
+    assert (txn.price_book_id, txn.price_version) == (PRICE_BOOK_ID, INITIAL_VERSION)
+
+
+def test_a_version_1_metered_event_names_the_initial_version_too() -> None:
+    ledger = memory_ledger()
+    txn_id, account = uuid4(), uuid4()
+    metered = ledger.mapper.to_domain_event(_v1_transaction(txn_id, account)[0])
+    assert isinstance(metered, BillingTransaction.Metered)
+    assert (metered.price_book_id, metered.price_version, metered.amount) == (
+        PRICE_BOOK_ID,
+        1,
+        Decimal(25),
+    )
+
+
+def test_a_metered_event_recorded_now_keeps_the_version_that_priced_it() -> None:
+    ledger = memory_ledger()
+    book = PriceBook.start(PriceList({"api.requests": Price(Decimal("0.001"), "USD")}))
+    book.publish(
+        PriceList({"api.requests": Price(Decimal("0.002"), "USD")}),
+        datetime(2026, 11, 1, tzinfo=UTC),
+    )
+    record = UsageRecord.model_validate(
+        {"customer_id": "acme", "usage_id": "now-1", "meter": "api.requests",
+         "quantity": "250", "occurred_at": "2026-12-01T10:00:00Z"}
+    )  # fmt: skip
+    txn = BillingTransaction.from_usage(record, book.schedule, Source("usage", 0, 3))
+    ledger.save(txn)
+    stored = ledger.recorder.select_events(txn.id)[0]
+    assert orjson.loads(stored.state)["class_version"] == 3
+    loaded = ledger.transaction(txn.id)
+    assert (loaded.price_book_id, loaded.price_version, loaded.amount) == (
+        PRICE_BOOK_ID,
+        2,
+        Decimal("50.000"),
+    )

@@ -1,0 +1,174 @@
+"""``billing-ledger prices``: the price book (``domain.price_book``) — publish a price file
+as its next version, list the versions, show the one in force at a moment.
+
+A published version is priced by the ingest workers from their next batch on, without a
+restart. It prices the usage *recorded after it is published* whose time (``occurred_at``)
+is at or after its ``effective_from``; usage already recorded keeps the price of the
+version its ``Metered`` event names (re-pricing recorded usage is not supported yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from adapters.cli.args import EXIT_USAGE, CliError, Parser, positive_int, timestamp
+from adapters.cli.output import print_table
+
+if TYPE_CHECKING:
+    from domain.price_book import PriceSchedule
+
+__all__ = ["add_commands"]
+
+_PUBLISH_HELP = (
+    "publish a price file (the format of infra/prices.example.toml) as the price book's"
+    " next version. It prices usage recorded after it is published whose occurred_at is"
+    " at or after --effective-from; usage already recorded keeps the price it was"
+    " recorded with (re-pricing past usage is not yet supported)."
+)
+
+
+def add_commands(sub: Any) -> None:
+    prices = sub.add_parser(
+        "prices",
+        help="the price book: publish a price file as a version, list versions, show one",
+        description="The price book: every price list the ledger prices usage by, as"
+        " numbered versions each in force from a moment. Each usage record is priced by"
+        " the version in force when it occurred, and its transaction names that version.",
+    )
+    cmds = prices.add_subparsers(dest="prices_command", required=True, parser_class=Parser)
+    publish = cmds.add_parser(
+        "publish",
+        help="publish a price file as the next version (past usage is not re-priced)",
+        description=textwrap.fill(
+            _PUBLISH_HELP, 88, break_on_hyphens=False
+        ),  # the epilog's formatter keeps lines
+    )
+    publish.add_argument("file", type=Path, help="the price file (TOML: [meters.NAME] tables)")
+    publish.add_argument(
+        "--effective-from",
+        type=timestamp,
+        help="the instant it takes effect (ISO 8601; without an offset, UTC; default: now)",
+    )
+    publish.set_defaults(handler=_publish)
+    listed = cmds.add_parser("list", help="every version: number, effective from, meters")
+    listed.add_argument("--json", action="store_true")
+    listed.set_defaults(handler=_list)
+    shown = cmds.add_parser("show", help="the prices of the version in force at a moment")
+    shown.add_argument(
+        "--at", type=timestamp, help="the moment (ISO 8601; default: now): its version's prices"
+    )
+    shown.add_argument("--version", type=positive_int, help="this version instead, by number")
+    shown.add_argument("--json", action="store_true")
+    shown.set_defaults(handler=_show)
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from adapters.bootstrap import open_ledger
+    from adapters.settings import Settings
+    from domain.errors import PriceListError
+    from domain.pricing import PriceList
+
+    file: Path = args.file
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"cannot read the price file {file}: {exc}", EXIT_USAGE) from None
+    effective_from: datetime = args.effective_from or datetime.now(UTC)
+    try:
+        prices = PriceList.from_toml(text)
+    except PriceListError as exc:
+        raise CliError(f"{file}: {exc}; nothing was published", EXIT_USAGE) from None
+    with open_ledger(Settings()) as ledger:
+        version = ledger.publish_prices(prices, effective_from)
+    print(
+        f"published price book version {version.number}, in force from"
+        f" {version.effective_from.isoformat()} ({len(prices.prices)} meters)"
+    )
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    schedule = _schedule()
+    rows = [
+        {
+            "version": v.number,
+            "effective_from": v.effective_from.isoformat(),
+            "meters": len(v.prices.prices),
+            "currencies": ", ".join(sorted({p.currency for p in v.prices.prices.values()})),
+        }
+        for v in schedule.versions
+    ]
+    if args.json:
+        print(json.dumps({"price_book_id": str(schedule.book_id), "versions": rows}, indent=2))
+    else:
+        print_table(rows, ["version", "effective_from", "meters", "currencies"])
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from domain.money import format_money
+
+    if args.version is not None and args.at is not None:
+        raise CliError("give --at or --version, not both", EXIT_USAGE)
+    schedule = _schedule()
+    if args.version is not None:
+        version = schedule.version(args.version)
+        if version is None:
+            raise CliError(
+                f"the price book has no version {args.version}: it has 1 to"
+                f" {len(schedule.versions)} (`billing-ledger prices list`)",
+                EXIT_USAGE,
+            )
+    else:
+        version = schedule.price_at(args.at or datetime.now(UTC))
+    if args.json:
+        body = {
+            "price_book_id": str(schedule.book_id),
+            "version": version.number,
+            "effective_from": version.effective_from.isoformat(),
+            "meters": version.prices.to_meters(),  # unit prices in major units, as in a file
+        }
+        print(json.dumps(body, indent=2))
+        return 0
+    print(
+        f"price book version {version.number}, in force from {version.effective_from.isoformat()}"
+    )
+    rows = [
+        {
+            "meter": name,
+            "price": format_money(
+                price.unit_price.scaleb(_exponent(price.currency)), price.currency
+            ),
+            "per": f"{price.per:,}",
+        }
+        for name, price in sorted(version.prices.prices.items())
+    ]
+    print_table(rows, ["meter", "price", "per"])
+    return 0
+
+
+def _exponent(currency: str) -> int:
+    from domain.money import CURRENCY_EXPONENTS
+
+    return CURRENCY_EXPONENTS.get(currency, 2)
+
+
+def _schedule() -> PriceSchedule:
+    """The price book's versions, read as the writer (the book is events: no table)."""
+    from adapters.bootstrap import open_ledger
+    from adapters.settings import Settings
+
+    with open_ledger(Settings()) as ledger:
+        book = ledger.price_book()
+    if book is None:
+        raise CliError(
+            "the ledger has no price book yet: `billing-ledger migrate` starts it with the"
+            " configured price file (BILLING_LEDGER_PRICE_LIST)",
+            EXIT_USAGE,
+        )
+    return book.schedule

@@ -1,0 +1,80 @@
+"""The audit of prices (DESIGN I12): every amount recomputed from the version that priced it.
+
+A ``Metered`` event names the price book version that priced it (``domain.price_book``).
+The audit folds the book's ``Published`` events into the versions they hold (as stored:
+each a price file's ``[meters]`` table) and recomputes every transaction's exact amount
+from the version it names: quantity x that version's price of its meter, exact, in its
+currency. A version that does not exist, a meter or currency it does not price, and an
+amount other than its price x quantity are findings (kind ``price``).
+
+Metered events recorded before price books existed (stored ``class_version`` 1 or 2)
+name no version in what was stored; they load naming the initial version, but the
+audit does not check them against it: they were priced by the price file configured
+when they were recorded, which the ledger did not record, and version 1 is the file
+configured when the book was started (the same one unless it was changed in between).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from decimal import Decimal
+from typing import Any
+
+from domain.audit import Finding, TxnAudit
+from domain.errors import InvalidUsage
+from domain.pricing import Price
+
+__all__ = ["PriceVersions", "check_prices"]
+
+PriceVersions = Mapping[tuple[str | None, int], Mapping[str, Any]]
+"""The book's versions as stored: (book id, version number) -> its ``[meters]`` table."""
+
+
+def check_prices(txns: Iterable[TxnAudit], versions: PriceVersions) -> list[Finding]:
+    """A finding for each transaction whose amount is not what the version it names
+    prices (see the module docstring)."""
+    prices = {
+        (number, meter): Price(Decimal(spec["unit_price"]), spec["currency"], spec["per"])
+        for number, meters in versions.items()
+        for meter, spec in meters.items()
+    }  # each price parsed once: an audit checks millions of transactions
+    findings: list[Finding] = []
+    for txn in txns:
+        if txn.priced_by is None:  # recorded before price books
+            continue
+        price = prices.get((txn.priced_by, txn.meter))
+        problem: str | None
+        if price is None:
+            problem = _unpriced(txn, txn.priced_by, versions)
+        else:
+            problem = _amount_problem(txn, txn.priced_by, price)
+        if problem is not None:
+            findings.append(Finding("price", txn.transaction_id, problem))
+    return findings
+
+
+def _named(priced_by: tuple[str | None, int]) -> str:
+    return f"price book {priced_by[0]} version {priced_by[1]}"
+
+
+def _unpriced(txn: TxnAudit, priced_by: tuple[str | None, int], versions: PriceVersions) -> str:
+    if priced_by not in versions:
+        return f"priced by {_named(priced_by)}, which does not exist"
+    return f"priced by {_named(priced_by)}, which has no price for meter {txn.meter!r}"
+
+
+def _amount_problem(txn: TxnAudit, priced_by: tuple[str | None, int], price: Price) -> str | None:
+    if price.currency != txn.currency:
+        return (
+            f"in {txn.currency}, but {_named(priced_by)} prices {txn.meter!r} in {price.currency}"
+        )
+    try:
+        expected = price.exact_amount(Decimal(txn.quantity))
+    except InvalidUsage as exc:
+        return f"{_named(priced_by)} cannot price {txn.quantity} of {txn.meter!r}: {exc}"
+    if expected != txn.amount:
+        return (
+            f"amount {txn.amount:f} {txn.currency}, but {_named(priced_by)} prices"
+            f" {txn.quantity} of {txn.meter!r} at {expected:f}"
+        )
+    return None

@@ -1,0 +1,220 @@
+"""The price book against a real PostgreSQL and broker: ``migrate`` starts it with the
+configured file, ``prices publish`` adds versions through the command line, a running
+ingest worker prices each record by the version in force when it occurred, picking up a
+new version without a restart, and the audit recomputes every amount from the version
+its record names."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from adapters.bootstrap import build_ingest_worker, close_worker, migrate, open_ledger
+from adapters.settings import DEFAULT_PRICE_LIST, Settings
+from domain.ids import transaction_id
+from domain.metering import Metering
+from domain.price_book import EPOCH, PRICE_BOOK_ID
+from domain.pricing import PriceList
+from domain.transaction import BillingTransaction, Source
+from domain.usage import UsageRecord
+from store.ledger import BillingLedger
+from tests.conftest import settings_env
+from tests.integration.support import audit_findings, produce_records, wait_for
+
+pytestmark = pytest.mark.integration
+
+CLI = [sys.executable, "-m", "adapters.cli"]
+NEW_PRICE_AT = datetime(2026, 12, 3, tzinfo=UTC)
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+def _price_file(tmp_path: Path, api_requests: str) -> Path:
+    """The shipped price file with another price of ``api.requests``."""
+    text = DEFAULT_PRICE_LIST.read_text(encoding="utf-8")
+    path = tmp_path / f"prices-{api_requests}.toml"
+    path.write_text(text.replace('unit_price = "0.001"', f'unit_price = "{api_requests}"'))
+    assert PriceList.from_toml(path.read_text()).price_of("api.requests").unit_price == Decimal(
+        api_requests
+    )
+    return path
+
+
+def test_migrate_starts_the_book_with_the_configured_file_once(settings: Settings) -> None:
+    migrate(settings)
+    migrate(settings)  # again: the book is there, nothing is published twice
+    with open_ledger(settings) as ledger:
+        book = ledger.price_book()
+    assert book is not None
+    assert book.id == PRICE_BOOK_ID
+    assert [(v.number, v.effective_from) for v in book.versions] == [(1, EPOCH)]
+    assert book.versions[0].prices == settings.load_prices()
+
+
+def test_prices_publish_list_and_show_through_the_command_line(
+    settings: Settings, tmp_path: Path
+) -> None:
+    env = settings_env(settings)
+    migrated = _cli(env, "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    assert "price book started: version 1 is " in migrated.stdout
+
+    published = _cli(
+        env, "prices", "publish", str(_price_file(tmp_path, "0.002")),
+        "--effective-from", "2027-01-01T00:00:00Z",
+    )  # fmt: skip
+    assert published.returncode == 0, published.stderr
+    assert published.stdout == (
+        "published price book version 2, in force from 2027-01-01T00:00:00+00:00 (8 meters)\n"
+    )
+
+    listed = _cli(env, "prices", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    versions = json.loads(listed.stdout)["versions"]
+    assert [(v["version"], v["effective_from"], v["meters"]) for v in versions] == [
+        (1, "1970-01-01T00:00:00+00:00", 8),
+        (2, "2027-01-01T00:00:00+00:00", 8),
+    ]
+    assert versions[0]["currencies"] == "EUR, USD"
+
+    before = _cli(env, "prices", "show", "--at", "2026-12-31T23:59:59Z")
+    assert before.stdout.splitlines()[0] == (
+        "price book version 1, in force from 1970-01-01T00:00:00+00:00"
+    )
+    header, *rows = before.stdout.splitlines()[1:]
+    assert header.split() == ["meter", "price", "per"]
+    table = {row.split()[0]: row.split()[1:] for row in rows}
+    assert table["api.requests"] == ["0.001", "USD", "1"]  # format_money, in major units
+    assert table["gpt-4o.input_tokens"] == ["2.50", "USD", "1,000,000"]
+    assert table["eu.gpu.h100.seconds"] == ["0.0025", "EUR", "1"]
+    assert len(table) == 8
+    at = _cli(env, "prices", "show", "--at", "2027-01-01T00:00:00Z", "--json")
+    shown = json.loads(at.stdout)
+    assert (shown["version"], shown["meters"]["api.requests"]["unit_price"]) == (2, "0.002")
+
+
+def test_an_invalid_price_file_is_refused_with_its_reason_and_nothing_published(
+    settings: Settings, tmp_path: Path
+) -> None:
+    migrate(settings)
+    env = settings_env(settings)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[meters."api.requests"]\nunit_price = "0.01"\ncurrency = "USD"\nper = 3\n')
+    refused = _cli(env, "prices", "publish", str(bad))
+    assert refused.returncode == 2
+    assert refused.stderr.startswith(
+        f"billing-ledger: error: {bad}: meter 'api.requests': one unit cannot be priced: "
+    )
+    assert refused.stderr.endswith("; nothing was published\n")
+    missing = _cli(env, "prices", "publish", str(tmp_path / "none.toml"))
+    assert missing.returncode == 2
+    assert missing.stderr.startswith("billing-ledger: error: cannot read the price file ")
+    unknown = _cli(env, "prices", "show", "--version", "7")
+    assert (unknown.returncode, unknown.stderr) == (
+        2,
+        "billing-ledger: error: the price book has no version 7: it has 1 to 1"
+        " (`billing-ledger prices list`)\n",
+    )
+    with open_ledger(settings) as ledger:
+        book = ledger.price_book()
+    assert book is not None and len(book.versions) == 1
+
+
+def _at(usage_id: str, occurred_at: datetime) -> UsageRecord:
+    return UsageRecord(
+        usage_id=usage_id,
+        customer_id="acme",
+        meter="api.requests",
+        quantity=Decimal(1000),
+        occurred_at=occurred_at,
+    )
+
+
+def test_a_running_ingest_prices_by_the_version_in_force_when_the_usage_occurred(
+    settings: Settings, ingest_ledger: BillingLedger, tmp_path: Path
+) -> None:
+    worker = build_ingest_worker(settings, ingest_ledger)
+    stop = threading.Event()
+    runner = threading.Thread(target=worker.run, args=(stop,))
+    runner.start()
+    try:
+        produce_records(settings, [_at("first", NEW_PRICE_AT + timedelta(seconds=1))])
+        wait_for(lambda: worker.stats.records == 1, what="the first record")
+
+        # Published by another process while the worker runs, for a moment in the past.
+        with open_ledger(settings) as publisher:
+            prices = PriceList.from_toml(_price_file(tmp_path, "0.002").read_text())
+            assert publisher.publish_prices(prices, NEW_PRICE_AT).number == 2
+
+        produce_records(
+            settings,
+            [
+                _at("late-but-before", NEW_PRICE_AT - timedelta(seconds=1)),
+                _at("at-the-moment", NEW_PRICE_AT),
+                _at("after", NEW_PRICE_AT + timedelta(hours=1)),
+            ],
+        )
+        wait_for(lambda: worker.stats.records == 4, what="the records after the new version")
+    finally:
+        stop.set()
+        runner.join(30)
+        close_worker(worker)
+    assert not runner.is_alive()
+
+    def priced(usage_id: str) -> tuple[int, Decimal]:
+        txn = ingest_ledger.transaction(transaction_id("acme", usage_id))
+        assert txn.price_book_id == PRICE_BOOK_ID
+        return txn.price_version, txn.amount
+
+    # Recorded before the version was published: it keeps version 1 (no re-pricing).
+    assert priced("first") == (1, Decimal(100))  # 1,000 x 0.001 USD = 100 cents
+    # Arrived after the new version, but occurred before its moment: the old price.
+    assert priced("late-but-before") == (1, Decimal(100))
+    assert priced("at-the-moment") == (2, Decimal(200))
+    assert priced("after") == (2, Decimal(200))
+
+
+def test_the_audit_recomputes_each_amount_from_the_version_it_names(
+    settings: Settings, ingest_ledger: BillingLedger, tmp_path: Path
+) -> None:
+    ledger = ingest_ledger
+    prices = PriceList.from_toml(_price_file(tmp_path, "0.002").read_text())
+    ledger.publish_prices(prices, NEW_PRICE_AT)
+    ledger.record_usage(
+        [
+            Metering(_at("old-price", NEW_PRICE_AT - timedelta(days=1)), Source("usage", 0, 1)),
+            Metering(_at("new-price", NEW_PRICE_AT), Source("usage", 0, 2)),
+        ]
+    )
+    assert audit_findings(settings, ledger) == []
+
+    # A Metered event that names a version the book never published, and one whose
+    # amount is not its version's price x quantity (each on a transaction of its own).
+    schedule = ledger.refresh_prices()
+    made = [
+        BillingTransaction.from_usage(_at(usage_id, NEW_PRICE_AT), schedule, Source("usage", 0, i))
+        for i, usage_id in enumerate(("forged-version", "forged-amount"), start=3)
+    ]
+    forged_version = replace(made[0].collect_events()[0], price_version=9)
+    forged_amount = replace(made[1].collect_events()[0], amount=Decimal(100))
+    ledger.save(forged_version, forged_amount)
+
+    book = PRICE_BOOK_ID
+    price_findings = [f for f in audit_findings(settings, ledger) if f.startswith("price ")]
+    assert price_findings == [
+        f"price {made[0].id}: priced by price book {book} version 9, which does not exist",
+        f"price {made[1].id}: amount 100 USD, but price book {book} version 2 prices 1000 of"
+        " 'api.requests' at 200",
+    ]

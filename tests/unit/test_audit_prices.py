@@ -1,0 +1,166 @@
+"""``domain.audit_prices``: every amount recomputed from the price book version its
+Metered names, from the events as they are stored."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+import orjson
+import pytest
+
+from domain.audit import Finding, TxnAudit
+from domain.audit_prices import check_prices
+from domain.price_book import PRICE_BOOK_ID, PriceBook
+from domain.pricing import Price, PriceList
+from domain.transaction import BillingTransaction, Source
+from tests.fast.fakes import memory_ledger, usage
+
+AT = datetime(2026, 12, 3, tzinfo=UTC)
+BOOK = str(PRICE_BOOK_ID)
+MAPPER = memory_ledger().mapper
+
+
+def _book() -> PriceBook:
+    book = PriceBook.start(PriceList({"api": Price(Decimal("0.001"), "USD")}))
+    book.publish(
+        PriceList(
+            {
+                "api": Price(Decimal("0.002"), "USD"),
+                "gpu": Price(Decimal("2.5"), "EUR"),
+                "tokens": Price(Decimal("2.50"), "USD", per=1_000_000),
+            }
+        ),
+        AT,
+    )
+    return book
+
+
+def _stored(event: Any) -> dict[str, Any]:
+    """The event's state as the audit reads it: the stored JSON, decoded."""
+    data: dict[str, Any] = orjson.loads(MAPPER.to_stored_event(event).state)
+    return data
+
+
+def _versions(book: PriceBook) -> dict[tuple[str | None, int], Any]:
+    published = [e for e in book.collect_events() if isinstance(e, PriceBook.Published)]
+    return {(BOOK, e.number): _stored(e)["meters"] for e in published}
+
+
+VERSIONS = _versions(_book())
+
+
+def _metered(
+    usage_id: str, occurred_at: datetime, meter: str = "api", quantity: str = "1000", **forged: Any
+) -> TxnAudit:
+    """A transaction priced by ``_book()`` as the audit folds its stored Metered (with
+    any field replaced, as a forger would)."""
+    record = usage(usage_id, quantity=quantity, meter=meter)
+    record = record.model_copy(update={"occurred_at": occurred_at})
+    txn = BillingTransaction.from_usage(record, _book().schedule, Source("usage", 0, 1))
+    data = _stored(txn.pending_events[0])
+    for key in ("quantity", "timestamp", "amount"):
+        data[key] = data[key]["_data_"]
+    data.update(forged)
+    return TxnAudit.metered(str(txn.id), data)
+
+
+def _problems(*txns: TxnAudit) -> list[str]:
+    findings = check_prices(txns, VERSIONS)
+    assert {f.kind for f in findings} <= {"price"}
+    assert [f.subject for f in findings] == [t.transaction_id for t in txns][: len(findings)]
+    return [f.detail for f in findings]
+
+
+def test_the_fold_keeps_the_version_a_metered_event_names() -> None:
+    before, after = _metered("b", AT - timedelta(seconds=1)), _metered("a", AT)
+    assert before.priced_by == (BOOK, 1)
+    assert after.priced_by == (BOOK, 2)
+    assert (before.amount, after.amount) == (Decimal(100), Decimal(200))
+
+
+def test_amounts_priced_by_the_versions_they_name_are_clean() -> None:
+    txns = [
+        _metered("b", AT - timedelta(seconds=1)),
+        _metered("a", AT),
+        _metered("g", AT, meter="gpu", quantity="3"),
+        _metered("t", AT, meter="tokens", quantity="2000"),
+    ]
+    assert txns[-1].amount == Decimal("0.5")  # 2,000 x 2.50 USD / 1,000,000: the per counts
+    assert check_prices(txns, VERSIONS) == []
+
+
+def test_a_metered_event_naming_a_version_that_does_not_exist_is_a_finding() -> None:
+    forged = _metered("a", AT, price_version=7)
+    assert check_prices([forged], VERSIONS) == [
+        Finding("price", forged.transaction_id, f"priced by price book {BOOK} version 7, which"
+                " does not exist"),
+    ]  # fmt: skip
+
+
+def test_a_metered_event_naming_another_book_is_a_finding() -> None:
+    other = UUID(int=7)
+    forged = _metered("a", AT, price_book_id={"_type_": "uuid_hex", "_data_": other.hex})
+    assert _problems(forged) == [f"priced by price book {other} version 2, which does not exist"]
+
+
+def test_an_amount_other_than_its_versions_price_times_quantity_is_a_finding() -> None:
+    # Priced at version 1's price but naming version 2 (or the amount edited).
+    forged = _metered("a", AT, amount="100")
+    assert _problems(forged) == [
+        f"amount 100 USD, but price book {BOOK} version 2 prices 1000 of 'api' at 200"
+    ]
+    assert _problems(_metered("b", AT, amount="200.0")) == []  # the same value, written so
+
+
+def test_a_version_naming_a_meter_it_does_not_price_is_a_finding() -> None:
+    forged = _metered("g", AT, meter="gpu", quantity="3", price_version=1)
+    assert _problems(forged) == [
+        f"priced by price book {BOOK} version 1, which has no price for meter 'gpu'"
+    ]
+
+
+def test_a_currency_other_than_the_versions_is_a_finding() -> None:
+    forged = _metered("a", AT, currency="EUR")
+    assert _problems(forged) == [f"in EUR, but price book {BOOK} version 2 prices 'api' in USD"]
+
+
+def test_a_quantity_the_version_cannot_price_is_a_finding() -> None:
+    forged = replace(_metered("a", AT), quantity="1" + "0" * 40)
+    (problem,) = _problems(forged)
+    assert problem.startswith(
+        f"price book {BOOK} version 2 cannot price {'1' + '0' * 40} of 'api': amount_too_large"
+    )
+
+
+def test_a_metered_event_from_before_price_books_is_not_checked_against_a_version() -> None:
+    data = _stored_old(_metered("a", AT, amount="12345"))
+    assert TxnAudit.metered("t", data).priced_by is None
+    assert check_prices([TxnAudit.metered("t", data)], {}) == []
+    forged = _metered("f", AT, amount="1")
+    assert [f.subject for f in check_prices([TxnAudit.metered("t", data), forged], VERSIONS)] == [
+        forged.transaction_id  # the ones after it are still checked
+    ]
+
+
+def _stored_old(txn: TxnAudit) -> dict[str, Any]:
+    """A Metered event's data as stored before price books: no book, no version."""
+    return {
+        "customer_id": txn.customer_id,
+        "usage_id": txn.usage_id,
+        "meter": txn.meter,
+        "quantity": txn.quantity,
+        "amount": str(txn.amount),
+        "currency": txn.currency,
+        "timestamp": txn.metered_at,
+    }
+
+
+@pytest.mark.parametrize("number", [0, 3])
+def test_only_the_versions_the_book_published_exist(number: int) -> None:
+    assert _problems(_metered("a", AT, price_version=number)) == [
+        f"priced by price book {BOOK} version {number}, which does not exist"
+    ]
