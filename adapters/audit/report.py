@@ -46,6 +46,7 @@ from domain.audit_invoices import (
     credited_transactions,
 )
 from domain.audit_lines import check_line_items, check_lines
+from domain.money import format_money
 from store.connections import Database
 from store.eventlog import copy_log
 from store.snapshots import unsealed_snapshots
@@ -207,8 +208,9 @@ def _history_findings(
         Finding(
             "limit_exceeded",
             f"{o.account[0]}/{o.account[1]} v{o.version}",
-            f"a reservation took what is committed to {o.committed:f} minor units, past the"
-            f" spend limit of {o.limit} in force at that event",
+            f"a reservation took what is committed to {format_money(o.committed, o.account[1])},"
+            f" past the spend limit of {format_money(o.limit, o.account[1])} in force at that"
+            " event",
         )
         for o in result.overdrawn
     ]
