@@ -30,7 +30,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate, event
 
 from domain.ids import account_id
-from domain.money import add_exact, canonical, check_spend_limit
+from domain.money import add_exact, canonical, check_spend_limit, format_money
 
 __all__ = ["CustomerAccount"]
 
@@ -157,7 +157,9 @@ class CustomerAccount(Aggregate):
         """Give back a reservation whose transaction was compensated."""
         _check_amount(amount)
         if amount > self.reserved:
-            raise ValueError(f"cannot release {amount}: only {self.reserved} reserved")
+            raise ValueError(
+                f"cannot release {self._money(amount)}: only {self._money(self.reserved)} reserved"
+            )
         self._released(str(transaction_id), amount)
 
     @event(ReservationReleased)
@@ -168,7 +170,9 @@ class CustomerAccount(Aggregate):
         """Turn a reservation into a charge."""
         _check_amount(amount)
         if amount > self.reserved:
-            raise ValueError(f"cannot settle {amount}: only {self.reserved} reserved")
+            raise ValueError(
+                f"cannot settle {self._money(amount)}: only {self._money(self.reserved)} reserved"
+            )
         self._settled(str(transaction_id), amount)
 
     @event(ReservationSettled)
@@ -180,12 +184,17 @@ class CustomerAccount(Aggregate):
         """Take back a charge that was reversed (refunded) in Stripe."""
         _check_amount(amount)
         if amount > self.charged:
-            raise ValueError(f"cannot reverse {amount}: only {self.charged} charged")
+            raise ValueError(
+                f"cannot reverse {self._money(amount)}: only {self._money(self.charged)} charged"
+            )
         self._reversed(str(transaction_id), amount)
 
     @event(ChargeReversed)
     def _reversed(self, transaction_id: str, amount: Decimal) -> None:
         self.charged = add_exact(self.charged, -amount)
+
+    def _money(self, amount: Decimal) -> str:
+        return format_money(amount, self.currency)
 
 
 def _check_limit(spend_limit: int | None) -> None:

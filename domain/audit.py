@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal, localcontext
 from typing import Any
 
+from domain.money import format_money
 from domain.transaction import ALLOWED_FROM, TxnState
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "Finding",
     "InvoiceItem",
     "TxnAudit",
+    "amount_text",
     "balances_of",
     "check_balances",
     "check_stripe",
@@ -277,8 +279,10 @@ def check_balances(balances: Mapping[tuple[str, str], Balance]) -> list[Finding]
         Finding(
             "conservation",
             f"{customer}/{currency}",
-            f"metered {bal.metered} != charged {bal.charged} + compensated {bal.compensated}"
-            f" + in flight {bal.in_flight}",
+            f"metered {format_money(bal.metered, currency)} != charged"
+            f" {format_money(bal.charged, currency)} + compensated"
+            f" {format_money(bal.compensated, currency)} + in flight"
+            f" {format_money(bal.in_flight, currency)}",
         )
         for (customer, currency), bal in sorted(balances.items())
         if not bal.conserved
@@ -318,8 +322,8 @@ def check_stripe(
                 Finding(
                     "stripe",
                     item.id,
-                    f"Stripe has a charge of {item.amount} {item.currency.upper()} the ledger"
-                    f" does not (metadata txn_id {item.txn_id or 'missing'})",
+                    f"Stripe has a charge of {format_money(item.amount, item.currency)} the"
+                    f" ledger does not (metadata txn_id {item.txn_id or 'missing'})",
                 )
             )
     for txn_id, txn in txns.items():
@@ -344,7 +348,8 @@ def _charged_vs_stripe(txn: TxnAudit, live: list[InvoiceItem]) -> list[Finding]:
         if item.amount == txn.amount and item.currency.upper() == txn.currency:
             return []
         detail = (
-            f"charged {txn.amount} {txn.currency}, Stripe item is {item.amount} {item.currency}"
+            f"Stripe holds {format_money(item.amount, item.currency)}, the ledger charged"
+            f" {format_money(txn.amount, txn.currency)}"
         )
     elif not live:
         detail = f"charged as {txn.stripe_object_id}, which Stripe does not hold"
@@ -355,6 +360,12 @@ def _charged_vs_stripe(txn: TxnAudit, live: list[InvoiceItem]) -> list[Finding]:
 
 def _ids(items: list[InvoiceItem]) -> str:
     return ", ".join(i.id for i in items)
+
+
+def amount_text(amount: Decimal | int | None, currency: str) -> str:
+    """An amount as a finding shows it (``format_money``); "none" where there is none (a
+    credit never requested, a sequence a line never had)."""
+    return "none" if amount is None else format_money(amount, currency)
 
 
 def uuid_text(value: Any) -> str | None:

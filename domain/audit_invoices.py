@@ -25,7 +25,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from domain.audit import Finding, TxnAudit, uuid_text
+from domain.audit import Finding, TxnAudit, amount_text, uuid_text
 from domain.audit_lines import LineAudit
 from domain.closing import shares_in_order
 from domain.invoice_states import ALLOWED_FROM, InvoiceState
@@ -154,7 +154,7 @@ def check_invoices(
                 Finding(
                     "invoice",
                     inv.invoice_id,
-                    f"paid {inv.amount_paid} of a total of {inv.total}",
+                    f"paid {_money(inv.amount_paid, inv)} of a total of {_money(inv.total, inv)}",
                 )
             )
     return findings
@@ -184,7 +184,8 @@ def _totals(inv: InvoiceAudit, lines: Mapping[str, LineAudit]) -> list[Finding]:
             Finding(
                 "invoice",
                 inv.invoice_id,
-                f"finalizing expected {inv.expected_total}; its lines billed {billed}",
+                f"finalizing expected {_money(inv.expected_total, inv)}; its lines billed"
+                f" {_money(billed, inv)}",
             )
         )
     if inv.total is not None and inv.total != inv.expected_total:
@@ -192,7 +193,8 @@ def _totals(inv: InvoiceAudit, lines: Mapping[str, LineAudit]) -> list[Finding]:
             Finding(
                 "invoice",
                 inv.invoice_id,
-                f"Stripe finalized {inv.total}; its lines billed {inv.expected_total}",
+                f"Stripe finalized {_money(inv.total, inv)}; its lines billed"
+                f" {_money(inv.expected_total, inv)}",
             )
         )
     return found
@@ -215,8 +217,8 @@ def _credits(
                 Finding(
                     "invoice",
                     inv.invoice_id,
-                    f"credit of {amount} requested for {txn_id}; its billed share is"
-                    f" {shares.get(txn_id)}",
+                    f"credit of {_money(amount, inv)} requested for {txn_id}; its billed share"
+                    f" is {_money(shares.get(txn_id), inv)}",
                 )
             )
         txn = txns.get(txn_id)
@@ -236,16 +238,24 @@ def _credits(
                 Finding(
                     "invoice",
                     inv.invoice_id,
-                    f"credit note {note} of {amount} for {txn_id}; requested"
-                    f" {inv.requested.get(txn_id)}",
+                    f"credit note {note} of {_money(amount, inv)} for {txn_id}; requested"
+                    f" {_money(inv.requested.get(txn_id), inv)}",
                 )
             )
     credited = sum(amount for _, amount in inv.credited.values())
     if inv.total is not None and credited > inv.total:
         found.append(
-            Finding("invoice", inv.invoice_id, f"credited {credited} of a total of {inv.total}")
+            Finding(
+                "invoice",
+                inv.invoice_id,
+                f"credited {_money(credited, inv)} of a total of {_money(inv.total, inv)}",
+            )
         )
     return found
+
+
+def _money(amount: int | None, inv: InvoiceAudit) -> str:
+    return amount_text(amount, inv.currency)
 
 
 def credited_transactions(invoices: Mapping[str, InvoiceAudit]) -> frozenset[str]:
@@ -281,8 +291,8 @@ def check_stripe_invoices(
                 Finding(
                     "stripe",
                     inv.invoice_id,
-                    f"Stripe's invoice {held.id} totals {held.total}; the ledger expected"
-                    f" {inv.expected_total}",
+                    f"Stripe's invoice {held.id} totals {_money(held.total, inv)}; the ledger"
+                    f" expected {_money(inv.expected_total, inv)}",
                 )
             )
     if whole:

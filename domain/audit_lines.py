@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal, localcontext
 from typing import Any
 
-from domain.audit import Finding, InvoiceItem, TxnAudit
-from domain.money import round_minor
+from domain.audit import Finding, InvoiceItem, TxnAudit, amount_text
+from domain.money import format_money, round_minor
 from domain.transaction import TxnState
 
 __all__ = ["LineAudit", "PushAudit", "check_line_items", "check_lines"]
@@ -74,9 +74,10 @@ class LineAudit:
                 else:
                     held = self.members.pop(txn_id, None)
                     if held is None or held[0] != amount:
+                        holds = self._money(held[0]) if held else "nothing"
                         self.problems.append(
-                            f"v{version}: removes {txn_id} ({amount}), which the line holds as"
-                            f" {held[0] if held else 'nothing'}"
+                            f"v{version}: removes {txn_id} ({self._money(amount)}), which the"
+                            f" line holds as {holds}"
                         )
                     self.exact_total -= amount
         self.sequence = version
@@ -86,10 +87,14 @@ class LineAudit:
         recorded = (Decimal(data["exact_total"]), data["billed"], data["transactions"])
         if recorded != (self.exact_total, self.billed, self.transactions):
             self.problems.append(
-                f"v{version}: records total {recorded[0]}, billed {recorded[1]},"
-                f" {recorded[2]} transactions; its amounts make {self.exact_total},"
-                f" {self.billed}, {self.transactions}"
+                f"v{version}: records total {self._money(recorded[0])}, billed"
+                f" {self._money(recorded[1])}, {recorded[2]} transactions; its amounts make"
+                f" {self._money(self.exact_total)}, {self._money(self.billed)},"
+                f" {self.transactions} transactions"
             )
+
+    def _money(self, amount: Decimal | int) -> str:
+        return format_money(amount, self.currency)
 
 
 @dataclass(slots=True)
@@ -98,6 +103,7 @@ class PushAudit:
 
     push_id: str
     line_id: str
+    currency: str  # its line's
     pushed_sequence: int = 0
     pushed_billed: int = 0
     amounts: list[int] = field(default_factory=list)
@@ -118,7 +124,8 @@ class PushAudit:
                 )
             if sum(data["amounts"]) != data["billed"]:
                 self.problems.append(
-                    f"v{version}: items {data['amounts']} are not {data['billed']}"
+                    f"v{version}: items {_amounts(data['amounts'], self.currency)} are not"
+                    f" {format_money(data['billed'], self.currency)}"
                 )
             self.pushed_sequence, self.pushed_billed = data["sequence"], data["billed"]
             self.amounts, self.item_ids = list(data["amounts"]), list(data["item_ids"])
@@ -163,8 +170,9 @@ def check_lines(
                     Finding(
                         "line",
                         line.line_id,
-                        f"Stripe acknowledged {billed} at sequence {sequence}; the line billed"
-                        f" {line.billed_at.get(sequence)} then",
+                        f"Stripe acknowledged {format_money(billed, line.currency)} at sequence"
+                        f" {sequence}; the line billed"
+                        f" {amount_text(line.billed_at.get(sequence), line.currency)} then",
                     )
                 )
     where: dict[str, str] = {}
@@ -209,7 +217,14 @@ def _member(
             )
         )
     if txn.amount != amount:
-        found.append(Finding("line", txn_id, f"in its line as {amount}, metered {txn.amount}"))
+        found.append(
+            Finding(
+                "line",
+                txn_id,
+                f"in its line as {format_money(amount, line.currency)}, metered"
+                f" {format_money(txn.amount, txn.currency)}",
+            )
+        )
     if txn.state is TxnState.COMPENSATED and not credited:
         found.append(Finding("line", txn_id, f"compensated, but still in line {line.line_id}"))
     return found
@@ -271,8 +286,8 @@ def check_line_items(
                 Finding(
                     "stripe",
                     line_id,
-                    f"Stripe holds {held}; the newest acknowledged push (sequence"
-                    f" {push.pushed_sequence}) is {expected}",
+                    f"Stripe holds {_items(held, push.currency)}; the newest acknowledged push"
+                    f" (sequence {push.pushed_sequence}) is {_items(expected, push.currency)}",
                 )
             )
     for line_id, push in sorted(push_of.items()):
@@ -281,7 +296,8 @@ def check_line_items(
                 Finding(
                     "stripe",
                     line_id,
-                    f"acknowledged {push.pushed_billed} in {push.item_ids}; Stripe holds nothing",
+                    f"acknowledged {format_money(push.pushed_billed, push.currency)} in"
+                    f" {', '.join(push.item_ids)}; Stripe holds nothing",
                 )
             )
     return findings
@@ -289,3 +305,13 @@ def check_line_items(
 
 def _ids(items: list[InvoiceItem]) -> str:
     return ", ".join(i.id for i in items)
+
+
+def _amounts(amounts: list[int], currency: str) -> str:
+    return " + ".join(format_money(a, currency) for a in amounts)
+
+
+def _items(amounts: Mapping[str, int], currency: str) -> str:
+    """Items and their amounts: ``ii_1 0.99 USD, ii_2 0.01 USD`` (``nothing``: none)."""
+    listed = [f"{item} {format_money(a, currency)}" for item, a in amounts.items()]
+    return ", ".join(listed) or "nothing"

@@ -22,6 +22,7 @@ from typing import Any
 
 from domain.audit import Finding, TxnAudit
 from domain.errors import InvalidUsage
+from domain.money import format_money
 from domain.pricing import Price
 
 __all__ = ["PriceVersions", "check_prices"]
@@ -74,7 +75,7 @@ def _amount_problem(txn: TxnAudit, priced_by: tuple[str | None, int], price: Pri
         return f"{_named(priced_by)} cannot price {txn.quantity} of {txn.meter!r}: {exc}"
     if expected != txn.amount:
         return (
-            f"amount {txn.amount:f} {txn.currency}, but {_named(priced_by)} prices"
-            f" {txn.quantity} of {txn.meter!r} at {expected:f}"
+            f"amount {format_money(txn.amount, txn.currency)}, but {_named(priced_by)} prices"
+            f" {txn.quantity} of {txn.meter!r} at {format_money(expected, txn.currency)}"
         )
     return None

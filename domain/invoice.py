@@ -413,7 +413,10 @@ class Invoice(Aggregate):
         """The draft read back equals the ledger: the finalize call may go."""
         self._require("Verified", "record a verified draft")
         if total != self.expected_total:
-            raise ValueError(f"invoice {self.id}: verified {total}, expected {self.expected_total}")
+            raise ValueError(
+                f"invoice {self.id}: verified {format_money(total, self.currency)}, expected"
+                f" {format_money(self.expected_total, self.currency)}"
+            )
         self._verified(total, items)
 
     @event(Verified)
@@ -521,8 +524,9 @@ class Invoice(Aggregate):
             raise ValueError(f"a credit cannot be negative: {amount}")
         if self.credit_total_requested + amount > self.expected_total:
             raise ValueError(
-                f"invoice {self.id}: credits of {self.credit_total_requested + amount}"
-                f" would exceed its total of {self.expected_total}"
+                f"invoice {self.id}: credits of"
+                f" {format_money(self.credit_total_requested + amount, self.currency)} would"
+                f" exceed its total of {format_money(self.expected_total, self.currency)}"
             )
         self._credit_requested(transaction_id, amount, reason)
 

@@ -43,6 +43,7 @@ from domain.errors import IllegalTransition, InvalidUsage
 from domain.ids import transaction_id
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine
+from domain.money import format_money
 from domain.periods import Period, PeriodPolicy
 from domain.price_book import PriceSchedule
 from domain.pricing import PriceList
@@ -232,7 +233,8 @@ class LineBook:
 
 def refusal(account: CustomerAccount, amount: Decimal) -> str:
     """Why the account's limit refuses ``amount`` (the Compensated event's reason)."""
+    assert account.spend_limit is not None  # only a limit refuses
     return (
-        f"spend limit: {amount:f} {account.currency} would exceed the limit of "
-        f"{account.spend_limit} {account.currency}"
+        f"spend limit: {format_money(amount, account.currency)} would exceed the limit of"
+        f" {format_money(account.spend_limit, account.currency)}"
     )

@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from domain.invoice_line import LinePush
+from domain.money import format_money
 
 __all__ = [
     "DEFAULT_LANDING",
@@ -134,6 +135,7 @@ class Verdict:
     missing: tuple[ExpectedItem, ...]  # a line's item that is not on the draft
     expected_total: int
     stripe_total: int
+    currency: str
 
     @property
     def equal(self) -> bool:
@@ -145,15 +147,17 @@ class Verdict:
     def attention(self) -> str | None:
         """Why setting amounts cannot repair the draft (None: it can, or need not)."""
         if self.unknown:
-            listed = ", ".join(f"{i.item_id} ({i.amount})" for i in self.unknown[:5])
+            listed = ", ".join(
+                f"{i.item_id} ({format_money(i.amount, self.currency)})" for i in self.unknown[:5]
+            )
             return f"the draft holds {len(self.unknown)} item(s) the ledger did not make: {listed}"
         if self.missing:
             listed = ", ".join(i.item_id for i in self.missing[:5])
             return f"{len(self.missing)} item(s) of the ledger are not on the draft: {listed}"
         if not self.drifts and self.stripe_total != self.expected_total:
             return (
-                f"Stripe's draft total is {self.stripe_total} where its items and the ledger"
-                f" say {self.expected_total}"
+                f"Stripe's draft total is {format_money(self.stripe_total, self.currency)} where"
+                f" its items and the ledger say {format_money(self.expected_total, self.currency)}"
             )
         return None
 
@@ -169,8 +173,11 @@ def expected_items(pushes: Iterable[tuple[UUID, LinePush | None]]) -> list[Expec
     return out
 
 
-def verify_draft(expected: Sequence[ExpectedItem], expected_total: int, view: DraftView) -> Verdict:
-    """Compare the draft Stripe holds with the items and total the ledger decided."""
+def verify_draft(
+    expected: Sequence[ExpectedItem], expected_total: int, view: DraftView, currency: str
+) -> Verdict:
+    """Compare the draft Stripe holds with the items and total the ledger decided (of
+    the invoice's ``currency``)."""
     held = {i.item_id: i for i in view.items}
     known = {e.item_id for e in expected}
     drifts = tuple(
@@ -181,4 +188,4 @@ def verify_draft(expected: Sequence[ExpectedItem], expected_total: int, view: Dr
     # A line's item of 0 that is gone holds what the ledger decided: nothing.
     missing = tuple(e for e in expected if e.item_id not in held and e.amount != 0)
     unknown = tuple(i for i in view.items if i.item_id not in known)
-    return Verdict(drifts, unknown, missing, expected_total, view.total)
+    return Verdict(drifts, unknown, missing, expected_total, view.total, currency)

@@ -24,6 +24,7 @@ from psycopg.rows import dict_row
 
 from domain.invoice import Invoice, mismatch_reason
 from domain.invoice_states import InvoiceState
+from domain.money import format_money
 from projections.base import SCHEMA, History, InvalidFilter, check_customer, check_limit
 from store.schema import EVENTS_TABLE, PROJECTION_POSITIONS
 
@@ -383,16 +384,16 @@ def _event_row(event: Any, history: History) -> tuple[Any, ...]:
         amount, detail = event.amount, event.credit_note_id
     elif isinstance(event, Invoice.DriftFound):
         amount = event.stripe_total
-        detail = (
-            f"repair {event.repair}: {len(event.drifts)} item(s), expected {event.expected_total}"
-        )
+        expected = format_money(event.expected_total, history.facts(event.originator_id).currency)
+        detail = f"repair {event.repair}: {len(event.drifts)} item(s), expected {expected}"
     elif isinstance(event, Invoice.AttentionNeeded):
         detail = event.reason
     elif isinstance(event, Invoice.AttentionSettled):
         detail = f"{event.by}: {event.how}"
     elif isinstance(event, Invoice.MismatchFound):
         amount = event.stripe_total
-        detail = f"expected {event.expected_total} ({event.source})"
+        expected = format_money(event.expected_total, history.facts(event.originator_id).currency)
+        detail = f"expected {expected} ({event.source})"
     return (
         event.originator_id,
         event.originator_version,

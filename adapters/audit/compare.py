@@ -21,7 +21,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from adapters.audit.replay import Replay, Scope
-from domain.audit import Balance, Finding, TxnAudit
+from domain.audit import Balance, Finding, TxnAudit, amount_text
 from projections.transactions import COLUMNS as TXN_COLUMNS
 from store.schema import EVENTS_TABLE
 
@@ -68,7 +68,8 @@ def compare_transactions(
                     Finding(
                         "projection",
                         txn_id,
-                        f"transactions.{column}: {got!r}, history says {want!r}",
+                        f"transactions.{column}: {_shown(column, got, txn.currency)}, history"
+                        f" says {_shown(column, want, txn.currency)}",
                     )
                 )
     for txn_id in txns.keys() - seen:
@@ -146,8 +147,8 @@ def compare_balances(
                     Finding(
                         "projection",
                         subject,
-                        f"customer_balances.{column}: {row[column]!r},"
-                        f" history says {getattr(bal, column)!r}",
+                        f"customer_balances.{column}: {_shown(column, row[column], key[1])},"
+                        f" history says {_shown(column, getattr(bal, column), key[1])}",
                     )
                 )
     return findings
@@ -182,6 +183,20 @@ def dead_letters_without_reason(conn: psycopg.Connection[Any]) -> list[Finding]:
     return [
         Finding("dead_letter", f"{t}/{p}@{o}", "dead letter without a reason") for t, p, o in rows
     ]
+
+
+# The compared columns that hold money, in minor units of the row's currency.
+_AMOUNTS = frozenset(
+    {"amount", "metered", "charged", "compensated", "in_flight", "spend_limit", "available",
+     "exact_total", "billed", "stripe_amount", "expected_total", "total", "amount_paid",
+     "credited"}
+)  # fmt: skip
+
+
+def _shown(column: str, value: Any, currency: str) -> str:
+    """A compared value as the finding shows it: money in the one format (a spend limit
+    of None: "none"), anything else as its repr."""
+    return amount_text(value, currency) if column in _AMOUNTS else repr(value)
 
 
 _LINE_COMPARED = ("exact_total", "billed", "transactions", "sequence")
@@ -266,7 +281,12 @@ def _compare_projection(  # noqa: PLR0917
             findings.append(Finding("projection", key, f"{kind} missing from {where}"))
             continue
         findings += [
-            Finding("projection", key, f"{table}.{c}: {row[c]!r}, history says {v!r}")
+            Finding(
+                "projection",
+                key,
+                f"{table}.{c}: {_shown(c, row[c], item.currency)}, history says"
+                f" {_shown(c, v, item.currency)}",
+            )
             for c, v in want(key, item).items()
             if row[c] != v
         ]

@@ -339,7 +339,7 @@ def _route_line(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
         line = uuid_text(data["line_id"])
         if line in out.lines:
             assert line is not None
-            agg.push = PushAudit(_uuid_text(agg.id), line)
+            agg.push = PushAudit(_uuid_text(agg.id), line, out.lines[line].currency)
             out.pushes[agg.push.push_id] = agg.push
     elif kind == "invoice:Opened":
         if scope.customer in (None, data["customer_id"]):

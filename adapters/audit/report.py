@@ -47,6 +47,7 @@ from domain.audit_invoices import (
 )
 from domain.audit_lines import check_line_items, check_lines
 from domain.audit_prices import check_prices
+from domain.money import format_money
 from store.connections import Database
 from store.eventlog import copy_log
 from store.snapshots import unsealed_snapshots
@@ -208,8 +209,9 @@ def _history_findings(
         Finding(
             "limit_exceeded",
             f"{o.account[0]}/{o.account[1]} v{o.version}",
-            f"a reservation took what is committed to {o.committed:f} minor units, past the"
-            f" spend limit of {o.limit} in force at that event",
+            f"a reservation took what is committed to {format_money(o.committed, o.account[1])},"
+            f" past the spend limit of {format_money(o.limit, o.account[1])} in force at that"
+            " event",
         )
         for o in result.overdrawn
     ]

@@ -224,7 +224,9 @@ class InvoiceCloser:
             # the finalize step reads it and compares Stripe's total with the ledger's.
             step, sent = self._finalize(invoice)
             return step, 1 + sent
-        verdict = verify_draft(expected_items(pushes), invoice.expected_total, view)
+        verdict = verify_draft(
+            expected_items(pushes), invoice.expected_total, view, invoice.currency
+        )
         if verdict.equal:
             invoice.record_verified(view.total, len(view.items))
             self.ledger.save(invoice)
@@ -234,7 +236,8 @@ class InvoiceCloser:
         if reason is None and invoice.repairs >= MAX_REPAIRS:
             reason = (
                 f"Stripe's draft still differs from the ledger after {invoice.repairs}"
-                f" repairs (expected {invoice.expected_total}, Stripe {view.total})"
+                f" repairs (expected {format_money(invoice.expected_total, invoice.currency)},"
+                f" Stripe {format_money(view.total, invoice.currency)})"
             )
         if reason is not None:
             return self._attention(invoice, reason), 1

@@ -87,7 +87,7 @@ class DraftChecker:
         if isinstance(view, ChargeFailure):
             return CheckResult.FAILED
         expected = expected_items(pushes.items())
-        verdict = verify_draft(expected, sum(e.amount for e in expected), view)
+        verdict = verify_draft(expected, sum(e.amount for e in expected), view, invoice.currency)
         reason = verdict.attention
         if view.status != "draft":
             reason = f"Stripe's invoice {invoice.stripe_invoice_id} is {view.status}, not a draft"

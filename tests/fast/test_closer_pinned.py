@@ -504,7 +504,8 @@ def test_drift_found_again_after_the_last_repair_stops_the_invoice_for_an_operat
     assert parts.step() == CloseStep(S.ATTENTION, FIN, 1)
     stopped = parts.invoice()
     assert stopped.attention == (
-        "Stripe's draft still differs from the ledger after 3 repairs (expected 100, Stripe 90)"
+        "Stripe's draft still differs from the ledger after 3 repairs"
+        " (expected 1.00 USD, Stripe 0.90 USD)"
     )
     assert stopped.repairs == MAX_REPAIRS == 3
     assert "finalize" not in parts.stripe.calls
@@ -516,7 +517,7 @@ def test_a_draft_setting_amounts_cannot_repair_stops_the_invoice_once_per_reason
     parts.stripe.items["ii_by_hand"] = {
         "amount": 7, "line": None, "invoice": invoice.stripe_invoice_id,
     }  # fmt: skip
-    reason = "the draft holds 1 item(s) the ledger did not make: ii_by_hand (7)"
+    reason = "the draft holds 1 item(s) the ledger did not make: ii_by_hand (0.07 USD)"
     assert parts.step() == CloseStep(S.ATTENTION, FIN, 1)
     assert parts.invoice().attention == reason
     assert parts.events(Invoice.DriftFound) == []

@@ -264,7 +264,7 @@ def test_an_item_the_ledger_did_not_make_stops_the_invoice_with_what_verify_foun
     assert parts.checker().check(invoice.id) is CheckResult.ATTENTION
     stopped = parts.ledger.invoice_by_id(invoice.id)
     assert stopped is not None and stopped.attention is not None
-    assert "ii_by_hand (999)" in stopped.attention
+    assert "ii_by_hand (9.99 USD)" in stopped.attention
     [needed] = parts.events(invoice.id, Invoice.AttentionNeeded)
     assert needed.reason == stopped.attention
     assert parts.handed == []

@@ -281,7 +281,7 @@ def test_a_draft_holding_an_item_the_ledger_did_not_make_needs_attention_not_fin
     assert parts.close_until_done()[-1] is CloseResult.ATTENTION
     stopped = parts.ledger.invoice_by_id(invoice.id)
     assert stopped is not None and stopped.state is InvoiceState.FINALIZING
-    assert stopped.attention is not None and "ii_by_hand (999)" in stopped.attention
+    assert stopped.attention is not None and "ii_by_hand (9.99 USD)" in stopped.attention
     assert "finalize" not in parts.gateway.calls
     assert parts.closer.step(invoice.id).result is CloseResult.ATTENTION  # stays stopped
 

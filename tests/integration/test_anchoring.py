@@ -233,9 +233,12 @@ def test_a_forged_account_snapshot_that_lifts_the_limit_is_reported_limit_exceed
         account.spend_limit = None  # forged
         ledger.snapshots.put([Snapshot.take(account)])
     with open_ledger(roles_settings) as ledger, build_projector(roles_settings, ledger) as proj:
-        record(ledger, "capped", ["c-1", "c-2", "c-3"])  # 5.00 USD each: 15.00 reserved
+        record(ledger, "capped", ["c-1", "c-2", "c-3"])  # 5.000, 5.001, 5.002 USD: 15.003 reserved
         proj.pump_all()
     report = _audit(_auditor(roles_settings, server, tmp_path / "a.jsonl"), tmp_path / "none")
     exceeded = [f for f in report.findings if f.kind == "limit_exceeded"]
     assert [f.subject for f in exceeded] == ["capped/USD v2"], report.findings
-    assert "past the spend limit of 800" in exceeded[0].detail
+    assert exceeded[0].detail == (
+        "a reservation took what is committed to 15.003 USD, past the spend limit of 8.00 USD"
+        " in force at that event"
+    )

@@ -180,7 +180,7 @@ def test_an_invoice_item_created_outside_the_ledger_is_named(
     status, report = _audit(stripe_settings, "--stripe")
     assert status == 1
     assert _findings(report) == {("stripe", item.id)}
-    assert "999 USD the ledger does not" in report["findings"][0]["detail"]
+    assert "Stripe has a charge of 9.99 USD the ledger does not" in report["findings"][0]["detail"]
     assert _audit(stripe_settings)[0] == 0  # without --stripe, Stripe is not asked
 
 

@@ -567,7 +567,7 @@ def test_an_item_added_by_hand_to_a_draft_stops_the_invoice_until_an_operator_se
     assert step.result is CloseResult.ATTENTION
     stopped = parts.invoice(invoice_id)
     assert stopped.state is InvoiceState.FINALIZING
-    assert stopped.attention is not None and f"{by_hand.id} (999)" in stopped.attention
+    assert stopped.attention is not None and f"{by_hand.id} (9.99 USD)" in stopped.attention
     assert parts.emulator.invoices()[0]["status"] == "draft"  # never finalized
 
     with Database(parts.settings.database_url) as db:

@@ -215,6 +215,6 @@ def test_the_audit_recomputes_each_amount_from_the_version_it_names(
     price_findings = [f for f in audit_findings(settings, ledger) if f.startswith("price ")]
     assert price_findings == [
         f"price {made[0].id}: priced by price book {book} version 9, which does not exist",
-        f"price {made[1].id}: amount 100 USD, but price book {book} version 2 prices 1000 of"
-        " 'api.requests' at 200",
+        f"price {made[1].id}: amount 1.00 USD, but price book {book} version 2 prices 1000 of"
+        " 'api.requests' at 2.00 USD",
     ]

@@ -342,7 +342,11 @@ def test_a_conservation_finding_names_the_customer_currency_and_the_sums() -> No
     good = Balance(metered=Decimal(1), in_flight=Decimal(1))
     found = check_balances({("zed", "EUR"): bad, ("acme", "USD"): good, ("acme", "EUR"): bad})
     assert found == [
-        Finding("conservation", f"{c}", "metered 9 != charged 3 + compensated 5 + in flight 2")
+        Finding(
+            "conservation",
+            f"{c}",
+            "metered 0.09 EUR != charged 0.03 EUR + compensated 0.05 EUR + in flight 0.02 EUR",
+        )
         for c in ("acme/EUR", "zed/EUR")
     ]
 
@@ -377,8 +381,8 @@ def test_a_charge_and_its_own_item_agree() -> None:
     ("items", "detail"),
     [
         ([], "charged as ii_1, which Stripe does not hold"),
-        ([_item("ii_1", "t", 13)], "charged 12 USD, Stripe item is 13 usd"),
-        ([_item("ii_1", "t", 12, "eur")], "charged 12 USD, Stripe item is 12 eur"),
+        ([_item("ii_1", "t", 13)], "Stripe holds 0.13 USD, the ledger charged 0.12 USD"),
+        ([_item("ii_1", "t", 12, "eur")], "Stripe holds 0.12 EUR, the ledger charged 0.12 USD"),
         ([_item("ii_2", "t")], "charged as ii_1, Stripe holds ii_2"),
         ([_item("ii_1", "t"), _item("ii_2", "t")], "charged as ii_1, Stripe holds ii_1, ii_2"),
     ],
@@ -416,8 +420,8 @@ def test_items_the_ledger_does_not_know_are_foreign_unless_told_otherwise() -> N
     ]
     foreign = "the ledger does not (metadata txn_id"
     assert check_stripe(items, txns) == [
-        Finding("stripe", "ii_x", f"Stripe has a charge of 5 EUR {foreign} nobody)"),
-        Finding("stripe", "ii_y", f"Stripe has a charge of 6 USD {foreign} missing)"),
+        Finding("stripe", "ii_x", f"Stripe has a charge of 0.05 EUR {foreign} nobody)"),
+        Finding("stripe", "ii_y", f"Stripe has a charge of 0.06 USD {foreign} missing)"),
     ]
     assert check_stripe(items, txns, foreign_items=False) == []
 
@@ -470,7 +474,7 @@ def test_the_stripe_check_goes_on_past_line_items_and_line_charges() -> None:
     in_line = _charged(_reserved(_metered("a", "12"), LINE, 3), "line-item", sequence=4)
     lost = _charged_before_lines("b")
     items = [InvoiceItem("ii_line", None, 99, "usd", line_id=str(LINE)), _item("ii_x", "nobody")]
-    foreign = "Stripe has a charge of 12 USD the ledger does not (metadata txn_id nobody)"
+    foreign = "Stripe has a charge of 0.12 USD the ledger does not (metadata txn_id nobody)"
     assert check_stripe(items, {"a": in_line, "b": lost}) == [
         Finding("stripe", "ii_x", foreign),
         Finding("stripe", "b", "charged as ii_1, which Stripe does not hold"),

@@ -291,7 +291,9 @@ def test_only_a_paid_invoice_is_checked_against_the_webhooks_and_its_total() -> 
 def test_a_paid_invoice_must_have_been_paid_its_total() -> None:
     inv = _finalized()
     inv.apply("Paid", {"amount_paid": 236, "source": "finalize"}, 7)
-    assert check_invoices({INV: inv}, _lines(), {}) == _findings("paid 236 of a total of 237")
+    assert check_invoices({INV: inv}, _lines(), {}) == _findings(
+        "paid 2.36 USD of a total of 2.37 USD"
+    )
     inv.amount_paid = 237
     assert check_invoices({INV: inv}, _lines(), {}) == []
 
@@ -305,10 +307,10 @@ def test_a_paid_invoice_without_stripes_total_is_not_compared_to_it() -> None:
 
 def test_finalizing_must_expect_what_its_lines_billed_and_stripe_must_agree() -> None:
     assert check_invoices({INV: _finalized(expected=236, total=236)}, _lines(), {}) == _findings(
-        "finalizing expected 236; its lines billed 237"
+        "finalizing expected 2.36 USD; its lines billed 2.37 USD"
     )
     assert check_invoices({INV: _finalized(total=238)}, _lines(), {}) == _findings(
-        "Stripe finalized 238; its lines billed 237"
+        "Stripe finalized 2.38 USD; its lines billed 2.37 USD"
     )
 
 
@@ -334,9 +336,9 @@ def test_a_credit_must_be_its_transactions_billed_share_of_its_line() -> None:
     _credit(inv, T9, 4, None, 10)
     txns = {t: _txn(t) for t in (T2, T3, T5, T9)}
     assert check_invoices({INV: inv}, _lines(), txns) == _findings(
-        f"credit of 1 requested for {T3}; its billed share is 0",
-        f"credit of 30 requested for {T2}; its billed share is 31",
-        f"credit of 4 requested for {T9}; its billed share is None",
+        f"credit of 0.01 USD requested for {T3}; its billed share is 0.00 USD",
+        f"credit of 0.30 USD requested for {T2}; its billed share is 0.31 USD",
+        f"credit of 0.04 USD requested for {T9}; its billed share is none",
     )
 
 
@@ -368,9 +370,9 @@ def test_every_credit_note_of_the_ledger_was_requested_for_its_amount_once() -> 
         )
     txns = {T4: _txn(T4), T5: _txn(T5)}
     assert check_invoices({INV: inv}, _lines(), txns) == _findings(
-        f"credit note cn_1 of 75 for {T4}; requested 76",
+        f"credit note cn_1 of 0.75 USD for {T4}; requested 0.76 USD",
         f"{T5} credited twice (cn_3)",
-        f"credit note cn_4 of 2 for {T1}; requested None",
+        f"credit note cn_4 of 0.02 USD for {T1}; requested none",
     )
 
 
@@ -382,7 +384,9 @@ def test_credits_may_reach_the_total_but_never_exceed_it() -> None:
     txns = {T4: _txn(T4)}
     assert check_invoices({INV: inv}, _lines(), txns) == []
     inv.apply("Credited", {"credit_note_id": "cn_t", "transaction_id": None, "amount": 1}, 10)
-    assert check_invoices({INV: inv}, _lines(), txns) == _findings("credited 87 of a total of 86")
+    assert check_invoices({INV: inv}, _lines(), txns) == _findings(
+        "credited 0.87 USD of a total of 0.86 USD"
+    )
     inv.total = inv.expected_total = None
     assert check_invoices({INV: inv}, _lines(), txns) == []
 
@@ -414,7 +418,7 @@ def test_a_finalized_invoice_whose_stripe_total_differs_is_a_stripe_finding() ->
         stripe, {"inv-1": _audited(InvoiceState.FINALIZED)}, whole=True
     )
     assert (finding.kind, finding.subject, finding.detail) == (
-        "stripe", "inv-1", "Stripe's invoice in_1 totals 200; the ledger expected 300",
+        "stripe", "inv-1", "Stripe's invoice in_1 totals 2.00 USD; the ledger expected 3.00 USD",
     )  # fmt: skip
 
 
@@ -466,7 +470,7 @@ def test_every_stripe_finding_names_its_kind_and_invoice_and_each_invoice_is_che
     assert [(f.kind, f.subject, f.detail) for f in whole] == [
         ("stripe", "inv-9", "in_9 not in Stripe"),
         ("stripe", "inv-1", "in_1 is still a draft in Stripe"),
-        ("stripe", "inv-2", "Stripe's invoice in_2 totals 200; the ledger expected 300"),
+        ("stripe", "inv-2", "Stripe's invoice in_2 totals 2.00 USD; the ledger expected 3.00 USD"),
     ]
     opened = [StripeInvoice("in_3", "open", 300, "inv-3"), StripeInvoice("in_0", "open", 1, "x")]
     later = check_stripe_invoices(opened, invoices, whole=True)

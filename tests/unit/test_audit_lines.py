@@ -53,7 +53,7 @@ def _held_line() -> LineAudit:
 
 
 def _push(line_id: str = LINE) -> PushAudit:
-    return PushAudit("push-" + line_id, line_id)
+    return PushAudit("push-" + line_id, line_id, "USD")
 
 
 def _pushed(sequence: int, billed: int, amounts: list[int], items: list[str]) -> dict[str, Any]:
@@ -143,16 +143,17 @@ def test_removed_takes_the_transaction_out_at_its_amount() -> None:
 
 
 @pytest.mark.parametrize(
-    ("txn", "amount", "held"), [("t3", "1.1", "1.2"), ("t9", "1.2", "nothing")]
+    ("txn", "amount", "removed", "held"),
+    [("t3", "1.1", "0.011 USD", "0.012 USD"), ("t9", "1.2", "0.012 USD", "nothing")],
 )
 def test_removing_what_the_line_does_not_hold_is_a_problem(
-    txn: str, amount: str, held: str
+    txn: str, amount: str, removed: str, held: str
 ) -> None:
     line = _held_line()
     total = Decimal("1.75") - Decimal(amount)
     n = 2 if txn == "t3" else 3
     line.apply("Removed", _settled([txn], [amount], str(total), round(total), n), 4)
-    assert line.problems == [f"v4: removes {txn} ({amount}), which the line holds as {held}"]
+    assert line.problems == [f"v4: removes {txn} ({removed}), which the line holds as {held}"]
 
 
 def test_settling_a_transaction_twice_is_a_problem() -> None:
@@ -162,19 +163,23 @@ def test_settling_a_transaction_twice_is_a_problem() -> None:
 
 
 @pytest.mark.parametrize(
-    "recorded",
-    [("1.76", 2, 3), ("1.75", 1, 3), ("1.75", 2, 2)],
+    ("recorded", "shown"),
+    [
+        (("1.76", 2, 3), "total 0.0176 USD, billed 0.02 USD, 3 transactions"),
+        (("1.75", 1, 3), "total 0.0175 USD, billed 0.01 USD, 3 transactions"),
+        (("1.75", 2, 2), "total 0.0175 USD, billed 0.02 USD, 2 transactions"),
+    ],
     ids=["exact total", "billed", "transactions"],
 )
 def test_a_change_that_records_other_totals_than_its_amounts_make_is_a_problem(
-    recorded: tuple[str, int, int],
+    recorded: tuple[str, int, int], shown: str
 ) -> None:
     line = _line()
     line.apply("Settled", _settled(["t1", "t2"], ["0.3", "0.25"], "0.55", 1, 2), 2)
     total, billed, n = recorded
     line.apply("Settled", _settled(["t3"], ["1.2"], total, billed, n), 3)
     assert line.problems == [
-        f"v3: records total {total}, billed {billed}, {n} transactions; its amounts make 1.75, 2, 3"
+        f"v3: records {shown}; its amounts make 0.0175 USD, 0.02 USD, 3 transactions"
     ]
 
 
@@ -209,7 +214,7 @@ def test_a_push_of_an_older_sequence_or_of_items_not_adding_up_is_a_problem() ->
     push.apply("Pushed", _pushed(4, 9, [5, 3], ["ii_a", "ii_b"]), 4)
     assert push.problems == [
         "v4: acknowledges sequence 4 after 5",
-        "v4: items [5, 3] are not 9",
+        "v4: items 0.05 USD + 0.03 USD are not 0.09 USD",
     ]
     assert push.acknowledged == {5: 7, 4: 9}
 
@@ -278,8 +283,14 @@ def test_a_push_must_acknowledge_what_its_line_billed_at_that_sequence() -> None
     found = check_lines(lines, {orphan.push_id: orphan, wrong.push_id: wrong}, txns)
     assert found == [
         Finding("line", LINE_B, "pushed, but no such line"),
-        Finding("line", LINE, "Stripe acknowledged 5 at sequence 2; the line billed 1 then"),
-        Finding("line", LINE, "Stripe acknowledged 2 at sequence 7; the line billed None then"),
+        Finding(
+            "line",
+            LINE,
+            "Stripe acknowledged 0.05 USD at sequence 2; the line billed 0.01 USD then",
+        ),
+        Finding(
+            "line", LINE, "Stripe acknowledged 0.02 USD at sequence 7; the line billed none then"
+        ),
     ]
 
 
@@ -303,7 +314,7 @@ def test_a_line_must_hold_only_transactions_that_say_they_joined_it_then() -> No
     assert found == [
         Finding("line", LINE, "holds t1, no such transaction"),
         Finding("line", "t2", f"line {LINE} took it at v2; the transaction says {LINE} at v3"),
-        Finding("line", "t3", "in its line as 1.2, metered 1.21"),
+        Finding("line", "t3", "in its line as 0.012 USD, metered 0.0121 USD"),
     ]
 
 
@@ -381,24 +392,46 @@ def test_stripe_holding_exactly_the_newest_push_agrees() -> None:
 
 
 @pytest.mark.parametrize(
-    "items",
+    ("items", "held"),
     [
-        [_item("ii_a", 99_999_999)],
-        [_item("ii_a", 99_999_999), _item("ii_b", 50_000_003)],
-        [_item("ii_a", 99_999_999), _item("ii_c", 50_000_002)],
-        [_item("ii_a", 99_999_999), _item("ii_b", 50_000_002), _item("ii_c", 0)],
+        ([_item("ii_a", 99_999_999)], "ii_a 999999.99 USD"),
+        (
+            [_item("ii_a", 99_999_999), _item("ii_b", 50_000_003)],
+            "ii_a 999999.99 USD, ii_b 500000.03 USD",
+        ),
+        (
+            [_item("ii_a", 99_999_999), _item("ii_c", 50_000_002)],
+            "ii_a 999999.99 USD, ii_c 500000.02 USD",
+        ),
+        (
+            [_item("ii_a", 99_999_999), _item("ii_b", 50_000_002), _item("ii_c", 0)],
+            "ii_a 999999.99 USD, ii_b 500000.02 USD, ii_c 0.00 USD",
+        ),
     ],
     ids=["missing", "amount", "other id", "extra"],
 )
-def test_stripe_holding_anything_else_is_a_finding(items: list[InvoiceItem]) -> None:
+def test_stripe_holding_anything_else_is_a_finding(items: list[InvoiceItem], held: str) -> None:
     pushes, lines = _stripe_side()
-    held = {i.id: i.amount for i in items}
     assert check_line_items(items, pushes, lines) == [
         Finding(
             "stripe",
             LINE,
             f"Stripe holds {held}; the newest acknowledged push (sequence 3) is"
-            " {'ii_a': 99999999, 'ii_b': 50000002}",
+            " ii_a 999999.99 USD, ii_b 500000.02 USD",
+        )
+    ]
+
+
+def test_items_of_a_line_stripe_never_acknowledged_are_compared_with_nothing() -> None:
+    lines, _, _ = _agreeing()
+    push = _push()
+    push.apply("PushFailed", {"sequence": 3, "retryable": False}, 2)
+    found = check_line_items([_item("ii_a", 2)], {push.push_id: push}, lines)
+    assert found == [
+        Finding(
+            "stripe",
+            LINE,
+            "Stripe holds ii_a 0.02 USD; the newest acknowledged push (sequence 0) is nothing",
         )
     ]
 
@@ -439,7 +472,7 @@ def test_an_acknowledged_push_that_stripe_does_not_hold_is_found_unless_it_is_ze
         Finding(
             "stripe",
             LINE,
-            "acknowledged 150000001 in ['ii_a', 'ii_b']; Stripe holds nothing",
+            "acknowledged 1500000.01 USD in ii_a, ii_b; Stripe holds nothing",
         )
     ]
 

@@ -111,7 +111,7 @@ def test_an_amount_other_than_its_versions_price_times_quantity_is_a_finding() -
     # Priced at version 1's price but naming version 2 (or the amount edited).
     forged = _metered("a", AT, amount="100")
     assert _problems(forged) == [
-        f"amount 100 USD, but price book {BOOK} version 2 prices 1000 of 'api' at 200"
+        f"amount 1.00 USD, but price book {BOOK} version 2 prices 1000 of 'api' at 2.00 USD"
     ]
     assert _problems(_metered("b", AT, amount="200.0")) == []  # the same value, written so
 

@@ -32,12 +32,12 @@ def _view(*items: tuple[str, int], total: int | None = None, status: str = "draf
 
 
 def test_a_draft_holding_exactly_the_ledgers_items_and_total_is_equal() -> None:
-    verdict = verify_draft(EXPECTED, 350, _view(("ii_2", 50), ("ii_1", 300)))
+    verdict = verify_draft(EXPECTED, 350, _view(("ii_2", 50), ("ii_1", 300)), "USD")
     assert verdict.equal and verdict.attention is None
 
 
 def test_a_stale_item_is_drift_with_both_amounts_and_repairable() -> None:
-    verdict = verify_draft(EXPECTED, 350, _view(("ii_1", 200), ("ii_2", 50)))
+    verdict = verify_draft(EXPECTED, 350, _view(("ii_1", 200), ("ii_2", 50)), "USD")
     assert not verdict.equal and verdict.attention is None
     [drift] = verdict.drifts
     assert (drift.line_id, drift.chunk, drift.sequence, drift.expected, drift.found) == (
@@ -47,22 +47,24 @@ def test_a_stale_item_is_drift_with_both_amounts_and_repairable() -> None:
 
 
 def test_an_item_the_ledger_did_not_make_needs_attention() -> None:
-    verdict = verify_draft(EXPECTED, 350, _view(("ii_1", 300), ("ii_2", 50), ("ii_x", 9)))
+    verdict = verify_draft(EXPECTED, 350, _view(("ii_1", 300), ("ii_2", 50), ("ii_x", 9)), "USD")
     assert not verdict.equal
-    assert verdict.attention == "the draft holds 1 item(s) the ledger did not make: ii_x (9)"
+    assert verdict.attention == "the draft holds 1 item(s) the ledger did not make: ii_x (0.09 USD)"
 
 
 def test_a_missing_item_needs_attention_unless_it_was_to_hold_nothing() -> None:
-    verdict = verify_draft(EXPECTED, 350, _view(("ii_1", 300)))
+    verdict = verify_draft(EXPECTED, 350, _view(("ii_1", 300)), "USD")
     assert verdict.attention == "1 item(s) of the ledger are not on the draft: ii_2"
     zero = [ExpectedItem(L1, 0, 7, "ii_1", 300), ExpectedItem(L2, 0, 3, "ii_2", 0)]
-    assert verify_draft(zero, 300, _view(("ii_1", 300))).equal
+    assert verify_draft(zero, 300, _view(("ii_1", 300)), "USD").equal
 
 
 def test_a_total_other_than_its_matching_items_needs_attention() -> None:
-    verdict = verify_draft(EXPECTED, 350, _view(("ii_1", 300), ("ii_2", 50), total=340))
+    verdict = verify_draft(EXPECTED, 350, _view(("ii_1", 300), ("ii_2", 50), total=340), "USD")
     assert not verdict.equal and not verdict.drifts
-    assert verdict.attention == "Stripe's draft total is 340 where its items and the ledger say 350"
+    assert verdict.attention == (
+        "Stripe's draft total is 3.40 USD where its items and the ledger say 3.50 USD"
+    )
 
 
 def test_expected_items_are_each_lines_newest_acknowledged_push() -> None:
