@@ -29,6 +29,8 @@ from adapters.cli.args import (
 
 if TYPE_CHECKING:
     from adapters.settings import Settings
+    from domain.price_book import PriceSchedule
+    from domain.pricing import PriceList
     from store.migrations.status import SchemaStatus
 
 __all__ = ["add_commands"]
@@ -195,12 +197,12 @@ MAX_WARNINGS = 20  # warnings printed one by one; the rest are counted
 
 
 def _local_check(settings: Settings) -> Callable[[bytes], str | None]:
-    """What the ingest's decoder and the price list would say of a record: None when it
+    """What the ingest's decoder and the prices would say of a record: None when it
     would be billed, else the dead letter's reason."""
     from adapters.ingest.producer import check_record
     from domain.errors import InvalidUsage
 
-    prices = settings.load_prices()
+    prices = _prices_in_force(settings)
 
     def check(value: bytes) -> str | None:
         try:
@@ -210,6 +212,27 @@ def _local_check(settings: Settings) -> Callable[[bytes], str | None]:
         return None
 
     return check
+
+
+def _prices_in_force(settings: Settings) -> PriceList | PriceSchedule:
+    """The price book's versions as the ledger has them; the configured price file when
+    the ledger cannot be read (``produce`` needs only the broker) or has no book yet."""
+    import psycopg
+    from eventsourcing.persistence import PersistenceError
+
+    from adapters.bootstrap import login, open_ledger
+
+    try:
+        # A probe of a few seconds first: the event store's own connect retries for longer.
+        with login(settings, connect_timeout_s=3).dedicated():
+            pass
+        with open_ledger(settings) as ledger:
+            book = ledger.price_book()
+    except (psycopg.Error, PersistenceError) as exc:
+        print(f"the price book cannot be read ({' '.join(str(exc).split())[:200]}): records"
+              " are checked against BILLING_LEDGER_PRICE_LIST", file=sys.stderr)  # fmt: skip
+        return settings.load_prices()
+    return book.schedule if book is not None else settings.load_prices()
 
 
 def _run(args: argparse.Namespace) -> int:

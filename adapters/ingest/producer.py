@@ -30,6 +30,7 @@ from kafka import KafkaProducer
 from adapters.broker import make_producer
 from adapters.observability import telemetry
 from domain.ids import transaction_id
+from domain.price_book import PriceSchedule
 from domain.pricing import PriceList
 from domain.usage import DEFAULT_MAX_RECORD_BYTES, UsageRecord, decode_usage
 from store.schema import DEFAULT_USAGE_TOPIC
@@ -38,11 +39,16 @@ __all__ = ["UsageProducer", "check_record", "send_usage"]
 
 
 def check_record(
-    value: bytes, prices: PriceList | None, max_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    value: bytes,
+    prices: PriceList | PriceSchedule | None,
+    max_bytes: int = DEFAULT_MAX_RECORD_BYTES,
 ) -> UsageRecord:
     """The record ``value`` holds, by the rules the ingest applies (and, given the price
-    list, with a priced meter); raises ``InvalidUsage`` with the dead letter's reason."""
+    list or the price book's versions, with a meter priced when the usage occurred);
+    raises ``InvalidUsage`` with the dead letter's reason."""
     record = decode_usage(value, max_bytes=max_bytes)
+    if isinstance(prices, PriceSchedule):
+        prices = prices.price_at(record.occurred_at).prices
     if prices is not None:
         prices.price_of(record.meter)  # UnknownMeter: an InvalidUsage
     return record

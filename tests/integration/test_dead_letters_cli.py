@@ -120,6 +120,19 @@ def test_a_letter_is_found_shown_and_re_driven_once_after_its_cause_is_fixed(
     )
     assert marked["redriven_at"] is not None
 
+    # produce's local check reads the price book: the published meter is no warning now;
+    # without a readable ledger it checks against the configured file, and says so.
+    later = tmp_path / "later.jsonl"
+    later.write_text(json.dumps({**RECORDS[2], "usage_id": "img-2", "occurred_at": at}) + "\n")
+    produced = _cli("produce", str(later), env=env)
+    assert produced.returncode == 0, produced.stderr
+    assert "would be a dead letter" not in produced.stderr, produced.stderr
+    unread = {**env, "BILLING_LEDGER_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+    produced = _cli("produce", str(later), env=unread)
+    assert produced.returncode == 0, produced.stderr
+    assert "the price book cannot be read (" in produced.stderr
+    assert "line 1: would be a dead letter (unknown meter" in produced.stderr
+
 
 def test_misuse_of_the_dead_letter_commands_is_one_line_and_status_2(
     settings: Settings, ingest_ledger: BillingLedger
