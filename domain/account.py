@@ -91,7 +91,7 @@ class CustomerAccount(Aggregate):
         cls, customer_id: str, currency: str, spend_limit: int | None = None
     ) -> CustomerAccount:
         """Open an account (the limit, if any, must not be negative)."""
-        _check_limit(spend_limit)
+        _check_limit(spend_limit, currency)
         return cls(customer_id=customer_id, currency=currency, spend_limit=spend_limit)
 
     @event(Opened)
@@ -116,7 +116,7 @@ class CustomerAccount(Aggregate):
 
     def set_limit(self, spend_limit: int | None) -> None:
         """Set (or with None, remove) the spend limit. Existing reservations stand."""
-        _check_limit(spend_limit)
+        _check_limit(spend_limit, self.currency)
         if spend_limit != self.spend_limit:
             self._limit_set(spend_limit)
 
@@ -197,8 +197,8 @@ class CustomerAccount(Aggregate):
         return format_money(amount, self.currency)
 
 
-def _check_limit(spend_limit: int | None) -> None:
-    check_spend_limit(spend_limit)
+def _check_limit(spend_limit: int | None, currency: str) -> None:
+    check_spend_limit(spend_limit, currency)
 
 
 def _check_amount(amount: Decimal) -> None:

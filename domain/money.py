@@ -198,10 +198,14 @@ def split_for_items(billed: int, maximum: int = MAX_ITEM_AMOUNT) -> list[int]:
     return parts
 
 
-def check_spend_limit(limit: int | None) -> int | None:
-    """``limit`` if it is None or within 0..MAX_SPEND_LIMIT_MINOR (else ValueError)."""
+def check_spend_limit(limit: int | None, currency: str | None = None) -> int | None:
+    """``limit`` if it is None or within 0..MAX_SPEND_LIMIT_MINOR (else ValueError, in
+    the money format when the ``currency`` is known)."""
     if limit is not None and not 0 <= limit <= MAX_SPEND_LIMIT_MINOR:
-        raise ValueError(
-            f"a spend limit must be from 0 to {MAX_SPEND_LIMIT_MINOR:,} minor units, got {limit:,}"
-        )
+        if currency is None:
+            bound, got = f"{MAX_SPEND_LIMIT_MINOR:,} minor units", f"{limit:,}"
+        else:
+            bound = format_money(MAX_SPEND_LIMIT_MINOR, currency)
+            got = format_money(limit, currency)
+        raise ValueError(f"a spend limit must be from 0 to {bound}, got {got}")
     return limit

@@ -159,7 +159,8 @@ def test_accounts_set_limit_is_exact_and_shown(settings: Settings) -> None:
         (
             ["accounts", "set-limit", "acme", "99999999999999999999999999.00", "USD"],
             2,
-            "a spend limit must be from 0 to 1,000,000,000,000,000 minor units",
+            "a spend limit must be from 0 to 10000000000000.00 USD,"
+            " got 99999999999999999999999999.00 USD",
         ),
         (["history", "--customer", "acme", "--usage-id", "nope"], 2, "no transaction"),
     ],

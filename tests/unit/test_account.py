@@ -10,7 +10,7 @@ import pytest
 
 from domain.account import CustomerAccount
 from domain.ids import account_id, transaction_id
-from domain.money import MAX_SPEND_LIMIT_MINOR
+from domain.money import MAX_SPEND_LIMIT_MINOR, format_money
 
 A, B, C, D = (transaction_id("acme", f"req-{n}") for n in range(4))
 
@@ -88,12 +88,41 @@ def test_set_limit_to_the_current_value_records_no_event(limit: int | None) -> N
     assert account.version == 1
 
 
-@pytest.mark.parametrize("limit", [-1, MAX_SPEND_LIMIT_MINOR + 1])
-def test_a_limit_outside_its_bounds_is_refused(limit: int) -> None:
+@pytest.mark.parametrize(
+    ("limit", "got"), [(-1, "-0.01 USD"), (MAX_SPEND_LIMIT_MINOR + 1, "10000000000000.01 USD")]
+)
+def test_a_limit_outside_its_bounds_is_refused_in_the_accounts_currency(
+    limit: int, got: str
+) -> None:
     account = _account(spend_limit=100)
-    with pytest.raises(ValueError, match="a spend limit must be from 0 to"):
+    with pytest.raises(ValueError) as refused:
         account.set_limit(limit)
+    assert str(refused.value) == (
+        f"a spend limit must be from 0 to 10000000000000.00 USD, got {got}"
+    )
     assert (account.spend_limit, account.pending_events) == (100, [])
+
+
+def test_an_account_opened_past_the_bound_is_refused_in_its_currency() -> None:
+    with pytest.raises(ValueError) as refused:
+        CustomerAccount.open("acme", "JPY", MAX_SPEND_LIMIT_MINOR + 1)
+    assert str(refused.value) == (
+        "a spend limit must be from 0 to 1000000000000000 JPY, got 1000000000000001 JPY"
+    )
+    assert CustomerAccount.open("acme", "JPY", MAX_SPEND_LIMIT_MINOR).spend_limit == (
+        MAX_SPEND_LIMIT_MINOR
+    )
+
+
+def test_a_limit_without_a_currency_is_refused_in_minor_units() -> None:
+    from domain.money import check_spend_limit
+
+    with pytest.raises(ValueError) as refused:
+        check_spend_limit(-5)
+    assert str(refused.value) == (
+        "a spend limit must be from 0 to 1,000,000,000,000,000 minor units, got -5"
+    )
+    assert check_spend_limit(0) == 0 and check_spend_limit(None) is None
 
 
 def test_the_largest_limit_is_accepted() -> None:
@@ -261,7 +290,7 @@ def test_the_account_rebuilt_from_its_events_equals_the_original() -> None:
 
 @pytest.mark.parametrize("limit", [-1, MAX_SPEND_LIMIT_MINOR + 1])
 def test_an_account_cannot_be_opened_with_a_limit_out_of_range(limit: int) -> None:
-    with pytest.raises(ValueError, match=f"got {limit:,}$"):
+    with pytest.raises(ValueError, match=re.escape(f"got {format_money(limit, 'USD')}") + "$"):
         CustomerAccount.open("acme", "USD", limit)
     assert CustomerAccount.open("acme", "USD", MAX_SPEND_LIMIT_MINOR).spend_limit == (
         MAX_SPEND_LIMIT_MINOR
