@@ -35,6 +35,7 @@ __all__ = [
     "check_invoice_state",
     "drafts_to_check",
     "due_invoices",
+    "invoice_preview",
     "invoices",
     "unprojected_invoices",
 ]
@@ -253,6 +254,34 @@ def invoices(
     )
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query, [*params, check_limit(limit)]).fetchall()
+
+
+PREVIEW_VIEW = "invoice_preview"
+PREVIEW_COLUMNS = (
+    "invoice_id", "customer_id", "currency", "period_start", "period_end", "close_deadline",
+    "meter", "late", "transactions", "exact_total", "billed", "invoice_total", "invoice_lines",
+)  # fmt: skip
+
+
+def invoice_preview(
+    conn: psycopg.Connection[Any], *, customer: str, period: datetime | None = None
+) -> list[dict[str, Any]]:
+    """The lines of ``customer``'s open invoices as they stand (``billing.invoice_preview``),
+    in the period holding ``period`` when given; raises InvalidFilter."""
+    where = [sql.SQL("customer_id = %s")]
+    params: list[Any] = [check_customer(customer)]
+    if period is not None:
+        where.append(sql.SQL("period_start <= %s AND %s < period_end"))
+        params += [period, period]
+    query = sql.SQL(
+        "SELECT {} FROM {} WHERE {} ORDER BY period_start, currency, late, meter"
+    ).format(
+        sql.SQL(", ").join(map(sql.Identifier, PREVIEW_COLUMNS)),
+        sql.Identifier(SCHEMA, PREVIEW_VIEW),
+        sql.SQL(" AND ").join(where),
+    )
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query, params).fetchall()
 
 
 _TAIL = sql.SQL(

@@ -91,6 +91,13 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
         ('billing-ledger invoices close --period 2026-12 --customer acme --reason "moving plan"',),
         f"{DB}, {STRIPE}",
     ),
+    "invoices preview": (
+        (
+            "billing-ledger invoices preview --customer acme",
+            "billing-ledger invoices preview --customer acme --period 2026-12 --json",
+        ),
+        DB,
+    ),
     "invoices settle": (
         (
             "billing-ledger invoices settle INVOICE_ID --how 'deleted the hand-made item ii_123"

@@ -106,6 +106,21 @@ def _add_invoice_commands(sub: Any) -> None:
     close.add_argument("--customer", dest="close_customer", help="one customer only")
     close.add_argument("--reason", default="closed early by an operator")
     close.set_defaults(handler=_close_invoices)
+    preview = inv_sub.add_parser(
+        "preview",
+        help="what a customer's open invoice would be now: its lines and total, from the"
+        " read models (Stripe is not called)",
+    )
+    preview.add_argument("--customer", dest="preview_customer", required=True, help="whose")
+    preview.add_argument(
+        "--period", dest="preview_period", type=period_moment,
+        help="YYYY-MM, or an instant in the period (default: every open period)",
+    )  # fmt: skip
+    preview.add_argument(
+        "--json", dest="preview_json", action="store_true",
+        help="one object per line, amounts in minor units",
+    )  # fmt: skip
+    preview.set_defaults(handler=_preview_invoice)
     settle = inv_sub.add_parser(
         "settle",
         help="settle what stopped an invoice (its draft or finalized total differs from the"
@@ -297,6 +312,39 @@ def _invoices(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2, default=str))
     else:
         print_table(rows, INVOICE_COLUMNS, note=ROUNDING_NOTE)
+    return 0
+
+
+def _preview_invoice(args: argparse.Namespace) -> int:
+    from domain.money import format_money
+    from projections.invoices import invoice_preview
+
+    rows = _query(
+        lambda conn: invoice_preview(
+            conn, customer=args.preview_customer, period=args.preview_period
+        )
+    )
+    if args.preview_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    if not rows:
+        print(f"{args.preview_customer} has no open invoice with usage"
+              + (" in that period" if args.preview_period else ""))  # fmt: skip
+        return 0
+    invoices: dict[Any, list[dict[str, Any]]] = {}
+    for row in rows:
+        invoices.setdefault(row["invoice_id"], []).append(row)
+    for lines in invoices.values():
+        first = lines[0]
+        print(
+            f"{first['customer_id']} {first['currency']}, period"
+            f" {first['period_start'].isoformat()} to {first['period_end'].isoformat()}"
+            f" (closes after {first['close_deadline'].isoformat()})"
+        )
+        print_table(lines, ["meter", "late", "transactions", "exact_total", "billed"])
+        print(f"total so far: {format_money(first['invoice_total'], first['currency'])}"
+              f" ({first['invoice_lines']} line(s))\n")  # fmt: skip
+    print(ROUNDING_NOTE)
     return 0
 
 

@@ -19,7 +19,7 @@ __all__ = ["MONEY_COLUMNS", "ROUNDING_NOTE", "event_row", "money_cell", "print_t
 MONEY_COLUMNS = frozenset({
     "amount", "metered", "in_flight", "charged", "compensated", "spend_limit", "available",
     "held", "exact_total", "billed", "stripe_amount", "expected_total", "total",
-    "amount_paid", "credited", "stripe_total",
+    "amount_paid", "credited", "stripe_total", "invoice_total",
 })  # fmt: skip
 
 ROUNDING_NOTE = (

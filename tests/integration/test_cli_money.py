@@ -89,6 +89,7 @@ def test_no_command_prints_an_amount_without_its_currency(env: dict[str, str]) -
         "transactions": _cli("transactions", env=env),
         "lines": _cli("lines", env=env),
         "invoices": _cli("invoices", env=env),
+        "invoices preview": _cli("invoices", "preview", "--customer", "acme", env=env),
         "history": _cli("history", txn, env=env),
         "accounts show": _cli("accounts", "show", "acme", "USD", env=env),
         "accounts set-limit": _cli("accounts", "set-limit", "acme", "30", "USD", env=env),

@@ -105,6 +105,7 @@ def test_the_reader_sees_read_models_and_health_but_not_the_history(
     with psycopg.connect(reader) as conn:
         conn.execute("SELECT * FROM billing.transactions LIMIT 1")
         conn.execute("SELECT * FROM billing.customer_balances LIMIT 1")
+        conn.execute("SELECT * FROM billing.invoice_preview LIMIT 1")
         # It reads the history as its owner: the price book migrate started (its Opened
         # and Published) is there, not yet projected.
         assert read_health(conn)["projector_behind"] == 2
