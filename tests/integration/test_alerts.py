@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.bootstrap import migrate, prepare
+from adapters.bootstrap import build_projector, migrate, open_ledger, prepare
 from adapters.settings import Settings
 from infra.embedded import free_port
 from tests.conftest import settings_env
@@ -90,6 +90,8 @@ def test_the_audit_writes_series_promtool_finds_no_fault_in(
     settings: Settings, tmp_path: Path
 ) -> None:
     migrate(settings)
+    with open_ledger(settings) as ledger, build_projector(settings, ledger) as projector:
+        projector.pump_all()  # migrate's price book applied: a clean audit has nothing to say
     written = tmp_path / "audit.prom"
     audited = subprocess.run(
         [*CLI, "audit", "--metrics-file", str(written)],
