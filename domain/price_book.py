@@ -151,8 +151,8 @@ class PriceBook(Aggregate):
         """Record ``prices`` as the next version, in force from ``effective_from``.
         The whole version is checked first, by a price file's rules: PriceListError,
         and nothing recorded, when any of it is not valid."""
-        checked = _checked(prices, effective_from)
-        self._published(len(self.versions) + 1, effective_from.astimezone(UTC), checked)
+        moment, checked = _checked(prices, effective_from)
+        self._published(len(self.versions) + 1, moment, checked)
         return self.versions[-1]
 
     @event(Published)
@@ -177,11 +177,20 @@ class PriceBook(Aggregate):
         return self.schedule.price_at(moment)
 
 
-def _checked(prices: PriceList, effective_from: datetime) -> dict[str, dict[str, Any]]:
-    """The version's ``[meters]`` table, checked as a price file is."""
+def _checked(
+    prices: PriceList, effective_from: datetime
+) -> tuple[datetime, dict[str, dict[str, Any]]]:
+    """The version's moment in UTC and its ``[meters]`` table, checked as a price file is."""
     if effective_from.utcoffset() is None:
         raise PriceListError(
             f"effective_from {effective_from.isoformat()} has no time zone:"
             " give one (2027-01-01T00:00:00Z)"
         )
-    return PriceList.from_meters(prices.to_meters()).to_meters()
+    try:
+        moment = effective_from.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:00-05:00 is in the year 10000 in UTC
+        raise PriceListError(
+            f"effective_from {effective_from.isoformat()} is not a moment in years 1 to 9999"
+            " in UTC: give one that is"
+        ) from None
+    return moment, PriceList.from_meters(prices.to_meters()).to_meters()

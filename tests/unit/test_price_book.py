@@ -151,17 +151,48 @@ def test_starting_a_book_from_an_invalid_version_is_refused() -> None:
         PriceBook.start(_prices("1", per=3))
 
 
-def test_an_effective_from_without_a_time_zone_is_refused_with_what_to_give() -> None:
+@pytest.mark.parametrize(
+    ("moment", "reason"),
+    [
+        pytest.param(
+            datetime(2027, 1, 1),
+            r"^effective_from 2027-01-01T00:00:00 has no time zone:"
+            r" give one \(2027-01-01T00:00:00Z\)$",
+            id="naive",
+        ),
+        pytest.param(
+            datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5))),
+            r"^effective_from 9999-12-31T23:00:00-05:00 is not a moment in years 1 to 9999"
+            r" in UTC: give one that is$",
+            id="after-9999",
+        ),
+        pytest.param(
+            datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1))),
+            r"^effective_from 0001-01-01T00:00:00\+01:00 is not a moment in years 1 to 9999"
+            r" in UTC: give one that is$",
+            id="before-year-1",
+        ),
+    ],
+)
+def test_an_effective_from_that_is_no_moment_in_utc_is_refused_recording_nothing(
+    moment: datetime, reason: str
+) -> None:
     book = PriceBook.start(_prices("1"))
     book.collect_events()
-    naive = datetime(2027, 1, 1)
-    with pytest.raises(
-        PriceListError,
-        match=r"^effective_from 2027-01-01T00:00:00 has no time zone:"
-        r" give one \(2027-01-01T00:00:00Z\)$",
-    ):
-        book.publish(_prices("2"), naive)
+    with pytest.raises(PriceListError, match=reason):
+        book.publish(_prices("2"), moment)
     assert book.collect_events() == []
+    assert [v.number for v in book.versions] == [1]
+
+
+def test_the_first_and_last_moments_utc_holds_are_moments_like_any() -> None:
+    last = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+    first = datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=-1)))
+    book = _book(("1", EPOCH), ("2", last), ("3", first))
+    assert [v.effective_from for v in book.versions[1:]] == [last, datetime(1, 1, 1, 1, tzinfo=UTC)]
+    assert _price_at(book, last) == (2, Decimal(2))
+    assert _price_at(book, last - TICK) == (1, Decimal(1))
+    assert _price_at(book, datetime(1, 1, 1, 1, tzinfo=UTC) - TICK) == (3, Decimal(3))
 
 
 # ---------------------------------------------------------------------------------------------
