@@ -1,0 +1,146 @@
+"""The price book under a hostile operator: publications and migrations at once, the
+reader login, moments the book cannot hold, garbage for ``--at``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from adapters.bootstrap import migrate, open_ledger
+from adapters.settings import DEFAULT_PRICE_LIST, Settings
+from domain.pricing import PriceList
+from store.roles import READER
+from tests.conftest import settings_env
+from tests.integration.roles import as_role
+
+pytestmark = pytest.mark.integration
+
+CLI = [sys.executable, "-m", "adapters.cli"]
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+def _at_once(env: dict[str, str], commands: list[list[str]]) -> list[tuple[int, str, str]]:
+    """Every command started before any is waited for: (status, stdout, stderr) each."""
+    procs = [
+        subprocess.Popen(
+            [*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for args in commands
+    ]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=120)
+        out.append((proc.returncode, stdout, stderr))
+    return out
+
+
+def _price_file(tmp_path: Path, api_requests: str) -> Path:
+    text = DEFAULT_PRICE_LIST.read_text(encoding="utf-8")
+    path = tmp_path / f"prices-{api_requests}.toml"
+    path.write_text(text.replace('unit_price = "0.001"', f'unit_price = "{api_requests}"'))
+    return path
+
+
+def test_publications_at_once_are_each_recorded_numbered_without_a_gap(
+    settings: Settings, tmp_path: Path
+) -> None:
+    migrate(settings)
+    env = settings_env(settings)
+    prices = [f"0.00{n}" for n in range(2, 6)]
+    ran = _at_once(env, [["prices", "publish", str(_price_file(tmp_path, p))] for p in prices])
+    assert [status for status, _, _ in ran] == [0] * len(prices), [e for _, _, e in ran]
+    said = sorted(int(out.split()[4].rstrip(",")) for _, out, _ in ran)
+    assert said == [2, 3, 4, 5]
+    with open_ledger(settings) as ledger:
+        book = ledger.price_book()
+    assert book is not None
+    assert [v.number for v in book.versions] == [1, 2, 3, 4, 5]
+    published = sorted(str(v.prices.price_of("api.requests").unit_price) for v in book.versions[1:])
+    assert published == prices
+
+
+def test_migrations_at_once_start_one_book(settings: Settings) -> None:
+    env = settings_env(settings)
+    ran = _at_once(env, [["migrate"], ["migrate"], ["migrate"]])
+    assert [status for status, _, _ in ran] == [0, 0, 0], [e for _, _, e in ran]
+    started = [out for _, out, _ in ran if "price book started: version 1 is " in out]
+    assert len(started) == 1
+    with open_ledger(settings) as ledger:
+        book = ledger.price_book()
+    assert book is not None and [v.number for v in book.versions] == [1]
+    assert book.versions[0].prices == settings.load_prices()
+
+
+def test_publishing_as_the_reader_is_refused_naming_the_login(
+    roles_settings: Settings, server: str, tmp_path: Path
+) -> None:
+    migrate(roles_settings)
+    env = settings_env(roles_settings)
+    env["BILLING_LEDGER_DATABASE_URL"] = as_role(server, READER)
+    refused = _cli(env, "prices", "publish", str(_price_file(tmp_path, "0.002")))
+    assert refused.returncode == 2, refused.stderr
+    assert "this login may not do that (permission denied" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    shown = _cli(env, "prices", "list")
+    assert shown.returncode == 2, shown.stderr
+    assert "this login may not do that (permission denied" in shown.stderr
+
+
+@pytest.mark.parametrize(
+    "moment",
+    ["9999-12-31T23:00:00-05:00", "0001-01-01T00:00:00+01:00"],
+)
+def test_a_moment_beyond_what_a_timestamp_holds_in_utc_is_misuse(
+    settings: Settings, tmp_path: Path, moment: str
+) -> None:
+    migrate(settings)
+    env = settings_env(settings)
+    refused = _cli(
+        env, "prices", "publish", str(_price_file(tmp_path, "0.002")), "--effective-from", moment
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith("billing-ledger: error: ")
+    assert "Traceback" not in refused.stderr
+    listed = json.loads(_cli(env, "prices", "list", "--json").stdout)
+    assert [v["version"] for v in listed["versions"]] == [1]
+
+
+def test_the_far_future_and_before_the_epoch_are_moments_like_any(
+    settings: Settings, tmp_path: Path
+) -> None:
+    migrate(settings)
+    env = settings_env(settings)
+    for moment, price in (
+        ("9999-12-31T23:59:59.999999Z", "0.002"),
+        ("1969-07-20T20:17:40", "0.003"),
+    ):
+        done = _cli(
+            env, "prices", "publish", str(_price_file(tmp_path, price)), "--effective-from", moment
+        )
+        assert done.returncode == 0, done.stderr
+    at = json.loads(
+        _cli(env, "prices", "show", "--at", "9999-12-31T23:59:59.999999Z", "--json").stdout
+    )
+    assert at["version"] == 2
+    early = json.loads(_cli(env, "prices", "show", "--at", "1970-01-01T00:00:00Z", "--json").stdout)
+    assert early["version"] == 1
+    moon = json.loads(_cli(env, "prices", "show", "--at", "1969-12-31T23:59:59Z", "--json").stdout)
+    assert moon["version"] == 3
+    assert PriceList.from_meters(moon["meters"]).price_of("api.requests").unit_price.as_tuple()
+
+
+@pytest.mark.parametrize("garbage", ["yesterday", "", "2027-13-01", "2027-01-01T25:00Z", "1e9"])
+def test_show_at_garbage_is_misuse(settings: Settings, garbage: str) -> None:
+    migrate(settings)
+    shown = _cli(settings_env(settings), "prices", "show", "--at", garbage)
+    assert shown.returncode == 2, shown.stderr
+    assert "is not an ISO 8601 timestamp" in shown.stderr
