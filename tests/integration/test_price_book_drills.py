@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from adapters.bootstrap import migrate, open_ledger
 from adapters.settings import DEFAULT_PRICE_LIST, Settings
+from domain.price_book import EPOCH
 from domain.pricing import PriceList
 from store.roles import READER
 from tests.conftest import settings_env
@@ -144,3 +146,29 @@ def test_show_at_garbage_is_misuse(settings: Settings, garbage: str) -> None:
     shown = _cli(settings_env(settings), "prices", "show", "--at", garbage)
     assert shown.returncode == 2, shown.stderr
     assert "is not an ISO 8601 timestamp" in shown.stderr
+
+
+@pytest.mark.parametrize(
+    "cache",
+    [
+        {"AGGREGATE_CACHE_FASTFORWARD": "n"},
+        {"AGGREGATE_CACHE_MAXSIZE": ""},
+        {"AGGREGATE_CACHE_FASTFORWARD_SKIPPING": "y"},
+    ],
+    ids=["no-fast-forward", "no-cache", "skipping"],
+)
+def test_a_worker_sees_each_published_version_whatever_the_aggregate_cache_does(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: dict[str, str]
+) -> None:
+    migrate(settings)
+    for name, value in cache.items():
+        monkeypatch.setenv(name, value)
+    with open_ledger(settings) as worker, open_ledger(settings) as publisher:
+        assert [v.number for v in worker.refresh_prices().versions] == [1]
+        for n, price in enumerate(("0.002", "0.003"), start=2):
+            prices = PriceList.from_toml(_price_file(tmp_path, price).read_text())
+            publisher.publish_prices(prices, EPOCH + timedelta(days=n))
+            schedule = worker.refresh_prices()
+            assert [v.number for v in schedule.versions] == list(range(1, n + 1))
+            assert schedule.latest.prices == prices
+        assert worker.refresh_prices() is schedule  # nothing new: the same schedule
