@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 
 from adapters.bootstrap import build_ingest_worker, close_worker, migrate, open_ledger
-from adapters.settings import DEFAULT_PRICE_LIST, Settings
+from adapters.settings import Settings
 from domain.ids import transaction_id
 from domain.metering import Metering
-from domain.price_book import EPOCH, PRICE_BOOK_ID
+from domain.price_book import EPOCH, PRICE_BOOK_ID, PriceBook
 from domain.pricing import PriceList
 from domain.transaction import BillingTransaction, Source
 from domain.usage import UsageRecord
 from store.ledger import BillingLedger
 from tests.conftest import settings_env
-from tests.integration.support import audit_findings, produce_records, wait_for
+from tests.integration.support import audit_findings, price_file, produce_records, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -39,17 +39,6 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*CLI, *args], capture_output=True, text=True, env=env, timeout=120, check=False
     )
-
-
-def _price_file(tmp_path: Path, api_requests: str) -> Path:
-    """The shipped price file with another price of ``api.requests``."""
-    text = DEFAULT_PRICE_LIST.read_text(encoding="utf-8")
-    path = tmp_path / f"prices-{api_requests}.toml"
-    path.write_text(text.replace('unit_price = "0.001"', f'unit_price = "{api_requests}"'))
-    assert PriceList.from_toml(path.read_text()).price_of("api.requests").unit_price == Decimal(
-        api_requests
-    )
-    return path
 
 
 def test_migrate_starts_the_book_with_the_configured_file_once(settings: Settings) -> None:
@@ -72,7 +61,7 @@ def test_prices_publish_list_and_show_through_the_command_line(
     assert "price book started: version 1 is " in migrated.stdout
 
     published = _cli(
-        env, "prices", "publish", str(_price_file(tmp_path, "0.002")),
+        env, "prices", "publish", str(price_file(tmp_path, "0.002")),
         "--effective-from", "2027-01-01T00:00:00Z",
     )  # fmt: skip
     assert published.returncode == 0, published.stderr
@@ -132,10 +121,10 @@ def test_an_invalid_price_file_is_refused_with_its_reason_and_nothing_published(
     assert book is not None and len(book.versions) == 1
 
 
-def _at(usage_id: str, occurred_at: datetime) -> UsageRecord:
+def _at(usage_id: str, occurred_at: datetime, customer: str = "acme") -> UsageRecord:
     return UsageRecord(
         usage_id=usage_id,
-        customer_id="acme",
+        customer_id=customer,
         meter="api.requests",
         quantity=Decimal(1000),
         occurred_at=occurred_at,
@@ -155,7 +144,7 @@ def test_a_running_ingest_prices_by_the_version_in_force_when_the_usage_occurred
 
         # Published by another process while the worker runs, for a moment in the past.
         with open_ledger(settings) as publisher:
-            prices = PriceList.from_toml(_price_file(tmp_path, "0.002").read_text())
+            prices = PriceList.from_toml(price_file(tmp_path, "0.002").read_text())
             assert publisher.publish_prices(prices, NEW_PRICE_AT).number == 2
 
         produce_records(
@@ -190,7 +179,7 @@ def test_the_audit_recomputes_each_amount_from_the_version_it_names(
     settings: Settings, ingest_ledger: BillingLedger, tmp_path: Path
 ) -> None:
     ledger = ingest_ledger
-    prices = PriceList.from_toml(_price_file(tmp_path, "0.002").read_text())
+    prices = PriceList.from_toml(price_file(tmp_path, "0.002").read_text())
     ledger.publish_prices(prices, NEW_PRICE_AT)
     ledger.record_usage(
         [
@@ -218,3 +207,56 @@ def test_the_audit_recomputes_each_amount_from_the_version_it_names(
         f"price {made[1].id}: amount 1.00 USD, but price book {book} version 2 prices 1000 of"
         " 'api.requests' at 2.00 USD",
     ]
+
+
+def test_two_workers_mid_stream_price_each_record_by_a_version_published_before_it(
+    settings: Settings, ingest_ledger: BillingLedger, tmp_path: Path
+) -> None:
+    """A version published while two ingest processes take a stream straddling its
+    moment: every record is priced by the version in force when it occurred, by the book
+    as it stood before or after the publication (a batch decided just before it keeps the
+    old book), never by a version published after it was recorded; every record produced
+    after the publication returned is priced by the new book."""
+    moment = datetime(2026, 12, 3, tzinfo=UTC)
+    straddle = [moment - timedelta(microseconds=1), moment, moment + timedelta(hours=1)]
+    ledgers = [open_ledger(settings) for _ in range(2)]
+    workers = [build_ingest_worker(settings, ledger) for ledger in ledgers]
+    stop = threading.Event()
+    runners = [threading.Thread(target=w.run, args=(stop,)) for w in workers]
+    for runner in runners:
+        runner.start()
+    try:
+        before = [_at(f"u{n}", straddle[n % 3], f"c{n % 7}") for n in range(300)]
+        produce_records(settings, before)
+        wait_for(lambda: sum(w.stats.records for w in workers) >= 30, what="some records")
+        prices = PriceList.from_toml(price_file(tmp_path, "0.002").read_text())
+        assert ingest_ledger.publish_prices(prices, moment).number == 2
+        after = [_at(f"u{n}", straddle[n % 3], f"c{n % 7}") for n in range(300, 600)]
+        produce_records(settings, after)
+        wait_for(lambda: sum(w.stats.records for w in workers) == 600, what="every record")
+    finally:
+        stop.set()
+        for runner in runners:
+            runner.join(30)
+        for worker, ledger in zip(workers, ledgers, strict=True):
+            close_worker(worker)
+            ledger.close()
+
+    published_at: dict[int, int] = {}  # version -> its Published event's place in the log
+    recorded: dict[str, tuple[int, int, Decimal]] = {}  # usage id -> place, version, amount
+    for place, event in enumerate(ingest_ledger.all_events()):
+        if isinstance(event, PriceBook.Published):
+            published_at[event.number] = place
+        elif isinstance(event, BillingTransaction.Metered):
+            recorded[event.usage_id] = (place, event.price_version, event.amount)
+    assert len(recorded) == 600
+    new_price = {1: Decimal(100), 2: Decimal(200)}  # 1,000 at 0.001 or 0.002 USD, in cents
+    for record in [*before, *after]:
+        place, version, amount = recorded[record.usage_id]
+        assert published_at[version] < place, record  # published before it was recorded
+        assert amount == new_price[version], record
+        in_force = 2 if record.occurred_at >= moment else 1
+        if record in after:
+            assert version == in_force, record
+        else:
+            assert version in {1, in_force}, record

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from adapters.bootstrap import migrate, open_ledger
-from adapters.settings import DEFAULT_PRICE_LIST, Settings
+from adapters.settings import Settings
 from domain.price_book import EPOCH
 from domain.pricing import PriceList
 from store.roles import READER
 from tests.conftest import settings_env
 from tests.integration.roles import as_role
+from tests.integration.support import price_file
 
 pytestmark = pytest.mark.integration
 
@@ -45,20 +46,13 @@ def _at_once(env: dict[str, str], commands: list[list[str]]) -> list[tuple[int, 
     return out
 
 
-def _price_file(tmp_path: Path, api_requests: str) -> Path:
-    text = DEFAULT_PRICE_LIST.read_text(encoding="utf-8")
-    path = tmp_path / f"prices-{api_requests}.toml"
-    path.write_text(text.replace('unit_price = "0.001"', f'unit_price = "{api_requests}"'))
-    return path
-
-
 def test_publications_at_once_are_each_recorded_numbered_without_a_gap(
     settings: Settings, tmp_path: Path
 ) -> None:
     migrate(settings)
     env = settings_env(settings)
     prices = [f"0.00{n}" for n in range(2, 6)]
-    ran = _at_once(env, [["prices", "publish", str(_price_file(tmp_path, p))] for p in prices])
+    ran = _at_once(env, [["prices", "publish", str(price_file(tmp_path, p))] for p in prices])
     assert [status for status, _, _ in ran] == [0] * len(prices), [e for _, _, e in ran]
     said = sorted(int(out.split()[4].rstrip(",")) for _, out, _ in ran)
     assert said == [2, 3, 4, 5]
@@ -88,7 +82,7 @@ def test_publishing_as_the_reader_is_refused_naming_the_login(
     migrate(roles_settings)
     env = settings_env(roles_settings)
     env["BILLING_LEDGER_DATABASE_URL"] = as_role(server, READER)
-    refused = _cli(env, "prices", "publish", str(_price_file(tmp_path, "0.002")))
+    refused = _cli(env, "prices", "publish", str(price_file(tmp_path, "0.002")))
     assert refused.returncode == 2, refused.stderr
     assert "this login may not do that (permission denied" in refused.stderr
     assert "Traceback" not in refused.stderr
@@ -107,7 +101,7 @@ def test_a_moment_beyond_what_a_timestamp_holds_in_utc_is_misuse(
     migrate(settings)
     env = settings_env(settings)
     refused = _cli(
-        env, "prices", "publish", str(_price_file(tmp_path, "0.002")), "--effective-from", moment
+        env, "prices", "publish", str(price_file(tmp_path, "0.002")), "--effective-from", moment
     )
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.startswith("billing-ledger: error: ")
@@ -126,7 +120,7 @@ def test_the_far_future_and_before_the_epoch_are_moments_like_any(
         ("1969-07-20T20:17:40", "0.003"),
     ):
         done = _cli(
-            env, "prices", "publish", str(_price_file(tmp_path, price)), "--effective-from", moment
+            env, "prices", "publish", str(price_file(tmp_path, price)), "--effective-from", moment
         )
         assert done.returncode == 0, done.stderr
     at = json.loads(
@@ -166,7 +160,7 @@ def test_a_worker_sees_each_published_version_whatever_the_aggregate_cache_does(
     with open_ledger(settings) as worker, open_ledger(settings) as publisher:
         assert [v.number for v in worker.refresh_prices().versions] == [1]
         for n, price in enumerate(("0.002", "0.003"), start=2):
-            prices = PriceList.from_toml(_price_file(tmp_path, price).read_text())
+            prices = PriceList.from_toml(price_file(tmp_path, price).read_text())
             publisher.publish_prices(prices, EPOCH + timedelta(days=n))
             schedule = worker.refresh_prices()
             assert [v.number for v in schedule.versions] == list(range(1, n + 1))
