@@ -14,7 +14,9 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from uuid import UUID
 
+import psycopg
 import pytest
 
 from adapters.bootstrap import build_ingest_worker, close_worker, migrate, open_ledger
@@ -260,3 +262,55 @@ def test_two_workers_mid_stream_price_each_record_by_a_version_published_before_
             assert version == in_force, record
         else:
             assert version in {1, in_force}, record
+
+
+def _edit_history(
+    settings: Settings, originator: UUID, version: int, path: str, value: str
+) -> None:
+    """One stored event's field set to ``value`` (JSON) behind the ledger's back."""
+    with psycopg.connect(settings.database_url) as conn:  # history edited, trigger off
+        conn.execute("ALTER TABLE billingledger_events DISABLE TRIGGER events_append_only")
+        conn.execute(
+            "UPDATE billingledger_events SET state = convert_to(jsonb_set("
+            "convert_from(state, 'UTF8')::jsonb, %s, %s::jsonb)::text, 'UTF8')"
+            " WHERE originator_id = %s AND originator_version = %s",
+            (path, value, originator, version),
+        )
+        conn.execute("ALTER TABLE billingledger_events ENABLE TRIGGER events_append_only")
+
+
+def test_the_audit_finds_a_version_or_a_price_edited_in_the_database(
+    settings: Settings, ingest_ledger: BillingLedger, tmp_path: Path
+) -> None:
+    ledger = ingest_ledger
+    ledger.publish_prices(
+        PriceList.from_toml(price_file(tmp_path, "0.002").read_text()), NEW_PRICE_AT
+    )
+    ledger.record_usage(
+        [
+            Metering(_at("old", NEW_PRICE_AT - timedelta(days=1)), Source("usage", 0, 1)),
+            Metering(_at("new", NEW_PRICE_AT), Source("usage", 0, 2)),
+        ]
+    )
+    assert audit_findings(settings, ledger) == []
+    old, new = (transaction_id("acme", u) for u in ("old", "new"))
+
+    _edit_history(settings, new, 1, "{price_version}", "1")
+    found = audit_findings(settings, ledger)
+    book = PRICE_BOOK_ID
+    assert (
+        f"price {new}: amount 2.00 USD, but price book {book} version 1 prices 1000 of"
+        " 'api.requests' at 1.00 USD"
+    ) in found
+    assert f"chain {new} v1: content does not match its hash (edited)" in found
+
+    _edit_history(settings, new, 1, "{price_version}", "2")  # put back: chain whole again
+    # Version 2 is the book's third event (Opened, then version 1's Published).
+    _edit_history(settings, PRICE_BOOK_ID, 3, '{meters,"api.requests",unit_price}', '"0.003"')
+    found = audit_findings(settings, ledger)
+    assert (
+        f"price {new}: amount 2.00 USD, but price book {book} version 2 prices 1000 of"
+        " 'api.requests' at 3.00 USD"
+    ) in found
+    assert not any(f.startswith(f"price {old}") for f in found), found
+    assert f"chain {book} v3: content does not match its hash (edited)" in found
