@@ -143,6 +143,16 @@ class PriceBook(Aggregate):
         book.publish(prices, effective_from)
         return book
 
+    @classmethod
+    def of(cls, schedule: PriceSchedule) -> PriceBook:
+        """A new book holding ``schedule``'s versions with their numbers and moments: the
+        book a ledger that priced by ``schedule`` without a book starts (its usage names
+        them)."""
+        book = cls()
+        for version in schedule.versions:
+            book.publish(version.prices, version.effective_from)
+        return book
+
     @event(Opened)
     def __init__(self) -> None:
         self.versions: list[PriceVersion] = []

@@ -313,14 +313,12 @@ class BillingLedger(Application[UUID]):
 
     def publish_prices(self, prices: PriceList, effective_from: datetime) -> PriceVersion:
         """Publish ``prices`` as the book's next version (PriceListError, and nothing
-        recorded, when it is not valid). A book not started yet starts with it."""
+        recorded, when it is not valid). A book not started yet is started first with the
+        configured prices, as ``migrate`` starts it: usage recorded without a book was
+        priced by them and names their version 1."""
         for _ in range(self.max_attempts):
-            book = self.price_book()
-            if book is None:
-                book = PriceBook.start(prices, effective_from)
-                version = book.versions[0]
-            else:
-                version = book.publish(prices, effective_from)
+            book = self.price_book() or PriceBook.of(self.configured)
+            version = book.publish(prices, effective_from)
             try:
                 self.save(book)
             except IntegrityError:

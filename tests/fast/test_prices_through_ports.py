@@ -44,10 +44,26 @@ def test_the_book_is_started_once_with_the_configured_file() -> None:
     assert book is not None and [v.prices for v in book.versions] == [CHEAP]
 
 
-def test_publishing_to_a_ledger_without_a_book_starts_it_with_that_version() -> None:
-    ledger = memory_ledger()
-    version = ledger.publish_prices(DEAR, T0)
-    assert (version.number, version.effective_from, version.prices) == (1, T0, DEAR)
+def test_publishing_to_a_ledger_without_a_book_starts_it_with_the_configured_prices() -> None:
+    """Usage recorded before the book was started names version 1, priced by the
+    configured file: the book starts with that file as version 1 from the epoch, and what
+    is published becomes version 2, in force from its own moment only."""
+    ledger = memory_ledger()  # configured: the shipped file, no book yet
+    ledger.record_usage([_record("before-the-book", T0, 1)])
+    version = ledger.publish_prices(DEAR, T0 + timedelta(days=30))
+    assert (version.number, version.effective_from, version.prices) == (
+        2, T0 + timedelta(days=30), DEAR,
+    )  # fmt: skip
+    book = ledger.price_book()
+    assert book is not None
+    assert [(v.number, v.effective_from, v.prices) for v in book.versions] == [
+        (1, EPOCH, ledger.configured.latest.prices),
+        (2, T0 + timedelta(days=30), DEAR),
+    ]
+    ledger.record_usage([_record("now", T0 + timedelta(days=1), 2)])
+    for usage_id in ("before-the-book", "now"):  # the configured price: 1,000 x 0.001 USD
+        txn = ledger.transaction(transaction_id("acme", usage_id))
+        assert (txn.price_version, txn.amount) == (1, Decimal(100))
 
 
 def test_each_batch_prices_by_the_book_as_published_before_it() -> None:

@@ -114,6 +114,20 @@ def test_effective_from_is_recorded_in_utc() -> None:
     )
 
 
+def test_a_book_of_a_schedule_holds_its_versions_with_their_numbers_and_moments() -> None:
+    schedule = _book(("1", JAN), ("2", MAR), ("3", FEB)).schedule
+    book = PriceBook.of(schedule)
+    assert book.id == PRICE_BOOK_ID
+    assert [type(e).__name__ for e in book.collect_events()] == [
+        "Opened", "Published", "Published", "Published",
+    ]  # fmt: skip
+    assert book.versions == [
+        PriceVersion(PRICE_BOOK_ID, 1, JAN, _prices("1")),
+        PriceVersion(PRICE_BOOK_ID, 2, MAR, _prices("2")),
+        PriceVersion(PRICE_BOOK_ID, 3, FEB, _prices("3")),
+    ]
+
+
 def test_a_book_stored_and_loaded_has_the_same_versions() -> None:
     ledger = memory_ledger()
     book = _book(("0.001", EPOCH), ("0.002", FEB))
