@@ -24,7 +24,7 @@ from adapters.settings import Settings
 from domain.ids import transaction_id
 from domain.metering import Metering
 from domain.price_book import EPOCH, PRICE_BOOK_ID, PriceBook
-from domain.pricing import PriceList
+from domain.pricing import Price, PriceList
 from domain.transaction import BillingTransaction, Source
 from domain.usage import UsageRecord
 from store.ledger import BillingLedger
@@ -314,3 +314,40 @@ def test_the_audit_finds_a_version_or_a_price_edited_in_the_database(
     ) in found
     assert not any(f.startswith(f"price {old}") for f in found), found
     assert f"chain {book} v3: content does not match its hash (edited)" in found
+
+
+def test_a_meter_that_changes_currency_is_removed_and_comes_back_free_audits_clean(
+    settings: Settings, ingest_ledger: BillingLedger
+) -> None:
+    """Version 2 prices api.requests in EUR, version 3 removes it, version 4 brings it
+    back at 0: its usage of one period goes to one line per currency (never a sum
+    across currencies), a record after the removal is set aside with its reason and
+    priced once a version has its meter again, and the audit finds nothing."""
+    ledger = ingest_ledger
+    usd = ledger.refresh_prices().latest.prices
+    eur = replace(usd, prices={**usd.prices, "api.requests": Price(Decimal("0.001"), "EUR")})
+    gone = replace(usd, prices={k: v for k, v in usd.prices.items() if k != "api.requests"})
+    free = replace(usd, prices={**usd.prices, "api.requests": Price(Decimal(0), "USD")})
+    hour = timedelta(hours=1)
+    ledger.publish_prices(eur, NEW_PRICE_AT)
+    ledger.publish_prices(gone, NEW_PRICE_AT + 2 * hour)
+    batch = [
+        Metering(_at(f"r{n}", NEW_PRICE_AT + (n - 1) * hour), Source("usage", 0, n))
+        for n in range(4)
+    ]  # one before version 2, two in it, one after version 3
+    decided = ledger.record_usage(batch)
+    assert [(m.record.usage_id, why) for m, why in decided.rejected] == [
+        ("r3", "unknown meter 'api.requests'")
+    ]
+    assert sorted((t.fields["currency"], t.amount) for t in decided.transactions) == [
+        ("EUR", Decimal(100)), ("EUR", Decimal(100)), ("USD", Decimal(100)),
+    ]  # fmt: skip
+    lines = {(line.currency, line.meter): line.exact_total for line in decided.lines}
+    assert lines == {("USD", "api.requests"): Decimal(100), ("EUR", "api.requests"): 200}
+
+    ledger.publish_prices(free, NEW_PRICE_AT + 2 * hour)  # the fix, for the same moment
+    redriven = ledger.record_usage([batch[3]])
+    assert redriven.rejected == []
+    [txn] = redriven.transactions
+    assert (txn.fields["price_version"], txn.fields["currency"], txn.amount) == (4, "USD", 0)
+    assert audit_findings(settings, ledger) == []
