@@ -15,7 +15,7 @@ from adapters.bootstrap import migrate, open_ledger
 from adapters.settings import Settings
 from domain.price_book import EPOCH
 from domain.pricing import PriceList
-from store.roles import READER
+from store.roles import AUDITOR, READER
 from tests.conftest import settings_env
 from tests.integration.roles import as_role
 from tests.integration.support import price_file
@@ -89,6 +89,17 @@ def test_publishing_as_the_reader_is_refused_naming_the_login(
     shown = _cli(env, "prices", "list")
     assert shown.returncode == 2, shown.stderr
     assert "this login may not do that (permission denied" in shown.stderr
+
+
+def test_the_auditor_reads_the_book_as_the_docs_say(roles_settings: Settings, server: str) -> None:
+    migrate(roles_settings)
+    env = settings_env(roles_settings)
+    env["BILLING_LEDGER_DATABASE_URL"] = as_role(server, AUDITOR)
+    listed = _cli(env, "prices", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [v["version"] for v in json.loads(listed.stdout)["versions"]] == [1]
+    shown = _cli(env, "prices", "show", "--at", "2027-01-01T00:00:00Z")
+    assert shown.returncode == 0, shown.stderr
 
 
 @pytest.mark.parametrize(
