@@ -351,3 +351,17 @@ def test_a_meter_that_changes_currency_is_removed_and_comes_back_free_audits_cle
     [txn] = redriven.transactions
     assert (txn.fields["price_version"], txn.fields["currency"], txn.amount) == (4, "USD", 0)
     assert audit_findings(settings, ledger) == []
+
+
+def test_a_per_beyond_64_bits_is_audited_as_it_was_published(
+    settings: Settings, ingest_ledger: BillingLedger
+) -> None:
+    """A price per 10^23 units (no 64-bit integer holds it): stored as the library writes
+    it, and read back by the audit as the same whole number, not a float."""
+    ledger = ingest_ledger
+    usd = ledger.refresh_prices().latest.prices
+    huge = Price(Decimal(10) ** 21, "USD", 10**23)  # 0.01 USD a unit: 1 cent
+    ledger.publish_prices(replace(usd, prices={**usd.prices, "api.requests": huge}), EPOCH)
+    decided = ledger.record_usage([Metering(_at("huge-per", NEW_PRICE_AT), Source("usage", 0, 1))])
+    assert [t.amount for t in decided.transactions] == [Decimal(1000)]
+    assert audit_findings(settings, ledger) == []
