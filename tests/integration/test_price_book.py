@@ -19,6 +19,7 @@ from uuid import UUID
 import psycopg
 import pytest
 
+from adapters.audit.export import export_events
 from adapters.bootstrap import build_ingest_worker, close_worker, migrate, open_ledger
 from adapters.settings import Settings
 from domain.ids import transaction_id
@@ -27,6 +28,7 @@ from domain.price_book import EPOCH, PRICE_BOOK_ID, PriceBook
 from domain.pricing import Price, PriceList
 from domain.transaction import BillingTransaction, Source
 from domain.usage import UsageRecord
+from store.connections import Database
 from store.ledger import BillingLedger
 from tests.conftest import settings_env
 from tests.integration.support import audit_findings, price_file, produce_records, wait_for
@@ -365,3 +367,6 @@ def test_a_per_beyond_64_bits_is_audited_as_it_was_published(
     decided = ledger.record_usage([Metering(_at("huge-per", NEW_PRICE_AT), Source("usage", 0, 1))])
     assert [t.amount for t in decided.transactions] == [Decimal(1000)]
     assert audit_findings(settings, ledger) == []
+    exported = export_events(Database(settings.database_url), "acme")
+    [metered] = [e for e in exported if e["event"].endswith("Metered")]
+    assert metered["data"]["per"] == 10**23
