@@ -76,19 +76,25 @@ def test_migrations_at_once_start_one_book(settings: Settings) -> None:
     assert book.versions[0].prices == settings.load_prices()
 
 
-def test_publishing_as_the_reader_is_refused_naming_the_login(
+def test_only_the_writer_publishes_the_others_are_told_which_login_to_use(
     roles_settings: Settings, server: str, tmp_path: Path
 ) -> None:
     migrate(roles_settings)
-    env = settings_env(roles_settings)
-    env["BILLING_LEDGER_DATABASE_URL"] = as_role(server, READER)
-    refused = _cli(env, "prices", "publish", str(price_file(tmp_path, "0.002")))
-    assert refused.returncode == 2, refused.stderr
-    assert "this login may not do that (permission denied" in refused.stderr
-    assert "Traceback" not in refused.stderr
-    shown = _cli(env, "prices", "list")
+    env = settings_env(roles_settings)  # the workers' login: billing_writer
+    done = _cli(env, "prices", "publish", str(price_file(tmp_path, "0.002")))
+    assert done.returncode == 0, done.stderr
+    for role in (READER, AUDITOR):
+        env["BILLING_LEDGER_DATABASE_URL"] = as_role(server, role)
+        refused = _cli(env, "prices", "publish", str(price_file(tmp_path, "0.003")))
+        assert refused.returncode == 2, (role, refused.stderr)
+        assert "this login may not do that (permission denied" in refused.stderr
+        assert "prices publish write as billing_writer" in refused.stderr
+    shown = _cli(env | {"BILLING_LEDGER_DATABASE_URL": as_role(server, READER)}, "prices", "list")
     assert shown.returncode == 2, shown.stderr
     assert "this login may not do that (permission denied" in shown.stderr
+    with open_ledger(roles_settings) as ledger:
+        book = ledger.price_book()
+    assert book is not None and [v.number for v in book.versions] == [1, 2]
 
 
 def test_the_auditor_reads_the_book_as_the_docs_say(roles_settings: Settings, server: str) -> None:
