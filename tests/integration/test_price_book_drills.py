@@ -127,28 +127,41 @@ def test_a_moment_beyond_what_a_timestamp_holds_in_utc_is_misuse(
     assert [v["version"] for v in listed["versions"]] == [1]
 
 
-def test_the_far_future_and_before_the_epoch_are_moments_like_any(
+def test_the_far_future_before_the_epoch_and_odd_zones_are_moments_like_any(
     settings: Settings, tmp_path: Path
 ) -> None:
     migrate(settings)
     env = settings_env(settings)
     for moment, price in (
         ("9999-12-31T23:59:59.999999Z", "0.002"),
-        ("1969-07-20T20:17:40", "0.003"),
+        ("1969-07-20T20:17:40", "0.003"),  # no offset: UTC
+        ("2027-01-01T05:45:00+05:45", "0.004"),  # Kathmandu
     ):
         done = _cli(
             env, "prices", "publish", str(price_file(tmp_path, price)), "--effective-from", moment
         )
         assert done.returncode == 0, done.stderr
-    at = json.loads(
-        _cli(env, "prices", "show", "--at", "9999-12-31T23:59:59.999999Z", "--json").stdout
-    )
-    assert at["version"] == 2
-    early = json.loads(_cli(env, "prices", "show", "--at", "1970-01-01T00:00:00Z", "--json").stdout)
-    assert early["version"] == 1
-    moon = json.loads(_cli(env, "prices", "show", "--at", "1969-12-31T23:59:59Z", "--json").stdout)
-    assert moon["version"] == 3
-    assert PriceList.from_meters(moon["meters"]).price_of("api.requests").unit_price.as_tuple()
+    listed = json.loads(_cli(env, "prices", "list", "--json").stdout)["versions"]
+    assert [v["effective_from"] for v in listed] == [
+        "1970-01-01T00:00:00+00:00",
+        "9999-12-31T23:59:59.999999+00:00",
+        "1969-07-20T20:17:40+00:00",
+        "2027-01-01T00:00:00+00:00",
+    ]
+
+    def version_at(moment: str) -> int:
+        shown = _cli(env, "prices", "show", "--at", moment, "--json")
+        assert shown.returncode == 0, shown.stderr
+        number: int = json.loads(shown.stdout)["version"]
+        return number
+
+    assert version_at("9999-12-31T23:59:59.999999Z") == 2
+    assert version_at("9999-12-31T23:59:59.999998Z") == 4
+    assert version_at("2026-12-31T19:00:00-05:00") == 4  # the same instant, in New York
+    assert version_at("2026-12-31T18:59:59.999999-05:00") == 1
+    assert version_at("1970-01-01T00:00:00Z") == 1
+    assert version_at("1969-12-31T23:59:59Z") == 3
+    assert version_at("0001-01-01T00:00:00Z") == 3  # before every version: the earliest
 
 
 @pytest.mark.parametrize("garbage", ["yesterday", "", "2027-13-01", "2027-01-01T25:00Z", "1e9"])
