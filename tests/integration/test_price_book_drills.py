@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.bootstrap import migrate, open_ledger
+from adapters.bootstrap import _apply_migrations, migrate, open_ledger
 from adapters.settings import Settings
 from domain.price_book import EPOCH
 from domain.pricing import PriceList
@@ -46,20 +46,29 @@ def _at_once(env: dict[str, str], commands: list[list[str]]) -> list[tuple[int, 
     return out
 
 
+@pytest.mark.parametrize("started", [True, False], ids=["book-started", "no-book-yet"])
 def test_publications_at_once_are_each_recorded_numbered_without_a_gap(
-    settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path, started: bool
 ) -> None:
-    migrate(settings)
+    """Four publications at once (and, on a ledger without a book, a migration with
+    them): each is a version, 2 to 5, the configured file version 1."""
     env = settings_env(settings)
     prices = [f"0.00{n}" for n in range(2, 6)]
-    ran = _at_once(env, [["prices", "publish", str(price_file(tmp_path, p))] for p in prices])
-    assert [status for status, _, _ in ran] == [0] * len(prices), [e for _, _, e in ran]
-    said = sorted(int(out.split()[4].rstrip(",")) for _, out, _ in ran)
+    commands = [["prices", "publish", str(price_file(tmp_path, p))] for p in prices]
+    if started:
+        migrate(settings)
+    else:  # the schema only: the book is started by whichever command comes first
+        _apply_migrations(settings, lambda m: None)
+        commands.append(["migrate"])
+    ran = _at_once(env, commands)
+    assert [status for status, _, _ in ran] == [0] * len(commands), [e for _, _, e in ran]
+    said = sorted(int(out.split()[4].rstrip(",")) for _, out, _ in ran[: len(prices)])
     assert said == [2, 3, 4, 5]
     with open_ledger(settings) as ledger:
         book = ledger.price_book()
     assert book is not None
     assert [v.number for v in book.versions] == [1, 2, 3, 4, 5]
+    assert book.versions[0].prices == settings.load_prices()
     published = sorted(str(v.prices.price_of("api.requests").unit_price) for v in book.versions[1:])
     assert published == prices
 
