@@ -118,3 +118,21 @@ def test_a_configured_file_the_book_holds_says_nothing(caplog: pytest.LogCapture
     with caplog.at_level(logging.WARNING, logger="store.ledger"):
         assert ledger.refresh_prices().latest.number == 2
     assert caplog.messages == []
+
+
+def test_a_batch_prices_by_the_book_as_it_was_when_the_batch_was_decided() -> None:
+    """What docs/operate/prices.md promises, exactly: a version prices the batches each
+    worker decides after it is published; a batch decided just before keeps the book it
+    was decided with, even when its save lands after the publication (the ingest's
+    write-behind saves one batch while it decides the next)."""
+    ledger = memory_ledger()
+    ledger.start_price_book(CHEAP)
+    decided = ledger.decide([_record("decided-before", T0, 1)])
+    ledger.publish_prices(DEAR, EPOCH)
+    ledger.save_decided(decided)
+    ledger.record_usage([_record("decided-after", T0, 2)])
+    priced = {
+        u: ledger.transaction(transaction_id("acme", u)).price_version
+        for u in ("decided-before", "decided-after")
+    }
+    assert priced == {"decided-before": 1, "decided-after": 2}
