@@ -296,7 +296,7 @@ def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
             _route_line(out, agg, kind, version, data, scope)
     elif kind == "metered":
         if scope.includes(data["customer_id"], at):
-            agg.txn = TxnAudit.metered(_uuid_text(agg.id), data)
+            agg.txn = TxnAudit.metered(_uuid_text(agg.id), data, out.prices)
             out.transactions[agg.txn.transaction_id] = agg.txn
     elif kind == "Opened":
         if scope.customer in (None, data["customer_id"]):

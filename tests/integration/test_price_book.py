@@ -264,6 +264,7 @@ def test_two_workers_mid_stream_price_each_record_by_a_version_published_before_
             assert version == in_force, record
         else:
             assert version in {1, in_force}, record
+    assert audit_findings(settings, ingest_ledger) == []
 
 
 def _edit_history(
@@ -370,3 +371,29 @@ def test_a_per_beyond_64_bits_is_audited_as_it_was_published(
     exported = export_events(Database(settings.database_url), "acme")
     [metered] = [e for e in exported if e["event"].endswith("Metered")]
     assert metered["data"]["per"] == 10**23
+
+
+def test_the_audit_finds_a_transaction_naming_a_version_published_after_it(
+    settings: Settings, ingest_ledger: BillingLedger, tmp_path: Path
+) -> None:
+    """A Metered that names version 2 before version 2 was published (what no worker
+    does: it prices only by versions it has read), its chain whole."""
+    ledger = ingest_ledger
+    prices = PriceList.from_toml(price_file(tmp_path, "0.002").read_text())
+    ahead = PriceBook.of(ledger.refresh_prices())
+    ahead.publish(prices, NEW_PRICE_AT)  # the book as it will be, not as it is
+    txn = BillingTransaction.from_usage(
+        _at("ahead", NEW_PRICE_AT), ahead.schedule, Source("usage", 0, 1)
+    )
+    assert txn.price_version == 2
+    ledger.save(txn)
+    ledger.record_usage([Metering(_at("in-time", NEW_PRICE_AT), Source("usage", 0, 2))])
+    ledger.publish_prices(prices, NEW_PRICE_AT)
+    ledger.record_usage([Metering(_at("after", NEW_PRICE_AT), Source("usage", 0, 3))])
+    assert [
+        ledger.transaction(transaction_id("acme", u)).price_version for u in ("in-time", "after")
+    ] == [1, 2]
+    assert [f for f in audit_findings(settings, ledger) if f.startswith("price ")] == [
+        f"price {txn.id}: priced by price book {PRICE_BOOK_ID} version 2, published after it"
+        " was recorded"
+    ]
