@@ -237,7 +237,8 @@ def test_two_workers_mid_stream_price_each_record_by_a_version_published_before_
         assert ingest_ledger.publish_prices(prices, moment).number == 2
         after = [_at(f"u{n}", straddle[n % 3], f"c{n % 7}") for n in range(300, 600)]
         produce_records(settings, after)
-        wait_for(lambda: sum(w.stats.records for w in workers) == 600, what="every record")
+        ids = [transaction_id(r.customer_id, r.usage_id) for r in [*before, *after]]
+        wait_for(lambda: len(ingest_ledger.latest_versions(ids)) == 600, what="every record")
     finally:
         stop.set()
         for runner in runners:
