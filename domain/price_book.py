@@ -169,11 +169,9 @@ class PriceBook(Aggregate):
     def _published(
         self, number: int, effective_from: datetime, meters: dict[str, dict[str, Any]]
     ) -> None:
+        before = self.versions[-1].prices.prices if self.versions else {}
         prices = PriceList(
-            {
-                name: Price(Decimal(spec["unit_price"]), spec["currency"], spec["per"])
-                for name, spec in meters.items()
-            }
+            {name: _price(spec, before.get(name)) for name, spec in meters.items()}
         )  # checked when published: a version loads as it was, whatever the rules are now
         self.versions.append(PriceVersion(self.id, number, effective_from, prices))
 
@@ -185,6 +183,17 @@ class PriceBook(Aggregate):
     def price_at(self, moment: datetime) -> PriceVersion:
         """The version in force at ``moment`` (``PriceSchedule.price_at``)."""
         return self.schedule.price_at(moment)
+
+
+def _price(spec: dict[str, Any], before: Price | None) -> Price:
+    """The price a version's ``spec`` holds; ``before`` itself, the version before's price
+    of the meter, when it is written the same: a book's versions share the prices they do
+    not change (a book of 10,000 meters holds each unchanged price once, not per version)."""
+    if before is not None and (str(before.unit_price), before.currency, before.per) == (
+        spec["unit_price"], spec["currency"], spec["per"],
+    ):  # fmt: skip
+        return before
+    return Price(Decimal(spec["unit_price"]), spec["currency"], spec["per"])
 
 
 def _checked(

@@ -128,6 +128,36 @@ def test_a_book_of_a_schedule_holds_its_versions_with_their_numbers_and_moments(
     ]
 
 
+@pytest.mark.parametrize(
+    ("changed", "shared"),
+    [
+        pytest.param(Price(Decimal("1.50"), "USD", 1000), True, id="unchanged"),
+        pytest.param(Price(Decimal("1.5"), "USD", 1000), False, id="written-otherwise"),
+        pytest.param(Price(Decimal("1.51"), "USD", 1000), False, id="unit-price"),
+        pytest.param(Price(Decimal("1.50"), "EUR", 1000), False, id="currency"),
+        pytest.param(Price(Decimal("1.50"), "USD", 100), False, id="per"),
+    ],
+)
+def test_a_version_shares_the_prices_it_does_not_change_with_the_one_before(
+    changed: Price, shared: bool
+) -> None:
+    first = Price(Decimal("1.50"), "USD", 1000)
+    book = PriceBook.start(PriceList({"a": first, "b": first}))
+    book.publish(PriceList({"a": changed, "b": first, "c": first}), FEB)
+    v1, v2 = (v.prices.prices for v in book.versions)
+    assert v2 == {"a": changed, "b": first, "c": first}
+    assert str(v2["a"].unit_price) == str(changed.unit_price)  # as written
+    assert (v2["a"] is v1["a"]) is shared
+    assert v2["b"] is v1["b"]
+    assert v2["c"] is not v1["b"]  # a meter new in the version: its own
+    ledger = memory_ledger()
+    ledger.save(book)
+    loaded = ledger.repository.get(PRICE_BOOK_ID, deepcopy_from_cache=False)
+    assert isinstance(loaded, PriceBook) and loaded is not book
+    assert [v.prices for v in loaded.versions] == [v.prices for v in book.versions]
+    assert loaded.versions[1].prices.prices["b"] is loaded.versions[0].prices.prices["b"]
+
+
 def test_a_book_stored_and_loaded_has_the_same_versions() -> None:
     ledger = memory_ledger()
     book = _book(("0.001", EPOCH), ("0.002", FEB))
