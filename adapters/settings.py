@@ -16,6 +16,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from domain.errors import PriceListError
 from domain.periods import PeriodPolicy
 from domain.pricing import PriceList
 from domain.saga import RetryPolicy
@@ -362,8 +363,19 @@ class Settings(BaseSettings):
         )
 
     def load_prices(self) -> PriceList:
-        """The price list named by ``price_list`` (raises PriceListError / OSError)."""
-        return PriceList.from_toml(self.price_list.read_text(encoding="utf-8"))
+        """The price list named by ``price_list``; PriceListError naming the setting when
+        it cannot be read or is not valid (once the ledger has a price book the file prices
+        nothing, so it may well have been moved: the setting is what to mend)."""
+        named = f"the configured price file (BILLING_LEDGER_PRICE_LIST={self.price_list})"
+        try:
+            text = self.price_list.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise PriceListError(f"{named} cannot be read ({reason})") from None
+        try:
+            return PriceList.from_toml(text)
+        except PriceListError as exc:
+            raise PriceListError(f"{named}: {exc}") from None
 
 
 def child_env(settings: Settings) -> dict[str, str]:

@@ -14,7 +14,7 @@ amount is recomputed from the price book version its Metered names in
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Container, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal, localcontext
@@ -80,11 +80,20 @@ class TxnAudit:
     problems: tuple[str, ...] = ()  # a tuple: millions of these are built per audit
     # The price book and version its Metered names; None before price books.
     priced_by: tuple[str | None, int] | None = None
+    # Its Metered came before the Published of the version it names, in the log.
+    before_its_version: bool = False
 
     @classmethod
-    def metered(cls, transaction_id: str, data: Mapping[str, Any]) -> TxnAudit:
-        """The transaction as its Metered event starts it."""
+    def metered(
+        cls,
+        transaction_id: str,
+        data: Mapping[str, Any],
+        published: Container[tuple[str | None, int]] | None = None,
+    ) -> TxnAudit:
+        """The transaction as its Metered event starts it; ``published``, when given: the
+        price book versions published before it in the log (``before_its_version``)."""
         number = data.get("price_version")  # none in histories from before price books
+        priced_by = None if number is None else (uuid_text(data["price_book_id"]), number)
         return cls(
             transaction_id,
             data["customer_id"],
@@ -94,7 +103,10 @@ class TxnAudit:
             Decimal(data["amount"]),  # an integer in histories from before exact amounts
             data["currency"],
             str(data["timestamp"]),
-            priced_by=None if number is None else (uuid_text(data["price_book_id"]), number),
+            priced_by=priced_by,
+            before_its_version=(
+                published is not None and priced_by is not None and priced_by not in published
+            ),
         )
 
     def apply(self, name: str, data: Mapping[str, Any], version: int) -> None:

@@ -5,7 +5,10 @@ The audit folds the book's ``Published`` events into the versions they hold (as 
 each a price file's ``[meters]`` table) and recomputes every transaction's exact amount
 from the version it names: quantity x that version's price of its meter, exact, in its
 currency. A version that does not exist, a meter or currency it does not price, and an
-amount other than its price x quantity are findings (kind ``price``).
+amount other than its price x quantity are findings (kind ``price``); so is a version
+published after the transaction was recorded (its ``Published`` after the ``Metered`` in
+the log: a worker prices only by versions it has read), but for the initial version,
+which workers name before ``migrate`` starts the book.
 
 Metered events recorded before price books existed (stored ``class_version`` 1 or 2)
 name no version in what was stored; they load naming the initial version, but the
@@ -23,6 +26,7 @@ from typing import Any
 from domain.audit import Finding, TxnAudit
 from domain.errors import InvalidUsage
 from domain.money import format_money
+from domain.price_book import INITIAL_VERSION
 from domain.pricing import Price
 
 __all__ = ["PriceVersions", "check_prices"]
@@ -47,6 +51,8 @@ def check_prices(txns: Iterable[TxnAudit], versions: PriceVersions) -> list[Find
         problem: str | None
         if price is None:
             problem = _unpriced(txn, txn.priced_by, versions)
+        elif txn.before_its_version and txn.priced_by[1] != INITIAL_VERSION:
+            problem = f"priced by {_named(txn.priced_by)}, published after it was recorded"
         else:
             problem = _amount_problem(txn, txn.priced_by, price)
         if problem is not None:

@@ -143,6 +143,16 @@ class PriceBook(Aggregate):
         book.publish(prices, effective_from)
         return book
 
+    @classmethod
+    def of(cls, schedule: PriceSchedule) -> PriceBook:
+        """A new book holding ``schedule``'s versions with their numbers and moments: the
+        book a ledger that priced by ``schedule`` without a book starts (its usage names
+        them)."""
+        book = cls()
+        for version in schedule.versions:
+            book.publish(version.prices, version.effective_from)
+        return book
+
     @event(Opened)
     def __init__(self) -> None:
         self.versions: list[PriceVersion] = []
@@ -151,19 +161,17 @@ class PriceBook(Aggregate):
         """Record ``prices`` as the next version, in force from ``effective_from``.
         The whole version is checked first, by a price file's rules: PriceListError,
         and nothing recorded, when any of it is not valid."""
-        checked = _checked(prices, effective_from)
-        self._published(len(self.versions) + 1, effective_from.astimezone(UTC), checked)
+        moment, checked = _checked(prices, effective_from)
+        self._published(len(self.versions) + 1, moment, checked)
         return self.versions[-1]
 
     @event(Published)
     def _published(
         self, number: int, effective_from: datetime, meters: dict[str, dict[str, Any]]
     ) -> None:
+        before = self.versions[-1].prices.prices if self.versions else {}
         prices = PriceList(
-            {
-                name: Price(Decimal(spec["unit_price"]), spec["currency"], spec["per"])
-                for name, spec in meters.items()
-            }
+            {name: _price(spec, before.get(name)) for name, spec in meters.items()}
         )  # checked when published: a version loads as it was, whatever the rules are now
         self.versions.append(PriceVersion(self.id, number, effective_from, prices))
 
@@ -177,11 +185,31 @@ class PriceBook(Aggregate):
         return self.schedule.price_at(moment)
 
 
-def _checked(prices: PriceList, effective_from: datetime) -> dict[str, dict[str, Any]]:
-    """The version's ``[meters]`` table, checked as a price file is."""
+def _price(spec: dict[str, Any], before: Price | None) -> Price:
+    """The price a version's ``spec`` holds; ``before`` itself, the version before's price
+    of the meter, when it is written the same: a book's versions share the prices they do
+    not change (a book of 10,000 meters holds each unchanged price once, not per version)."""
+    if before is not None and (str(before.unit_price), before.currency, before.per) == (
+        spec["unit_price"], spec["currency"], spec["per"],
+    ):  # fmt: skip
+        return before
+    return Price(Decimal(spec["unit_price"]), spec["currency"], spec["per"])
+
+
+def _checked(
+    prices: PriceList, effective_from: datetime
+) -> tuple[datetime, dict[str, dict[str, Any]]]:
+    """The version's moment in UTC and its ``[meters]`` table, checked as a price file is."""
     if effective_from.utcoffset() is None:
         raise PriceListError(
             f"effective_from {effective_from.isoformat()} has no time zone:"
             " give one (2027-01-01T00:00:00Z)"
         )
-    return PriceList.from_meters(prices.to_meters()).to_meters()
+    try:
+        moment = effective_from.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:00-05:00 is in the year 10000 in UTC
+        raise PriceListError(
+            f"effective_from {effective_from.isoformat()} is not a moment in years 1 to 9999"
+            " in UTC: give one that is"
+        ) from None
+    return moment, PriceList.from_meters(prices.to_meters()).to_meters()

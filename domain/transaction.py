@@ -35,11 +35,17 @@ from eventsourcing.domain import Aggregate, event
 
 from domain.errors import IllegalTransition, InvalidUsage
 from domain.ids import transaction_id
-from domain.price_book import INITIAL_VERSION, PRICE_BOOK_ID, PriceSchedule, as_schedule
-from domain.pricing import PriceList
+from domain.price_book import (
+    INITIAL_VERSION,
+    PRICE_BOOK_ID,
+    PriceSchedule,
+    PriceVersion,
+    as_schedule,
+)
+from domain.pricing import Price, PriceList
 from domain.usage import UsageRecord
 
-__all__ = ["ALLOWED_FROM", "BillingTransaction", "Source", "TxnState"]
+__all__ = ["ALLOWED_FROM", "BillingTransaction", "Source", "TxnState", "price_of_record"]
 
 
 class TxnState(StrEnum):
@@ -83,6 +89,23 @@ class Source:
 
     def __str__(self) -> str:
         return f"{self.topic}/{self.partition}@{self.offset}"
+
+
+def price_of_record(
+    record: UsageRecord, prices: PriceList | PriceSchedule
+) -> tuple[PriceVersion, Price]:
+    """The version in force when ``record`` occurred and its price of the record's meter;
+    InvalidUsage (the dead letter's reason) when that version has no price for the meter
+    or prices it in another currency than the record names. The ingest's rule, and the
+    producer's local check of it."""
+    version = as_schedule(prices).price_at(record.occurred_at)
+    price = version.prices.price_of(record.meter)
+    if record.currency is not None and record.currency.upper() != price.currency:
+        raise InvalidUsage(
+            f"currency {record.currency!r} does not match meter {record.meter!r} "
+            f"priced in {price.currency}"
+        )
+    return version, price
 
 
 class BillingTransaction(Aggregate):
@@ -170,13 +193,7 @@ class BillingTransaction(Aggregate):
         """The Metered event's fields for ``record``: the one place usage is priced, by
         the price book version in force when it occurred (a bare price list: the
         initial version)."""
-        version = as_schedule(prices).price_at(record.occurred_at)
-        price = version.prices.price_of(record.meter)
-        if record.currency is not None and record.currency.upper() != price.currency:
-            raise InvalidUsage(
-                f"currency {record.currency!r} does not match meter {record.meter!r} "
-                f"priced in {price.currency}"
-            )
+        version, price = price_of_record(record, prices)
         return {
             "customer_id": record.customer_id,
             "usage_id": record.usage_id,

@@ -10,10 +10,11 @@ re-decides, with events; a redelivered record then finds its transaction already
 is counted as a duplicate, with no second write.
 
 Usage is priced by the price book (``domain.price_book``) as the store has it:
-``decide`` asks ``refresh_prices`` first, one indexed read per batch (the aggregate
-cache's fast-forward of the book), and rebuilds what it prices by only when a version
-was published since; so a published version prices the next batch, in every process,
-without a restart. Before ``migrate`` started the book, the configured prices do.
+``decide`` asks ``refresh_prices`` first, one indexed read per batch (the book's events
+after the version it knows, whatever the aggregate cache's settings), and rebuilds what
+it prices by only when a version was published since; so a published version prices the
+next batch, in every process, without a restart. Before ``migrate`` started the book,
+the configured prices do.
 
 ``record_usage`` is ``decide`` then ``save_decided``; the ingest worker calls the two
 apart to save one batch on a writer thread while it decides the next on the state the
@@ -23,6 +24,7 @@ first leaves (``decide(after=...)``; the rules are in ``adapters.ingest.worker``
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -130,6 +132,8 @@ class BillingLedger(Application[UUID]):
         self.configured = as_schedule(prices)
         self.prices = self.configured
         self._book_version: int | None = None
+        self._book: PriceBook | None = None  # the book as refresh_prices last read it
+        self._book_lock = threading.Lock()
         self.periods = periods
         self.last_save = SaveStats(attempts=0, events=0)
 
@@ -266,18 +270,23 @@ class BillingLedger(Application[UUID]):
 
     def refresh_prices(self) -> PriceSchedule:
         """The prices to price usage by now: the price book's versions as the store has
-        them (the configured prices while it has no book). The check is the aggregate
-        cache's fast-forward: one indexed read of the events after the version already
-        known, so every batch sees a newly published version without a restart."""
-        try:
-            book: PriceBook = self.repository.get(PRICE_BOOK_ID, deepcopy_from_cache=False)
-        except AggregateNotFoundError:
+        them (the configured prices while it has no book). The check is one indexed read
+        of the book's events after the version already known, folded into a book this
+        ledger keeps for itself: not the aggregate cache, whose fast-forward a setting
+        turns off (``AGGREGATE_CACHE_FASTFORWARD``) and whose entry others evict, so every
+        batch sees a newly published version without a restart, whatever the cache does."""
+        with self._book_lock:
+            known = self._book
+            new = self.events.get(PRICE_BOOK_ID, gt=None if known is None else known.version)
+            book = project_aggregate(known, new)
+            if not isinstance(book, PriceBook):  # no book yet: the configured prices
+                return self.prices
+            if book.version != self._book_version:
+                if self._book_version is None:
+                    self._warn_if_unpublished(book)
+                self.prices, self._book_version = book.schedule, book.version
+            self._book = book
             return self.prices
-        if book.version != self._book_version:
-            if self._book_version is None:
-                self._warn_if_unpublished(book)
-            self.prices, self._book_version = book.schedule, book.version
-        return self.prices
 
     def _warn_if_unpublished(self, book: PriceBook) -> None:
         """Say so once when the configured price file is none of the book's versions: once
@@ -304,14 +313,12 @@ class BillingLedger(Application[UUID]):
 
     def publish_prices(self, prices: PriceList, effective_from: datetime) -> PriceVersion:
         """Publish ``prices`` as the book's next version (PriceListError, and nothing
-        recorded, when it is not valid). A book not started yet starts with it."""
+        recorded, when it is not valid). A book not started yet is started first with the
+        configured prices, as ``migrate`` starts it: usage recorded without a book was
+        priced by them and names their version 1."""
         for _ in range(self.max_attempts):
-            book = self.price_book()
-            if book is None:
-                book = PriceBook.start(prices, effective_from)
-                version = book.versions[0]
-            else:
-                version = book.publish(prices, effective_from)
+            book = self.price_book() or PriceBook.of(self.configured)
+            version = book.publish(prices, effective_from)
             try:
                 self.save(book)
             except IntegrityError:

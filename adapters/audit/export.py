@@ -3,6 +3,7 @@ own timestamps) and ``export`` (a customer's events with positions and hashes)."
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import datetime
 from decimal import Decimal
@@ -76,6 +77,8 @@ def export_events(
         cur.execute(_EXPORT, (firsts, customer))
         for position, originator_id, version, topic, state, prev_hash, digest in cur:
             data = orjson.loads(state)
+            if any(type(v) is float for v in data.values()):  # orjson: an int beyond 64 bits
+                data = json.loads(state)  # (the ledger writes no float)
             at = datetime.fromisoformat(unwrap(data["timestamp"]))
             if (start is not None and at < start) or (end is not None and at >= end):
                 continue

@@ -12,6 +12,7 @@ the invoice items in Stripe. Nothing here decides what is legal; the domain does
 from __future__ import annotations
 
 import gc
+import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -278,12 +279,15 @@ def _kind(topic: str) -> str:
 def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
     out: Replay, agg: _Aggregate, kind: str, version: int, state: bytes, scope: Scope
 ) -> None:
+    if kind == "book:Published":  # every version, whatever the scope: transactions name them
+        # The library's parser, not orjson's: a price's per may be beyond 64 bits, which
+        # orjson reads as a float (a version is one event: the speed does not matter).
+        book = json.loads(state)
+        out.prices[_uuid_text(agg.id), book["number"]] = book["meters"]
+        return
     data = orjson.loads(state)
     for key in _WRAPPED.get(kind, ()):
         data[key] = unwrap(data[key])
-    if kind == "book:Published":  # every version, whatever the scope: transactions name them
-        out.prices[_uuid_text(agg.id), data["number"]] = data["meters"]
-        return
     at = datetime.fromisoformat(unwrap(data["timestamp"])) if scope.partial else None
     if scope.as_of is not None and at is not None and at > scope.as_of:
         return
@@ -292,7 +296,7 @@ def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
             _route_line(out, agg, kind, version, data, scope)
     elif kind == "metered":
         if scope.includes(data["customer_id"], at):
-            agg.txn = TxnAudit.metered(_uuid_text(agg.id), data)
+            agg.txn = TxnAudit.metered(_uuid_text(agg.id), data, out.prices)
             out.transactions[agg.txn.transaction_id] = agg.txn
     elif kind == "Opened":
         if scope.customer in (None, data["customer_id"]):

@@ -68,6 +68,22 @@ def _named(*names: str) -> Callable[[BaseException], bool]:
     return matches
 
 
+def _caused_by(*names: str) -> Callable[[BaseException], bool]:
+    """Like ``_named``, for the exception or one it was raised from: the event store
+    raises its own ``ProgrammingError`` from psycopg's ``InsufficientPrivilege``."""
+    named = _named(*names)
+
+    def matches(exc: BaseException) -> bool:
+        cause: BaseException | None = exc
+        while cause is not None:
+            if named(cause):
+                return True
+            cause = cause.__cause__
+        return False
+
+    return matches
+
+
 def _not_found(exc: BaseException) -> str:
     found = re.search(r"UUID\('([0-9a-f-]{36})'\)", str(exc))
     what = found.group(1) if found else "the id given"
@@ -79,8 +95,9 @@ def _not_found(exc: BaseException) -> str:
 
 def _privilege(exc: BaseException) -> str:
     return (
-        f"this login may not do that ({_first_line(exc)}): the audit and export read the"
-        " history as billing_auditor, migrate and rebuild run as the schema owner"
+        f"this login may not do that ({_first_line(exc)}): the workers and prices publish"
+        " write as billing_writer, the audit and export read the history as"
+        " billing_auditor, migrate and rebuild run as the schema owner"
         " (BILLING_LEDGER_MIGRATE_DATABASE_URL), people read as billing_reader; set"
         " BILLING_LEDGER_DATABASE_URL to the login the command needs"
     )
@@ -130,7 +147,7 @@ def _as_said(exc: BaseException) -> str:
 
 KNOWN: tuple[Known, ...] = (
     Known("not found", _named("AggregateNotFoundError"), EXIT_USAGE, _not_found),
-    Known("insufficient privilege", _named("InsufficientPrivilege"), EXIT_USAGE, _privilege),
+    Known("insufficient privilege", _caused_by("InsufficientPrivilege"), EXIT_USAGE, _privilege),
     Known("database unreachable", _named("OperationalError"), EXIT_UNREACHABLE, _database),
     Known(
         "broker unreachable",

@@ -32,6 +32,7 @@ from adapters.observability import telemetry
 from domain.ids import transaction_id
 from domain.price_book import PriceSchedule
 from domain.pricing import PriceList
+from domain.transaction import price_of_record
 from domain.usage import DEFAULT_MAX_RECORD_BYTES, UsageRecord, decode_usage
 from store.schema import DEFAULT_USAGE_TOPIC
 
@@ -47,10 +48,8 @@ def check_record(
     list or the price book's versions, with a meter priced when the usage occurred);
     raises ``InvalidUsage`` with the dead letter's reason."""
     record = decode_usage(value, max_bytes=max_bytes)
-    if isinstance(prices, PriceSchedule):
-        prices = prices.price_at(record.occurred_at).prices
     if prices is not None:
-        prices.price_of(record.meter)  # UnknownMeter: an InvalidUsage
+        price_of_record(record, prices)  # InvalidUsage: the meter or the currency
     return record
 
 

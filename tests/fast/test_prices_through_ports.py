@@ -44,10 +44,26 @@ def test_the_book_is_started_once_with_the_configured_file() -> None:
     assert book is not None and [v.prices for v in book.versions] == [CHEAP]
 
 
-def test_publishing_to_a_ledger_without_a_book_starts_it_with_that_version() -> None:
-    ledger = memory_ledger()
-    version = ledger.publish_prices(DEAR, T0)
-    assert (version.number, version.effective_from, version.prices) == (1, T0, DEAR)
+def test_publishing_to_a_ledger_without_a_book_starts_it_with_the_configured_prices() -> None:
+    """Usage recorded before the book was started names version 1, priced by the
+    configured file: the book starts with that file as version 1 from the epoch, and what
+    is published becomes version 2, in force from its own moment only."""
+    ledger = memory_ledger()  # configured: the shipped file, no book yet
+    ledger.record_usage([_record("before-the-book", T0, 1)])
+    version = ledger.publish_prices(DEAR, T0 + timedelta(days=30))
+    assert (version.number, version.effective_from, version.prices) == (
+        2, T0 + timedelta(days=30), DEAR,
+    )  # fmt: skip
+    book = ledger.price_book()
+    assert book is not None
+    assert [(v.number, v.effective_from, v.prices) for v in book.versions] == [
+        (1, EPOCH, ledger.configured.latest.prices),
+        (2, T0 + timedelta(days=30), DEAR),
+    ]
+    ledger.record_usage([_record("now", T0 + timedelta(days=1), 2)])
+    for usage_id in ("before-the-book", "now"):  # the configured price: 1,000 x 0.001 USD
+        txn = ledger.transaction(transaction_id("acme", usage_id))
+        assert (txn.price_version, txn.amount) == (1, Decimal(100))
 
 
 def test_each_batch_prices_by_the_book_as_published_before_it() -> None:
@@ -102,3 +118,21 @@ def test_a_configured_file_the_book_holds_says_nothing(caplog: pytest.LogCapture
     with caplog.at_level(logging.WARNING, logger="store.ledger"):
         assert ledger.refresh_prices().latest.number == 2
     assert caplog.messages == []
+
+
+def test_a_batch_prices_by_the_book_as_it_was_when_the_batch_was_decided() -> None:
+    """What docs/operate/prices.md promises, exactly: a version prices the batches each
+    worker decides after it is published; a batch decided just before keeps the book it
+    was decided with, even when its save lands after the publication (the ingest's
+    write-behind saves one batch while it decides the next)."""
+    ledger = memory_ledger()
+    ledger.start_price_book(CHEAP)
+    decided = ledger.decide([_record("decided-before", T0, 1)])
+    ledger.publish_prices(DEAR, EPOCH)
+    ledger.save_decided(decided)
+    ledger.record_usage([_record("decided-after", T0, 2)])
+    priced = {
+        u: ledger.transaction(transaction_id("acme", u)).price_version
+        for u in ("decided-before", "decided-after")
+    }
+    assert priced == {"decided-before": 1, "decided-after": 2}

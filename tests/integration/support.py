@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -17,10 +18,11 @@ from adapters.audit.report import audit, stripe_invoice_totals
 from adapters.bootstrap import build_corrections, build_projector, build_pusher, close_worker
 from adapters.broker import consumer_lag, make_producer
 from adapters.ingest.worker import IngestWorker
-from adapters.settings import Settings
+from adapters.settings import DEFAULT_PRICE_LIST, Settings
 from domain.audit import InvoiceItem
 from domain.customer import CustomerLink
 from domain.metering import Metering
+from domain.pricing import PriceList
 from domain.saga import StepResult
 from domain.transaction import Source
 from domain.usage import UsageRecord
@@ -198,3 +200,14 @@ def audit_findings(
         progress=False,
     )
     return [f"{f.kind} {f.subject}: {f.detail}" for f in report.findings]
+
+
+def price_file(tmp_path: Path, api_requests: str) -> Path:
+    """The shipped price file with another price of ``api.requests``."""
+    text = DEFAULT_PRICE_LIST.read_text(encoding="utf-8")
+    path = tmp_path / f"prices-{api_requests}.toml"
+    path.write_text(text.replace('unit_price = "0.001"', f'unit_price = "{api_requests}"'))
+    assert PriceList.from_toml(path.read_text()).price_of("api.requests").unit_price == Decimal(
+        api_requests
+    )
+    return path

@@ -100,3 +100,28 @@ def test_an_error_without_words_still_says_something() -> None:
 def test_a_database_error_without_an_address_names_none() -> None:
     message, _ = explain(psycopg.OperationalError("the server said that it is shutting down"))
     assert message.startswith("cannot reach PostgreSQL (the server said that it is")
+
+
+def test_the_event_stores_error_raised_from_a_missing_privilege_is_that_privilege() -> None:
+    from eventsourcing.persistence import ProgrammingError
+
+    denied = pgerrors.InsufficientPrivilege("permission denied for table billingledger_snapshots")
+    try:
+        try:
+            raise denied
+        except pgerrors.InsufficientPrivilege as exc:
+            raise ProgrammingError(str(exc)) from exc
+    except ProgrammingError as wrapped:
+        message, code = explain(wrapped)
+    assert code == EXIT_USAGE
+    assert message.startswith(
+        "this login may not do that (permission denied for table billingledger_snapshots)"
+    )
+    assert "prices publish" in message
+
+
+def test_an_error_raised_from_another_than_a_privilege_is_unexpected() -> None:
+    unexpected = RuntimeError("a bug of ours")
+    unexpected.__cause__ = RuntimeError("permission denied")
+    unexpected.__cause__.__cause__ = KeyError("x")
+    assert explain(unexpected)[1] == EXIT_FAILURE

@@ -58,3 +58,32 @@ def test_bad_arguments_are_misuse(argv: list[str], capsys: pytest.CaptureFixture
         main(argv)
     assert exited.value.code == 2
     assert "(see --help)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (None, " cannot be read (No such file or directory)"),
+        ('[meters."m"]\nunit_price = "1"\n', ": meter 'm': missing 'currency'"),
+    ],
+    ids=["missing", "invalid"],
+)
+def test_a_configured_price_file_gone_or_broken_is_a_setting_named_with_status_2(
+    body: str | None,
+    reason: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Once the book exists the configured file prices nothing, so an operator may well
+    have moved it: every command that opens the ledger says which setting to mend."""
+    configured = tmp_path / "configured.toml"
+    if body is not None:
+        configured.write_text(body)
+    monkeypatch.setenv("BILLING_LEDGER_PRICE_LIST", str(configured))
+    monkeypatch.setenv("BILLING_LEDGER_DATABASE_URL", "postgresql://127.0.0.1:1/none")
+    assert main(["prices", "list"]) == 2
+    assert capsys.readouterr().err == (
+        f"billing-ledger: error: the configured price file (BILLING_LEDGER_PRICE_LIST="
+        f"{configured}){reason}\n"
+    )

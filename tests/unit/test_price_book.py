@@ -114,6 +114,50 @@ def test_effective_from_is_recorded_in_utc() -> None:
     )
 
 
+def test_a_book_of_a_schedule_holds_its_versions_with_their_numbers_and_moments() -> None:
+    schedule = _book(("1", JAN), ("2", MAR), ("3", FEB)).schedule
+    book = PriceBook.of(schedule)
+    assert book.id == PRICE_BOOK_ID
+    assert [type(e).__name__ for e in book.collect_events()] == [
+        "Opened", "Published", "Published", "Published",
+    ]  # fmt: skip
+    assert book.versions == [
+        PriceVersion(PRICE_BOOK_ID, 1, JAN, _prices("1")),
+        PriceVersion(PRICE_BOOK_ID, 2, MAR, _prices("2")),
+        PriceVersion(PRICE_BOOK_ID, 3, FEB, _prices("3")),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("changed", "shared"),
+    [
+        pytest.param(Price(Decimal("1.50"), "USD", 1000), True, id="unchanged"),
+        pytest.param(Price(Decimal("1.5"), "USD", 1000), False, id="written-otherwise"),
+        pytest.param(Price(Decimal("1.51"), "USD", 1000), False, id="unit-price"),
+        pytest.param(Price(Decimal("1.50"), "EUR", 1000), False, id="currency"),
+        pytest.param(Price(Decimal("1.50"), "USD", 100), False, id="per"),
+    ],
+)
+def test_a_version_shares_the_prices_it_does_not_change_with_the_one_before(
+    changed: Price, shared: bool
+) -> None:
+    first = Price(Decimal("1.50"), "USD", 1000)
+    book = PriceBook.start(PriceList({"a": first, "b": first}))
+    book.publish(PriceList({"a": changed, "b": first, "c": first}), FEB)
+    v1, v2 = (v.prices.prices for v in book.versions)
+    assert v2 == {"a": changed, "b": first, "c": first}
+    assert str(v2["a"].unit_price) == str(changed.unit_price)  # as written
+    assert (v2["a"] is v1["a"]) is shared
+    assert v2["b"] is v1["b"]
+    assert v2["c"] is not v1["b"]  # a meter new in the version: its own
+    ledger = memory_ledger()
+    ledger.save(book)
+    loaded = ledger.repository.get(PRICE_BOOK_ID, deepcopy_from_cache=False)
+    assert isinstance(loaded, PriceBook) and loaded is not book
+    assert [v.prices for v in loaded.versions] == [v.prices for v in book.versions]
+    assert loaded.versions[1].prices.prices["b"] is loaded.versions[0].prices.prices["b"]
+
+
 def test_a_book_stored_and_loaded_has_the_same_versions() -> None:
     ledger = memory_ledger()
     book = _book(("0.001", EPOCH), ("0.002", FEB))
@@ -151,17 +195,48 @@ def test_starting_a_book_from_an_invalid_version_is_refused() -> None:
         PriceBook.start(_prices("1", per=3))
 
 
-def test_an_effective_from_without_a_time_zone_is_refused_with_what_to_give() -> None:
+@pytest.mark.parametrize(
+    ("moment", "reason"),
+    [
+        pytest.param(
+            datetime(2027, 1, 1),
+            r"^effective_from 2027-01-01T00:00:00 has no time zone:"
+            r" give one \(2027-01-01T00:00:00Z\)$",
+            id="naive",
+        ),
+        pytest.param(
+            datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5))),
+            r"^effective_from 9999-12-31T23:00:00-05:00 is not a moment in years 1 to 9999"
+            r" in UTC: give one that is$",
+            id="after-9999",
+        ),
+        pytest.param(
+            datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1))),
+            r"^effective_from 0001-01-01T00:00:00\+01:00 is not a moment in years 1 to 9999"
+            r" in UTC: give one that is$",
+            id="before-year-1",
+        ),
+    ],
+)
+def test_an_effective_from_that_is_no_moment_in_utc_is_refused_recording_nothing(
+    moment: datetime, reason: str
+) -> None:
     book = PriceBook.start(_prices("1"))
     book.collect_events()
-    naive = datetime(2027, 1, 1)
-    with pytest.raises(
-        PriceListError,
-        match=r"^effective_from 2027-01-01T00:00:00 has no time zone:"
-        r" give one \(2027-01-01T00:00:00Z\)$",
-    ):
-        book.publish(_prices("2"), naive)
+    with pytest.raises(PriceListError, match=reason):
+        book.publish(_prices("2"), moment)
     assert book.collect_events() == []
+    assert [v.number for v in book.versions] == [1]
+
+
+def test_the_first_and_last_moments_utc_holds_are_moments_like_any() -> None:
+    last = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+    first = datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=-1)))
+    book = _book(("1", EPOCH), ("2", last), ("3", first))
+    assert [v.effective_from for v in book.versions[1:]] == [last, datetime(1, 1, 1, 1, tzinfo=UTC)]
+    assert _price_at(book, last) == (2, Decimal(2))
+    assert _price_at(book, last - TICK) == (1, Decimal(1))
+    assert _price_at(book, datetime(1, 1, 1, 1, tzinfo=UTC) - TICK) == (3, Decimal(3))
 
 
 # ---------------------------------------------------------------------------------------------

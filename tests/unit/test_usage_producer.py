@@ -4,15 +4,17 @@ customer; nothing sent for a record the ledger would set aside."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
 
-from adapters.ingest.producer import UsageProducer
+from adapters.ingest.producer import UsageProducer, check_record
 from adapters.settings import Settings
 from domain.errors import InvalidUsage, UnknownMeter
+from domain.price_book import PriceBook
+from domain.pricing import Price, PriceList
 from domain.usage import UsageRecord, decode_usage
 
 AT = datetime(2026, 12, 4, 10, tzinfo=UTC)
@@ -90,6 +92,26 @@ def test_an_unpriced_meter_is_refused_only_when_the_prices_are_given() -> None:
     assert kafka.sent == []
     unpriced, kafka = _producer()
     assert unpriced.send(record) == record and len(kafka.sent) == 1
+
+
+def test_the_local_check_refuses_what_the_ingest_would_by_the_version_in_force() -> None:
+    """A meter whose currency changed in a later version: a record that names the old
+    currency after the change is the dead letter the ingest would make of it."""
+    book = PriceBook.start(PriceList({"api.requests": Price(Decimal("0.001"), "USD")}))
+    book.publish(PriceList({"api.requests": Price(Decimal("0.001"), "EUR")}), AT)
+    schedule = book.schedule
+
+    def value(occurred_at: datetime) -> bytes:
+        return UsageRecord(
+            usage_id="u", customer_id="acme", meter="api.requests", quantity=Decimal(1),
+            occurred_at=occurred_at, currency="USD",
+        ).to_json()  # fmt: skip
+
+    assert check_record(value(AT - timedelta(microseconds=1)), schedule).currency == "USD"
+    with pytest.raises(
+        InvalidUsage, match=r"^currency 'USD' does not match meter 'api\.requests' priced in EUR$"
+    ):
+        check_record(value(AT), schedule)
 
 
 def test_a_record_over_the_size_limit_is_refused() -> None:
