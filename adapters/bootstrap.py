@@ -226,6 +226,7 @@ def build_ingest_worker(
         make_producer(settings.kafka_bootstrap),
         dlq_topic=settings.dlq_topic,
         max_record_bytes=settings.max_record_bytes,
+        usage_window=settings.usage_window(),
         poll_timeout_ms=settings.poll_timeout_ms,
         batch_max_records=settings.batch_max_records,
         dlq_max_message_bytes=settings.dlq_max_message_bytes,

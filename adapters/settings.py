@@ -20,7 +20,7 @@ from domain.errors import PriceListError
 from domain.periods import PeriodPolicy
 from domain.pricing import PriceList
 from domain.saga import RetryPolicy
-from domain.usage import DEFAULT_MAX_RECORD_BYTES
+from domain.usage import DEFAULT_MAX_AGE, DEFAULT_MAX_AHEAD, DEFAULT_MAX_RECORD_BYTES, UsageWindow
 from domain.verification import LandingWindow
 from store.schema import DEFAULT_DLQ_TOPIC, DEFAULT_EVENTS_TOPIC, DEFAULT_USAGE_TOPIC
 
@@ -121,6 +121,19 @@ class Settings(BaseSettings):
     )
     max_record_bytes: int = Field(
         DEFAULT_MAX_RECORD_BYTES, ge=256, description="larger usage records are dead letters"
+    )
+    usage_max_age_days: int = Field(
+        DEFAULT_MAX_AGE.days,
+        ge=1,
+        le=36_500,
+        description="usage that occurred longer ago is a dead letter (`occurred_at too old`)",
+    )
+    usage_max_ahead_s: int = Field(
+        int(DEFAULT_MAX_AHEAD.total_seconds()),
+        ge=0,
+        le=31 * 86_400,
+        description="usage dated further ahead of the ledger's clock is a dead letter"
+        " (`occurred_at too far ahead`)",
     )
     dlq_max_message_bytes: int = Field(
         1_000_000,
@@ -320,6 +333,13 @@ class Settings(BaseSettings):
 
     def periods(self) -> PeriodPolicy:
         return PeriodPolicy.parse(self.billing_period)
+
+    def usage_window(self) -> UsageWindow:
+        """How far from the clock a record's ``occurred_at`` may be (domain.usage)."""
+        return UsageWindow(
+            max_age=timedelta(days=self.usage_max_age_days),
+            max_ahead=timedelta(seconds=self.usage_max_ahead_s),
+        )
 
     def ingest_process_count(self) -> int:
         """``ingest_processes``, or else the cores this process may run on."""

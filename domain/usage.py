@@ -30,6 +30,15 @@ a field missing or failing its rule        ``quantity: input should be ...`` (ea
 an unknown currency code                   ``unknown currency 'XYZ'``
 =========================================  ============================================
 
+**When the usage occurred** is bounded too, against the ledger's clock when the record
+is read (``UsageWindow``): at most ``DEFAULT_MAX_AGE`` (400 days: a year of re-sends
+and a monthly period) in the past, reason ``occurred_at too old: ...``, and at most
+``DEFAULT_MAX_AHEAD`` (1 hour: producers' clock skew) in the future, reason
+``occurred_at too far ahead: ...``. Usage older than its period is still owed and is
+billed late (``domain.metering``); the window only refuses moments no producer means
+(year 9999, year 1), which no billing period can hold. Both bounds are settings; a
+letter set aside by them is re-driven after raising the bound.
+
 Numbers are bounded *before* they are converted: Python's ``int`` refuses literals of
 more than 4,300 digits with a ``ValueError`` and ``Decimal`` refuses huge exponents
 with ``InvalidOperation``, neither of which is a JSON error. Pricing adds
@@ -41,7 +50,8 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated
 
@@ -53,11 +63,14 @@ from domain.money import check_currency
 __all__ = [
     "CUSTOMER_ID_MAX_LENGTH",
     "CUSTOMER_ID_PATTERN",
+    "DEFAULT_MAX_AGE",
+    "DEFAULT_MAX_AHEAD",
     "DEFAULT_MAX_RECORD_BYTES",
     "MAX_EXPONENT",
     "MAX_NESTING",
     "MAX_NUMBER_CHARS",
     "UsageRecord",
+    "UsageWindow",
     "check_size",
     "decode_usage",
     "usage_from_json",
@@ -65,6 +78,8 @@ __all__ = [
 ]
 
 DEFAULT_MAX_RECORD_BYTES = 16 * 1024
+DEFAULT_MAX_AGE = timedelta(days=400)
+DEFAULT_MAX_AHEAD = timedelta(hours=1)
 # Bounds on every JSON number of a record, checked on its text before conversion. A
 # valid quantity has at most 30 digits, so these refuse nothing a record may hold.
 MAX_NUMBER_CHARS = 100
@@ -118,6 +133,55 @@ def decode_usage(raw: bytes | None, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES
     """Parse and validate one record; raise InvalidUsage with a one-line reason, and
     nothing else, whatever the bytes (see the module docstring)."""
     return usage_from_json(_parse(check_size(raw, max_bytes)))
+
+
+@dataclass(frozen=True)
+class UsageWindow:
+    """How far from the ledger's clock a record's ``occurred_at`` may be (see the module
+    docstring): ``check`` gives the record back or raises ``InvalidUsage`` with the reason."""
+
+    max_age: timedelta = DEFAULT_MAX_AGE
+    max_ahead: timedelta = DEFAULT_MAX_AHEAD
+
+    def __post_init__(self) -> None:
+        if self.max_age <= timedelta(0) or self.max_ahead < timedelta(0):
+            raise ValueError("a usage window's age must be above 0 and its lead not below 0")
+
+    def check(self, record: UsageRecord, now: datetime) -> UsageRecord:
+        """``record`` when it occurred within the window around ``now``; else the reason."""
+        at = record.occurred_at
+        # Compared as offsets from ``now``, never by adding to it: year 9999 plus an hour
+        # overflows, and so does a far moment converted to UTC (9999-12-31T23:00-05:00).
+        ahead = _seconds_between(now, at)
+        if ahead > self.max_ahead.total_seconds():
+            raise InvalidUsage(
+                f"occurred_at too far ahead: {_iso(at)} is more than {_span(self.max_ahead)}"
+                f" after the ledger's clock ({_iso(now.replace(microsecond=0))})"
+            )
+        if -ahead > self.max_age.total_seconds():
+            raise InvalidUsage(
+                f"occurred_at too old: {_iso(at)} is more than {_span(self.max_age)}"
+                f" before the ledger's clock ({_iso(now.replace(microsecond=0))})"
+            )
+        return record
+
+
+def _seconds_between(start: datetime, end: datetime) -> float:
+    """``end - start`` in seconds, for any two aware moments: the naive wall times are
+    subtracted, then ``end``'s offset, so no moment is ever moved past year 9999."""
+    offset = end.utcoffset() or timedelta(0)
+    start_utc = start.astimezone(UTC).replace(tzinfo=None)
+    return ((end.replace(tzinfo=None) - start_utc) - offset).total_seconds()
+
+
+def _span(span: timedelta) -> str:
+    """``400 days``, ``1 hour``, ``90 seconds``: a bound as a reader says it."""
+    seconds = int(span.total_seconds())
+    for unit, size in (("day", 86_400), ("hour", 3_600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = seconds // size
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds} second{'s' if seconds != 1 else ''}"
 
 
 def check_size(raw: bytes | None, max_bytes: int) -> bytes:

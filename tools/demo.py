@@ -72,7 +72,7 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
             migrate_database_url=pg.owner_url,
             kafka_bootstrap=broker.bootstrap,
             ingest_group="demo-ingest",
-            billing_period="hour",  # the usage spans 2026-12-01 00:00 to 01:23: two periods
+            billing_period="hour",  # the usage spans yesterday 00:00 to 01:23: two periods
             invoice_grace_s=0.0,  # both ended long ago: they close as soon as charged
         )
         migrate(settings)

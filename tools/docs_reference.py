@@ -239,6 +239,10 @@ _USAGE_INPUT = {
     "internal": "anything else a record raises while it is decoded or priced (a bug, the"
     " last resort; logged with its traceback)",
     "conflicting_duplicate": "a `usage_id` the customer sent before with another body",
+    "too_old": "an `occurred_at` more than `BILLING_LEDGER_USAGE_MAX_AGE_DAYS` (400) days"
+    " before the ledger's clock when the record is read",
+    "too_far_ahead": "an `occurred_at` more than `BILLING_LEDGER_USAGE_MAX_AHEAD_S` (3600)"
+    " seconds after the ledger's clock (`9999-12-31T00:00:00Z`)",
 }
 _USAGE_EXAMPLE = {
     "empty": "empty message (no value)",
@@ -253,6 +257,10 @@ _USAGE_EXAMPLE = {
     "internal": "internal: <exception type>",
     "conflicting_duplicate": "conflicting duplicate: usage_id 'r1' of customer 'acme' was"
     " recorded with another quantity (recorded sha256 ..., this sha256 ...)",
+    "too_old": "occurred_at too old: 2025-01-01T00:00:00Z is more than 400 days before the"
+    " ledger's clock (...)",
+    "too_far_ahead": "occurred_at too far ahead: 9999-12-31T00:00:00Z is more than 1 hour"
+    " after the ledger's clock (...)",
 }
 _USAGE_ACTION = {
     "empty": "Find the producer sending tombstones to `usage`; nothing to re-drive.",
@@ -269,6 +277,10 @@ _USAGE_ACTION = {
     "internal": "A bug: report it with the log line's traceback; re-drive once fixed.",
     "conflicting_duplicate": "The first record stays billed. Find why the producer reused"
     " the `usage_id`; a new usage needs a new id.",
+    "too_old": "Owed usage is still billed (late, on the open invoice): raise"
+    " `USAGE_MAX_AGE_DAYS` past its age, then `dead-letters redrive --reason too_old`.",
+    "too_far_ahead": "Mend the producer's clock or time zone; a record from the future is"
+    " not billed until it is re-sent with the moment it occurred.",
 }
 _EVENT_INPUT = {
     "empty": "a message without a value",

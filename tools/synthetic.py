@@ -18,11 +18,11 @@ from domain.pricing import PriceList
 from domain.usage import UsageRecord
 
 __all__ = [
-    "BASE_TIME",
     "DEMO_CUSTOMERS",
     "DEMO_LIMITS",
     "MALFORMED",
     "Produced",
+    "base_time",
     "bench_usage",
     "synthetic_usage",
 ]
@@ -30,7 +30,15 @@ __all__ = [
 DEMO_CUSTOMERS = ("acme", "globex", "initech", "umbrella", "hooli")
 # One customer runs into its spend limit, so the demo shows refusals too (minor units).
 DEMO_LIMITS: dict[tuple[str, str], int] = {("initech", "USD"): 500}
-BASE_TIME = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def base_time() -> datetime:
+    """When synthetic usage starts: yesterday at midnight UTC. Recent enough for the
+    ledger's window on ``occurred_at`` (``domain.usage.UsageWindow``) whenever it runs,
+    and a whole day in the past, so the demo's hourly periods have all ended."""
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return today - timedelta(days=1)
+
 
 MALFORMED = (
     "bad_json",
@@ -63,6 +71,7 @@ def synthetic_usage(
 ) -> Iterator[Produced]:
     """``n`` messages: valid records, duplicates of earlier ones, malformed ones."""
     rng = random.Random(seed)
+    start = base_time()
     meters = sorted(prices.prices)
     sent: list[Produced] = []
     malformed = 0
@@ -81,7 +90,7 @@ def synthetic_usage(
                 customer_id=rng.choice(DEMO_CUSTOMERS),
                 meter=meter,
                 quantity=_quantity(rng, meter),
-                occurred_at=BASE_TIME + timedelta(seconds=i),
+                occurred_at=start + timedelta(seconds=i),
             )
             produced = Produced(record.customer_id.encode(), record.to_json(), "valid", record)
             sent.append(produced)
@@ -102,7 +111,7 @@ def _malformed(kind: str, i: int, seed: int, max_bytes: int) -> Produced:
         "customer_id": "acme",
         "meter": "api.requests",
         "quantity": 1,
-        "occurred_at": "2026-12-01T00:00:00Z",
+        "occurred_at": base_time().isoformat(),
     }
     match kind:
         case "bad_json":
@@ -124,13 +133,14 @@ def bench_usage(n: int, *, customers: int = 50) -> list[UsageRecord]:
     """``n`` valid records spread over ``customers`` customers and three meters (the
     benchmarks' load: no duplicates, nothing malformed)."""
     meters = ("gpt-4o.input_tokens", "gpt-4o.output_tokens", "api.requests")
+    start = base_time()
     return [
         UsageRecord(
             usage_id=f"bench-{i}",
             customer_id=f"cust-{i % customers:03d}",
             meter=meters[i % len(meters)],
             quantity=Decimal(1000 + i % 5000),
-            occurred_at=BASE_TIME + timedelta(milliseconds=i),
+            occurred_at=start + timedelta(milliseconds=i),
         )
         for i in range(n)
     ]

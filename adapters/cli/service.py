@@ -206,7 +206,7 @@ def _local_check(settings: Settings) -> Callable[[bytes], str | None]:
 
     def check(value: bytes) -> str | None:
         try:
-            check_record(value, prices, settings.max_record_bytes)
+            check_record(value, prices, settings.max_record_bytes, settings.usage_window())
         except InvalidUsage as exc:
             return str(exc)
         return None

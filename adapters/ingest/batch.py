@@ -33,6 +33,7 @@ from domain.metering import Metering
 from domain.metering_events import MeteredBatch, meter_batch_events
 from domain.ports import DeadLetter
 from domain.transaction import BillingTransaction, Source
+from domain.usage import UsageWindow
 from store.errors import DATABASE_ERRORS, ConcurrencyExhausted
 from store.ledger import BillingLedger
 
@@ -98,14 +99,25 @@ class IngestStats:
 _NOT_A_RECORDS_FAULT: tuple[type[Exception], ...] = (ConcurrencyExhausted, *DATABASE_ERRORS)
 
 
-def decode(records: Sequence[Any], max_bytes: int) -> tuple[list[Metering], list[DeadLetter]]:
-    """The valid records as usage, and a dead letter for each of the others."""
+DEFAULT_WINDOW = UsageWindow()
+
+
+def decode(
+    records: Sequence[Any],
+    max_bytes: int,
+    window: UsageWindow = DEFAULT_WINDOW,
+    now: datetime | None = None,
+) -> tuple[list[Metering], list[DeadLetter]]:
+    """The valid records as usage, and a dead letter for each of the others (``window``
+    judges ``occurred_at`` against ``now``, the clock when omitted)."""
     valid: list[Metering] = []
     letters: list[DeadLetter] = []
+    clock = now or datetime.now(UTC)
     for rec in records:
         source = Source(rec.topic, rec.partition, rec.offset)
         try:
-            valid.append(Metering(decode_usage_fast(rec.value, max_bytes=max_bytes), source))
+            usage = window.check(decode_usage_fast(rec.value, max_bytes=max_bytes), clock)
+            valid.append(Metering(usage, source))
         except InvalidUsage as exc:
             letters.append(letter(rec, str(exc)))
         except Exception as exc:  # the last resort: one record never stops a batch

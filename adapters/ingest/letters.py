@@ -93,6 +93,8 @@ REASON_CODES = (
     ("unknown meter", "unknown_meter"),
     ("internal: ", "internal"),
     ("conflicting duplicate", "conflicting_duplicate"),
+    ("occurred_at too old", "too_old"),
+    ("occurred_at too far ahead", "too_far_ahead"),
 )
 
 

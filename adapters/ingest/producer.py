@@ -33,21 +33,25 @@ from domain.ids import transaction_id
 from domain.price_book import PriceSchedule
 from domain.pricing import PriceList
 from domain.transaction import price_of_record
-from domain.usage import DEFAULT_MAX_RECORD_BYTES, UsageRecord, decode_usage
+from domain.usage import DEFAULT_MAX_RECORD_BYTES, UsageRecord, UsageWindow, decode_usage
 from store.schema import DEFAULT_USAGE_TOPIC
 
 __all__ = ["UsageProducer", "check_record", "send_usage"]
+
+_WINDOW = UsageWindow()
 
 
 def check_record(
     value: bytes,
     prices: PriceList | PriceSchedule | None,
     max_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    window: UsageWindow = _WINDOW,
 ) -> UsageRecord:
-    """The record ``value`` holds, by the rules the ingest applies (and, given the price
-    list or the price book's versions, with a meter priced when the usage occurred);
-    raises ``InvalidUsage`` with the dead letter's reason."""
-    record = decode_usage(value, max_bytes=max_bytes)
+    """The record ``value`` holds, by the rules the ingest applies (its ``occurred_at``
+    within ``window`` of this machine's clock; given the price list or the price book's
+    versions, with a meter priced when the usage occurred); raises ``InvalidUsage`` with
+    the dead letter's reason."""
+    record = window.check(decode_usage(value, max_bytes=max_bytes), datetime.now(UTC))
     if prices is not None:
         price_of_record(record, prices)  # InvalidUsage: the meter or the currency
     return record
@@ -64,11 +68,13 @@ class UsageProducer:
         prices: PriceList | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         check: bool = True,
+        usage_window: UsageWindow = _WINDOW,
     ) -> None:
         self.producer = make_producer(bootstrap) if isinstance(bootstrap, str) else bootstrap
         self.topic = topic
         self.prices = prices
         self.max_record_bytes = max_record_bytes
+        self.usage_window = usage_window
         # False: the caller made the records itself (a benchmark, whose load generator
         # must not take the CPU the pipeline it measures needs); they are still keyed.
         self.check = check
@@ -91,7 +97,7 @@ class UsageProducer:
             record = self.record(customer_id, usage_id, meter, quantity, occurred_at)
         value = record.to_json()
         if self.check:
-            check_record(value, self.prices, self.max_record_bytes)
+            check_record(value, self.prices, self.max_record_bytes, self.usage_window)
         txn = transaction_id(record.customer_id, record.usage_id)
         _send(
             self.producer, self.topic, record.customer_id.encode(), value, txn, record.customer_id

@@ -62,7 +62,7 @@ from kafka.errors import CommitFailedError, RebalanceInProgressError
 from kafka.structs import OffsetAndMetadata
 
 from adapters.ingest import batch as steps
-from adapters.ingest.batch import IngestStats
+from adapters.ingest.batch import DEFAULT_WINDOW, IngestStats
 from adapters.ingest.letters import letter, quarantine
 from adapters.observability import telemetry
 from adapters.observability.logs import step_fields
@@ -70,6 +70,7 @@ from domain.fairness import committable, fair_round
 from domain.metering import Metering
 from domain.metering_events import MeteredBatch
 from domain.ports import DeadLetter, DeadLetterSink
+from domain.usage import UsageWindow
 from store.errors import ConcurrencyExhausted
 from store.ledger import BillingLedger, Decided
 
@@ -111,6 +112,7 @@ class IngestWorker:
         *,
         dlq_topic: str,
         max_record_bytes: int,
+        usage_window: UsageWindow = DEFAULT_WINDOW,
         poll_timeout_ms: int = 200,
         dlq_max_message_bytes: int = 1_000_000,
         batch_max_records: int = 2000,
@@ -123,6 +125,7 @@ class IngestWorker:
         self.producer = producer
         self.dlq_topic = dlq_topic
         self.max_record_bytes = max_record_bytes
+        self.usage_window = usage_window
         self.poll_timeout_ms = poll_timeout_ms
         self.dlq_max_message_bytes = dlq_max_message_bytes
         self.batch_max_records = batch_max_records
@@ -207,7 +210,7 @@ class IngestWorker:
         """Decode and decide a batch (on ``after``'s state, if given), without saving."""
         started = time.perf_counter()
         span = telemetry.start_span("ingest batch", billing__records=len(records))
-        valid, letters = steps.decode(records, self.max_record_bytes)
+        valid, letters = steps.decode(records, self.max_record_bytes, self.usage_window)
         batch = _Batch(records, valid, letters, span, started, None)
         batch.decided = self._decide(batch, after)
         return batch
@@ -306,7 +309,7 @@ class IngestWorker:
         """Handle one batch of ConsumerRecords, here and now, then commit their offsets."""
         with telemetry.span("ingest batch", billing__records=len(records)) as span:
             started = time.perf_counter()
-            valid, letters = steps.decode(records, self.max_record_bytes)
+            valid, letters = steps.decode(records, self.max_record_bytes, self.usage_window)
             saving = time.time_ns()
             decision, culprits = steps.record(self.ledger, valid)
             if culprits:

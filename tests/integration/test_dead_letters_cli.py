@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,8 @@ def test_a_letter_is_found_shown_and_re_driven_once_after_its_cause_is_fixed(
     settings: Settings, ingest_ledger: BillingLedger, tmp_path: Path
 ) -> None:
     env = settings_env(settings)
-    at = "2026-12-04T10:00:00Z"
+    day = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+    at = (day + timedelta(hours=10)).isoformat()  # recent: within the ledger's window
     usage = tmp_path / "usage.jsonl"
     usage.write_text("".join(json.dumps({**r, "occurred_at": at}) + "\n" for r in RECORDS))
 
@@ -94,9 +96,7 @@ def test_a_letter_is_found_shown_and_re_driven_once_after_its_cause_is_fixed(
         DEFAULT_PRICE_LIST.read_text()
         + '\n[meters."vision.images"]\nunit_price = "0.01"\nper = 1\ncurrency = "USD"\n'
     )
-    published = _cli(
-        "prices", "publish", str(prices), "--effective-from", "2026-12-04T00:00:00Z", env=env
-    )
+    published = _cli("prices", "publish", str(prices), "--effective-from", day.isoformat(), env=env)
     assert published.returncode == 0, published.stderr
     first = _cli("dead-letters", "redrive", "--reason", "unknown_meter", env=env)
     assert first.returncode == 0, first.stderr
@@ -147,3 +147,32 @@ def test_misuse_of_the_dead_letter_commands_is_one_line_and_status_2(
         proc = _cli("dead-letters", *args, env=env)
         assert proc.returncode == 2, (args, proc.stderr)
         assert said in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_usage_dated_outside_the_window_is_warned_of_set_aside_and_named_by_its_reason(
+    settings: Settings, ingest_ledger: BillingLedger, tmp_path: Path
+) -> None:
+    env = {**settings_env(settings), "BILLING_LEDGER_USAGE_MAX_AGE_DAYS": "30"}
+    now = datetime.now(UTC)
+    usage = tmp_path / "usage.jsonl"
+    usage.write_text("".join(
+        json.dumps({**RECORDS[0], "usage_id": usage_id, "occurred_at": at}) + "\n"
+        for usage_id, at in (
+            ("future", "9999-12-31T23:59:59Z"),
+            ("old", (now - timedelta(days=31)).isoformat()),
+            ("now", now.isoformat()),
+        )
+    ))  # fmt: skip
+    produced = _cli("produce", str(usage), env=env)
+    assert produced.returncode == 0, produced.stderr
+    warned = produced.stderr.splitlines()
+    assert warned[0].startswith("line 1: would be a dead letter (occurred_at too far ahead: ")
+    assert warned[1].startswith("line 2: would be a dead letter (occurred_at too old: ")
+    assert "is more than 30 days before the ledger's clock" in warned[1]
+
+    _ingest(settings.model_copy(update={"usage_max_age_days": 30}), ingest_ledger, 3)
+    letters = json.loads(_cli("dead-letters", "list", "--json", env=env).stdout)
+    assert sorted((r["usage_id"], r["code"]) for r in letters) == [
+        ("future", "too_far_ahead"), ("old", "too_old"),
+    ]  # fmt: skip
+    assert metered_usage_ids(settings.database_url) == ["now"]
