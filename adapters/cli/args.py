@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import NoReturn
 from uuid import UUID
 
@@ -53,6 +55,19 @@ def usage(message: str) -> SystemExit:
     """Misuse found after parsing: print one line; raise the returned SystemExit."""
     print(f"billing-ledger: error: {message}", file=sys.stderr)
     return SystemExit(EXIT_USAGE)
+
+
+def check_writable(path: Path, option: str) -> None:
+    """Before a long command runs: refuse (exit 2) an output ``path`` that could not be
+    written afterwards: a directory, or one whose directory takes no new file (a file
+    written atomically is a temporary file there, renamed). Nothing is left behind."""
+    if path.is_dir():
+        raise CliError(f"{option} {path}: it is a directory", EXIT_USAGE)
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}."):
+            pass
+    except OSError as exc:
+        raise CliError(f"{option} {path}: cannot write there: {exc.strerror}", EXIT_USAGE) from None
 
 
 def checked_customer(customer: str | None) -> str | None:

@@ -10,7 +10,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from adapters.cli.args import EXIT_FAILURE, EXIT_USAGE, CliError, checked_customer, timestamp, usage
+from adapters.cli.args import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    CliError,
+    check_writable,
+    checked_customer,
+    timestamp,
+    usage,
+)
 from adapters.cli.output import print_table
 
 __all__ = ["add_commands", "print_balances_as_of"]
@@ -112,6 +120,9 @@ def _audit(args: argparse.Namespace) -> int:
 
     if args.start and args.end and args.start >= args.end:
         raise usage("--from must be before --to")
+    for path, option in ((args.out, "--out"), (args.metrics_file, "--metrics-file")):
+        if path is not None:
+            check_writable(path, option)
     scope = Scope(customer=checked_customer(args.customer), start=args.start, end=args.end)
     settings = Settings()
     items = (
