@@ -15,6 +15,7 @@ __all__ = [
     "ACCOUNT_NAMESPACE",
     "NAMESPACE",
     "account_id",
+    "contract_id",
     "customer_link_id",
     "invoice_id",
     "line_id",
@@ -70,6 +71,7 @@ INVOICE_NAMESPACE = UUID("5c0b9e7a-2d4f-5183-a6e2-7f3c1b8d9a05")
 CUSTOMER_NAMESPACE = UUID("e2a47c19-6b5d-5f30-8d1e-4c9a0f7b3e68")
 CLAIM_NAMESPACE = UUID("9b3d5e71-0c2a-5f48-b6d9-3e7a1c0f4b26")
 PRICE_BOOK_NAMESPACE = UUID("c4f2a9e8-1d6b-5e37-9a0c-7b5e3d2f8a61")
+CONTRACT_NAMESPACE = UUID("7d3e9b20-5a1c-5f64-8e2b-1c9f4a6d0e35")
 
 
 def _key(*parts: str) -> str:
@@ -105,3 +107,8 @@ def partition_claim_id(topic: str, partition: int) -> UUID:
 def price_book_id() -> UUID:
     """The ledger's one price book (``domain.price_book``: one for all currencies)."""
     return uuid5(PRICE_BOOK_NAMESPACE, "prices")
+
+
+def contract_id(customer_id: str) -> UUID:
+    """The contract of one customer (``domain.contract``: one per customer)."""
+    return uuid5(CONTRACT_NAMESPACE, customer_id)
