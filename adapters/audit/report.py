@@ -219,7 +219,7 @@ def _history_findings(
     findings += check_transactions(
         result.transactions.values(), now=datetime.now(UTC), horizon=horizon, failing_lines=failing
     )
-    findings += check_prices(result.transactions.values(), result.prices)
+    findings += check_prices(result.transactions.values(), result.prices, result.contracts)
     return findings + check_balances(balances)
 
 
