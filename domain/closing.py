@@ -15,6 +15,17 @@ share, can never credit more than the line billed, and crediting all of them cre
 exactly that. A transaction of 0.4 cents on a line of three such bills 0, 1 or 0
 cents depending on its place: the rounding has to land somewhere, and this puts it on
 the transaction whose usage carried the total over the half cent.
+
+**The true-up of a minimum commitment.** A customer's contract may set a minimum per
+period in the invoice's currency (``domain.contract``). When the invoice closes, if its
+lines (usage and late usage alike, each rounded once) sum below the minimum of the contract
+version in force at the period's last moment, the close adds a *true-up line* (meter
+``TRUE_UP_METER``) holding one entry, the shortfall ``max(0, minimum - usage total)`` in
+whole minor units (``domain.contract.true_up``: nothing to round), recorded in the save of
+``Closed`` with the line frozen. From there it is a line like any other: pushed to its own
+Stripe invoice item under the line's keys, part of ``FinalizeStarted``'s total, compared
+by the read-back. Its entry's id is ``domain.ids.true_up_id(invoice)``: no transaction, no
+account (a minimum does not count against a spend limit).
 """
 
 from __future__ import annotations
@@ -25,19 +36,27 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from uuid import UUID
 
+from domain.contract import ContractSchedule, true_up
+from domain.ids import true_up_id
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.invoice_states import InvoiceState
 from domain.money import add_exact, round_minor
 
 __all__ = [
+    "TRUE_UP_METER",
     "LineStatus",
     "billed_shares",
     "close_deadline",
     "due_to_close",
     "line_status",
     "shares_in_order",
+    "true_up_line",
+    "true_up_owed",
 ]
+
+TRUE_UP_METER = "(minimum commitment)"
+"""The meter name of a true-up line (a price book meter of this name would share it)."""
 
 
 def close_deadline(invoice: Invoice, grace: timedelta) -> datetime:
@@ -98,3 +117,30 @@ def shares_in_order(held: Mapping[str, Decimal]) -> dict[str, int]:
         shares[txn] = now_billed - billed
         billed = now_billed
     return shares
+
+
+def true_up_line(
+    invoice: Invoice, lines: Sequence[InvoiceLine], contract: ContractSchedule | None
+) -> InvoiceLine | None:
+    """The true-up line closing ``invoice`` (with ``lines``, as they are frozen) adds, with
+    its shortfall settled; None when no minimum applies or the lines reach it (see the
+    module docstring)."""
+    usage = sum(line.billed for line in lines if line.meter != TRUE_UP_METER)
+    owed = true_up_owed(contract, invoice.period_end, invoice.currency, usage)
+    if owed == 0:
+        return None
+    line = InvoiceLine.open(invoice.customer_id, invoice.currency, TRUE_UP_METER, invoice.period)
+    line.settle([(true_up_id(invoice.id), Decimal(owed))])
+    return line
+
+
+def true_up_owed(
+    contract: ContractSchedule | None, period_end: datetime, currency: str, usage: int
+) -> int:
+    """What an invoice of ``currency`` for the period ending at ``period_end`` whose lines
+    bill ``usage`` owes for the customer's minimum (0: none applies, or usage reaches it).
+    The close's rule, and the preview's."""
+    if contract is None:
+        return 0
+    found = contract.minimum_for(period_end, currency)
+    return 0 if found is None else true_up(found[1], usage)

@@ -182,7 +182,7 @@ _WRAPPED = {
     "metered": ("quantity", "timestamp", "amount"),
     "ChargeFailed": ("next_attempt_at",),
     "line:Opened": ("period_start",),
-    "invoice:Opened": ("period_start", "first_line"),
+    "invoice:Opened": ("period_start", "period_end", "first_line"),
     "invoice:LineAdded": ("line_id",),
     "invoice:CreditRequested": ("transaction_id",),
     "invoice:Credited": ("transaction_id",),

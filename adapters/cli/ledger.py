@@ -324,6 +324,7 @@ def _preview_invoice(args: argparse.Namespace) -> int:
             conn, customer=args.preview_customer, period=args.preview_period
         )
     )
+    rows = _with_true_ups(args.preview_customer, rows)
     if args.preview_json:
         print(json.dumps(rows, indent=2, default=str))
         return 0
@@ -346,6 +347,38 @@ def _preview_invoice(args: argparse.Namespace) -> int:
               f" ({first['invoice_lines']} line(s))\n")  # fmt: skip
     print(ROUNDING_NOTE)
     return 0
+
+
+def _with_true_ups(customer: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The preview's rows with, on each invoice below the customer's minimum, the true-up
+    line closing it now would add (``domain.closing.true_up_owed``) and its total with it.
+    The contract is events, read as the writer (nothing is read when there is no row)."""
+    from adapters.bootstrap import open_ledger
+    from adapters.settings import Settings
+    from domain.closing import TRUE_UP_METER, true_up_owed
+
+    if not rows:
+        return rows
+    with open_ledger(Settings()) as ledger:
+        contract = ledger.contract(customer)
+    if contract is None:
+        return rows
+    out: list[dict[str, Any]] = []
+    by_invoice: dict[Any, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_invoice.setdefault(row["invoice_id"], []).append(row)
+    for lines in by_invoice.values():
+        first = lines[0]
+        usage = int(first["invoice_total"])
+        owed = true_up_owed(contract.schedule, first["period_end"], first["currency"], usage)
+        if not owed:
+            out.extend(lines)
+            continue
+        total, count = usage + owed, first["invoice_lines"] + 1
+        out.extend({**r, "invoice_total": total, "invoice_lines": count} for r in lines)
+        out.append({**out[-1], "meter": TRUE_UP_METER, "late": False, "transactions": 0,
+                    "exact_total": owed, "billed": owed})  # fmt: skip
+    return out
 
 
 def _close_invoices(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from decimal import Decimal
 import pytest
 
 from domain import ids
+from domain.closing import TRUE_UP_METER, true_up_line, true_up_owed
 from domain.contract import (
     Contract,
     ContractError,
@@ -17,7 +18,10 @@ from domain.contract import (
     true_up,
 )
 from domain.errors import InvalidUsage
+from domain.invoice import Invoice
+from domain.invoice_line import InvoiceLine
 from domain.money import MAX_ITEM_AMOUNT
+from domain.periods import PeriodPolicy
 from domain.price_book import PriceBook
 from domain.pricing import Price, PriceList
 from domain.transaction import BillingTransaction, Source, price_of_record
@@ -251,3 +255,38 @@ def test_the_ledger_prices_by_a_contract_set_after_it_started() -> None:
     assert [v.number for v in first["acme"].versions] == [1]
     ledger.set_contract("acme", _terms(REPLACE), FEB)
     assert [v.number for v in ledger.refresh_contracts({"acme"})["acme"].versions] == [1, 2]
+
+
+# ---------------------------------------------------------------------------------------------
+# The true-up line a close adds
+
+
+def _closing(usage: int, minimum: str | None) -> tuple[Invoice, list[InvoiceLine], Contract]:
+    period = PeriodPolicy.parse("month").period_of(JAN)
+    line = InvoiceLine.open("acme", "USD", "in", period)
+    line.settle([(uuid.uuid4(), Decimal(usage))])
+    invoice = Invoice.open("acme", "USD", period, line.id)
+    contract = Contract("acme")
+    if minimum is not None:
+        contract.set(_terms(f'[minimum]\nUSD = "{minimum}"\n'), JAN - TICK)
+    return invoice, [line], contract
+
+
+def test_a_close_below_the_minimum_adds_a_true_up_line_of_the_shortfall() -> None:
+    invoice, lines, contract = _closing(2_499, "100.00")
+    line = true_up_line(invoice, lines, contract.schedule)
+    assert line is not None
+    assert (line.meter, line.billed, line.exact_total) == (TRUE_UP_METER, 7_501, 7_501)
+    assert line.invoice_id == invoice.id
+    assert line.id == InvoiceLine.create_id("acme", "USD", TRUE_UP_METER, invoice.period_start)
+    settled = [e for e in line.pending_events if isinstance(e, InvoiceLine.Settled)]
+    assert settled[0].transaction_ids == [str(ids.true_up_id(invoice.id))]
+
+
+def test_no_true_up_at_or_above_the_minimum_without_one_or_without_a_contract() -> None:
+    invoice, lines, contract = _closing(10_000, "100.00")
+    assert true_up_line(invoice, lines, contract.schedule) is None
+    invoice, lines, contract = _closing(1, None)
+    assert true_up_line(invoice, lines, contract.schedule) is None
+    assert true_up_line(invoice, lines, None) is None
+    assert true_up_owed(None, FEB, "USD", 0) == 0
