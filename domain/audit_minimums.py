@@ -1,11 +1,10 @@
 """The audit of minimum commitments: every closed invoice's true-up recomputed.
 
-For each invoice past ``open``, the minimum is the one of the customer's contract version
-in force at the period's last moment (``domain.contract.ContractSchedule.minimum_for``,
-from the contract versions as stored), the usage total the sum of its lines other than the
-true-up line (each rounded once), and the true-up owed ``max(0, minimum - usage total)``
-(``domain.contract.true_up``). A true-up line that holds another amount, one where none is
-owed, and none where one is owed are findings (kind ``minimum``).
+For each invoice past ``open``, the true-ups owed are recomputed by the close's own rule
+(``domain.closing.true_ups``) from the contract versions as stored (the one in force at the
+period's last moment) and what the invoice's other lines bill by meter (each rounded once).
+A true-up line that holds another amount, one where none is owed, and none where one is
+owed are findings (kind ``minimum``).
 
 Limits: a contract version set after its invoice closed, effective before the period's
 end, would make a finding here (the close could not know it); so would a line losing
@@ -22,8 +21,8 @@ from typing import Any
 from domain.audit import Finding
 from domain.audit_invoices import InvoiceAudit
 from domain.audit_lines import LineAudit
-from domain.closing import TRUE_UP_METER
-from domain.contract import ContractSchedule, ContractVersion, true_up
+from domain.closing import is_true_up, true_ups
+from domain.contract import ContractSchedule, ContractVersion
 from domain.ids import contract_id
 from domain.invoice_states import InvoiceState
 from domain.money import format_money
@@ -36,37 +35,34 @@ def check_true_ups(
     lines: Mapping[str, LineAudit],
     contracts: Mapping[tuple[str, int], Mapping[str, Any]],
 ) -> list[Finding]:
-    """A finding for each closed invoice whose true-up is not what its minimum owes."""
+    """A finding for each true-up of a closed invoice that is not what its minimums owe."""
     schedules = _schedules(contracts)
     findings: list[Finding] = []
     for invoice in invoices:
         if invoice.state is InvoiceState.OPEN or invoice.period_end is None:
             continue
-        held = [lines[i] for i in invoice.lines if i in lines]
-        found = sum(line.billed for line in held if line.meter == TRUE_UP_METER)
-        usage = sum(line.billed for line in held if line.meter != TRUE_UP_METER)
+        found: dict[str, int] = {}
+        billed: dict[str, int] = {}
+        for line in (lines[i] for i in invoice.lines if i in lines):
+            into = found if is_true_up(line.meter) else billed
+            into[line.meter] = into.get(line.meter, 0) + line.billed
         schedule = schedules.get(str(contract_id(invoice.customer_id)))
-        minimum = (
-            None
-            if schedule is None
-            else schedule.minimum_for(datetime.fromisoformat(invoice.period_end), invoice.currency)
-        )
-        owed = 0 if minimum is None else true_up(minimum[1], usage)
-        if found != owed:
-            money = invoice.currency
-            basis = (
-                "no minimum applies"
-                if minimum is None
-                else f"contract version {minimum[0]}'s minimum {format_money(minimum[1], money)}"
-                f" less usage of {format_money(usage, money)} owes {format_money(owed, money)}"
+        end = datetime.fromisoformat(invoice.period_end)
+        owed = true_ups(schedule, end, invoice.currency, billed)
+        version = None if schedule is None else schedule.at_end_of(end)
+        basis = "no contract version" if version is None else f"contract version {version.number}"
+        money = invoice.currency
+        findings += [
+            Finding(
+                "minimum",
+                invoice.invoice_id,
+                f"true-up line {meter!r} holds {format_money(found.get(meter, 0), money)}, but"
+                f" {basis} and usage of {format_money(sum(billed.values()), money)} owe"
+                f" {format_money(owed.get(meter, 0), money)}",
             )
-            findings.append(
-                Finding(
-                    "minimum",
-                    invoice.invoice_id,
-                    f"a true-up of {format_money(found, money)}, but {basis}",
-                )
-            )
+            for meter in sorted(found.keys() | owed.keys())
+            if found.get(meter, 0) != owed.get(meter, 0)
+        ]
     return findings
 
 
@@ -80,6 +76,13 @@ def _schedules(
         if isinstance(moment, Mapping):  # a registered type, as the transcoder stores it
             moment = moment["_data_"]
         versions.setdefault(cid, []).append(
-            ContractVersion(cid, number, datetime.fromisoformat(moment), {}, data["minimums"])
+            ContractVersion(
+                cid,
+                number,
+                datetime.fromisoformat(moment),
+                {},
+                data["minimums"],
+                data.get("meter_minimums", {}),
+            )
         )
     return {cid: ContractSchedule(cid, found) for cid, found in versions.items()}

@@ -4,8 +4,9 @@
 *replacement* price (the same table as a price file's meter, parsed by the same function,
 so whatever a price file can say a contract can) or a *discount*, an exact percentage off
 the list price (``"12.5"``: 12.5 percent off); and optionally a *minimum* per billing
-period, per currency (the invoice's currency): when an invoice's lines sum below it, the
-invoice gets a true-up line for the shortfall (``true_up``).
+period, per currency (the invoice's currency), for the whole invoice or for a meter (in
+the meter's list currency): when an invoice's lines (of that meter) sum below it, the
+invoice gets a true-up line for the shortfall (``true_up``; ``domain.closing``).
 
 **Which contract version prices a moment** (``ContractSchedule.at``): as the price book,
 the version with the latest ``effective_from`` at or before the moment, ties to the one
@@ -43,7 +44,7 @@ from __future__ import annotations
 import tomllib
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Context, Decimal, Inexact, InvalidOperation
 from typing import Any
@@ -140,6 +141,7 @@ class ContractTerms:
 
     overrides: Mapping[str, Override]
     minimums: Mapping[str, int]
+    meter_minimums: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # by currency
 
     @classmethod
     def from_toml(cls, text: str, listed: PriceList) -> ContractTerms:
@@ -161,8 +163,13 @@ class ContractTerms:
             raise ContractError(problems)
         return terms
 
-    def to_event(self) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
-        return {m: o.to_spec() for m, o in self.overrides.items()}, dict(self.minimums)
+    def to_event(self) -> dict[str, Any]:
+        """The ``Contract.Set`` fields these terms are."""
+        return {
+            "meters": {m: o.to_spec() for m, o in self.overrides.items()},
+            "minimums": dict(self.minimums),
+            "meter_minimums": {c: dict(m) for c, m in self.meter_minimums.items()},
+        }
 
 
 def check_terms(meters: Any, minimums: Any, listed: PriceList) -> ContractTerms:
@@ -181,12 +188,17 @@ def check_terms(meters: Any, minimums: Any, listed: PriceList) -> ContractTerms:
             overrides[name] = _override(name, spec, listed)
         except PriceListError as exc:
             problems.append(str(exc))
+    per_meter: Any = {}
+    if isinstance(minimums, Mapping) and "meters" in minimums:
+        per_meter = minimums["meters"]
+        minimums = {k: v for k, v in minimums.items() if k != "meters"}
     checked_minimums = _minimums(minimums, problems)
-    if not overrides and not checked_minimums and not problems:
+    meter_minimums = _meter_minimums(per_meter, listed, problems)
+    if not overrides and not checked_minimums and not meter_minimums and not problems:
         problems.append("the contract overrides no meter and sets no minimum")
     if problems:
         raise ContractError(problems)
-    return ContractTerms(overrides, checked_minimums)
+    return ContractTerms(overrides, checked_minimums, meter_minimums)
 
 
 def _override(name: str, spec: Any, listed: PriceList) -> Override:
@@ -237,37 +249,65 @@ def _minimums(raw: Any, problems: list[str]) -> dict[str, int]:
         return {}
     out: dict[str, int] = {}
     for currency, amount in raw.items():
-        try:
-            if isinstance(amount, bool) or not isinstance(amount, str | int):
-                raise ValueError(f'{amount!r} is not an amount: write it as text ("100.00")')
-            minor = parse_exact_amount(str(amount), str(currency))
-        except (ValueError, InvalidUsage) as exc:
-            problems.append(f"minimum {currency}: {exc}")
-            continue
-        if minor > MAX_ITEM_AMOUNT:
-            problems.append(
-                f"minimum {currency}: above {format_money(MAX_ITEM_AMOUNT, str(currency))}"
-                " (one Stripe invoice item)"
-            )
-            continue
-        out[str(currency).upper()] = minor
+        minor = _minimum(f"minimum {currency}", amount, str(currency), problems)
+        if minor is not None:
+            out[str(currency).upper()] = minor
     return out
+
+
+def _meter_minimums(raw: Any, listed: PriceList, problems: list[str]) -> dict[str, dict[str, int]]:
+    """``[minimum.meters]``: meter -> amount, in the meter's list currency."""
+    if not isinstance(raw, Mapping):
+        problems.append('[minimum.meters] must be a table: "METER" = "amount"')
+        return {}
+    out: dict[str, dict[str, int]] = {}
+    for meter, amount in raw.items():
+        price = listed.prices.get(meter)
+        if price is None:
+            problems.append(f"minimum of meter {meter!r}: not in the price book")
+            continue
+        minor = _minimum(f"minimum of meter {meter!r}", amount, price.currency, problems)
+        if minor is not None:
+            out.setdefault(price.currency, {})[meter] = minor
+    return out
+
+
+def _minimum(what: str, amount: Any, currency: str, problems: list[str]) -> int | None:
+    """A minimum written as text in major units, in minor units (None: a problem noted)."""
+    try:
+        if isinstance(amount, bool) or not isinstance(amount, str | int):
+            raise ValueError(f'{amount!r} is not an amount: write it as text ("100.00")')
+        minor = parse_exact_amount(str(amount), currency)
+    except (ValueError, InvalidUsage) as exc:
+        problems.append(f"{what}: {exc}")
+        return None
+    if minor > MAX_ITEM_AMOUNT:
+        problems.append(
+            f"{what}: above {format_money(MAX_ITEM_AMOUNT, currency)} (one Stripe item)"
+        )
+        return None
+    return minor
 
 
 class ContractVersion:
     """One version of a customer's contract, as pricing reads it."""
 
-    __slots__ = ("_priced", "customer_id", "effective_from", "minimums", "number", "overrides")
+    __slots__ = (
+        "_priced", "customer_id", "effective_from", "meter_minimums", "minimums", "number",
+        "overrides",
+    )  # fmt: skip
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 (a Set event's fields)
         self,
         customer_id: str,
         number: int,
         effective_from: datetime,
         overrides: Mapping[str, Override],
         minimums: Mapping[str, int],
+        meter_minimums: Mapping[str, Mapping[str, int]] | None = None,
     ) -> None:
         self.customer_id = customer_id
+        self.meter_minimums = meter_minimums or {}  # currency -> meter -> minor units
         self.number = number
         self.effective_from = effective_from
         self.overrides = overrides
@@ -308,11 +348,15 @@ class ContractSchedule:
         i = bisect_right(self._starts, moment)
         return self._order[i - 1] if i else None
 
+    def at_end_of(self, period_end: datetime) -> ContractVersion | None:
+        """The version whose minimums apply to a period ending at ``period_end``: the one
+        in force at the period's last moment."""
+        return self.at(period_end - timedelta(microseconds=1))
+
     def minimum_for(self, period_end: datetime, currency: str) -> tuple[int, int] | None:
         """(version number, minimum in minor units) for a period ending at ``period_end``
-        in ``currency``: the version in force at the period's last moment; None when it
-        sets no minimum in that currency."""
-        version = self.at(period_end - timedelta(microseconds=1))
+        in ``currency`` (``at_end_of``); None when it sets no minimum in that currency."""
+        version = self.at_end_of(period_end)
         if version is None or currency not in version.minimums:
             return None
         return version.number, version.minimums[currency]
@@ -335,7 +379,8 @@ class Contract(Aggregate):
         number: int
         effective_from: datetime
         meters: dict[str, dict[str, Any]]  # meter -> {"discount": "12.5"} or a price table
-        minimums: dict[str, int]  # currency -> minor units
+        minimums: dict[str, int]  # currency -> minor units, the whole invoice
+        meter_minimums: dict[str, dict[str, int]]  # currency -> meter -> minor units
 
     @staticmethod
     def create_id(customer_id: str, **_: Any) -> UUID:
@@ -361,8 +406,7 @@ class Contract(Aggregate):
             raise ContractError(
                 [f"effective_from {effective_from.isoformat()} is not in years 1 to 9999 in UTC"]
             ) from None
-        meters, minimums = terms.to_event()
-        self._set(len(self.versions) + 1, moment, meters, minimums)
+        self._set(len(self.versions) + 1, moment, **terms.to_event())
         return self.versions[-1]
 
     @event(Set)
@@ -372,10 +416,16 @@ class Contract(Aggregate):
         effective_from: datetime,
         meters: dict[str, dict[str, Any]],
         minimums: dict[str, int],
+        meter_minimums: dict[str, dict[str, int]],
     ) -> None:
         self.versions.append(
             ContractVersion(
-                self.customer_id, number, effective_from, stored_overrides(meters), minimums
+                self.customer_id,
+                number,
+                effective_from,
+                stored_overrides(meters),
+                minimums,
+                meter_minimums,
             )
         )
 

@@ -116,7 +116,7 @@ def contract_id(customer_id: str) -> UUID:
     return uuid5(CONTRACT_NAMESPACE, customer_id)
 
 
-def true_up_id(invoice: UUID) -> UUID:
-    """The true-up of one invoice (its minimum commitment's shortfall): the one entry of its
-    true-up line, in the place a line holds a transaction's id."""
-    return uuid5(TRUE_UP_NAMESPACE, str(invoice))
+def true_up_id(invoice: UUID, meter: str) -> UUID:
+    """A true-up of one invoice (a minimum commitment's shortfall; ``meter``: its true-up
+    line's meter): the one entry of its true-up line, where a line holds a transaction's id."""
+    return uuid5(TRUE_UP_NAMESPACE, _key(str(invoice), meter))

@@ -8,7 +8,7 @@ and issues the credit notes reversals after that requested.
    added or usage settled meanwhile loses the version race, and ingest re-decides:
    the usage goes to a late line of an open period); with, in the same save, the true-up
    line of the customer's minimum commitment when the lines sum below it
-   (``domain.closing.true_up_line``);
+   (``domain.closing.true_up_lines``);
 2. **closed**: waits until every line's final total is in Stripe and its charges are
    recorded (the lines waiting are handed over: to the push scheduler in a worker,
    pushed at once by the CLI); then ``FinalizeStarted``
@@ -51,7 +51,7 @@ from eventsourcing.persistence import IntegrityError
 from adapters.charging.pusher import utcnow
 from adapters.observability.logs import step_fields
 from adapters.observability.metrics import metrics
-from domain.closing import close_deadline, line_status, true_up_line
+from domain.closing import close_deadline, line_status, true_up_lines
 from domain.errors import IllegalTransition
 from domain.invoice import Invoice
 from domain.invoice_states import InvoiceState
@@ -168,8 +168,8 @@ class InvoiceCloser:
     def _close(self, invoice: Invoice, reason: str) -> None:
         lines = [self.ledger.line_by_id(line) for line in invoice.lines]
         contract = self.ledger.contract(invoice.customer_id)
-        extra = true_up_line(invoice, lines, None if contract is None else contract.schedule)
-        if extra is not None:  # the minimum's shortfall: a line of its own, in this save
+        schedule = None if contract is None else contract.schedule
+        for extra in true_up_lines(invoice, lines, schedule):  # a minimum's shortfall
             invoice.add_line(extra.id)
             lines.append(extra)
         invoice.close(reason)

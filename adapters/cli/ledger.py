@@ -350,12 +350,12 @@ def _preview_invoice(args: argparse.Namespace) -> int:
 
 
 def _with_true_ups(customer: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The preview's rows with, on each invoice below the customer's minimum, the true-up
-    line closing it now would add (``domain.closing.true_up_owed``) and its total with it.
-    The contract is events, read as the writer (nothing is read when there is no row)."""
+    """The preview's rows with, on each invoice, the true-up lines closing it now would add
+    (``domain.closing.true_ups``) and its total with them. The contract is events, read as
+    the writer (nothing is read when there is no row)."""
     from adapters.bootstrap import open_ledger
     from adapters.settings import Settings
-    from domain.closing import TRUE_UP_METER, true_up_owed
+    from domain.closing import true_ups
 
     if not rows:
         return rows
@@ -369,15 +369,18 @@ def _with_true_ups(customer: str, rows: list[dict[str, Any]]) -> list[dict[str, 
         by_invoice.setdefault(row["invoice_id"], []).append(row)
     for lines in by_invoice.values():
         first = lines[0]
-        usage = int(first["invoice_total"])
-        owed = true_up_owed(contract.schedule, first["period_end"], first["currency"], usage)
-        if not owed:
-            out.extend(lines)
-            continue
-        total, count = usage + owed, first["invoice_lines"] + 1
+        billed: dict[str, int] = {}
+        for line in lines:
+            billed[line["meter"]] = billed.get(line["meter"], 0) + int(line["billed"])
+        owed = true_ups(contract.schedule, first["period_end"], first["currency"], billed)
+        total = int(first["invoice_total"]) + sum(owed.values())
+        count = first["invoice_lines"] + len(owed)
         out.extend({**r, "invoice_total": total, "invoice_lines": count} for r in lines)
-        out.append({**out[-1], "meter": TRUE_UP_METER, "late": False, "transactions": 0,
-                    "exact_total": owed, "billed": owed})  # fmt: skip
+        out.extend(
+            {**out[-1], "meter": meter, "late": False, "transactions": 0, "exact_total": amount,
+             "billed": amount}
+            for meter, amount in owed.items()
+        )  # fmt: skip
     return out
 
 

@@ -672,7 +672,8 @@ def test_a_minimum_commitment_is_trued_up_on_the_finalized_invoice_as_the_previe
     parts: Parts,
 ) -> None:
     listed = parts.ledger.refresh_prices().latest.prices
-    parts.ledger.set_contract("acme", check_terms({}, {"USD": "25.00"}, listed), EPOCH)
+    minimums = {"USD": "25.00", "meters": {"gpt-4o.input_tokens": "1.00"}}  # a meter unused
+    parts.ledger.set_contract("acme", check_terms({}, minimums, listed), EPOCH)
     acme = record(parts.ledger, "acme", ["m-1", "m-2"], qty=2500)  # 2.50 + 2.501 USD
     beta = record(parts.ledger, "beta", ["b-1"], qty=2500)  # no contract: no minimum
     with (
@@ -685,18 +686,20 @@ def test_a_minimum_commitment_is_trued_up_on_the_finalized_invoice_as_the_previe
     preview = json.loads(shown.stdout)
     assert [(r["meter"], r["billed"]) for r in preview] == [
         ("api.requests", 500),  # 5.001 USD billed, rounded once
-        (TRUE_UP_METER, 2000),
+        (f"{TRUE_UP_METER} gpt-4o.input_tokens", 100),  # the meter's minimum
+        (TRUE_UP_METER, 1900),  # the invoice's: 25.00 less 5.00 and 1.00
     ]
-    assert {(r["invoice_total"], r["invoice_lines"]) for r in preview} == {(2500, 2)}
+    assert {(r["invoice_total"], r["invoice_lines"]) for r in preview} == {(2500, 3)}
 
     final = parts.finalize(_invoice_of(parts.ledger, acme[0]))
     lines = {parts.ledger.line_by_id(i).meter: parts.ledger.line_by_id(i) for i in final.lines}
-    assert lines[TRUE_UP_METER].billed == 2000
+    assert lines[TRUE_UP_METER].billed == 1900
+    assert lines[f"{TRUE_UP_METER} gpt-4o.input_tokens"].billed == 100
     assert all(line.frozen for line in lines.values())
     [stripe_invoice] = parts.emulator.invoices(final.stripe_customer_id)
     items = sorted(i["amount"] for i in parts.emulator.live_invoice_items()
                    if i["invoice"] == stripe_invoice["id"])  # fmt: skip
-    assert items == [500, 2000]  # the true-up is an item of its own
+    assert items == [100, 500, 1900]  # each true-up is an item of its own
     assert final.total == final.expected_total == stripe_invoice["total"] == 2500
     assert final.expected_total == preview[0]["invoice_total"]  # what the preview said
 

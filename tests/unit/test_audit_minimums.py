@@ -50,17 +50,17 @@ def test_a_true_up_of_the_shortfall_is_clean() -> None:
 
 
 def test_a_wrong_missing_or_unowed_true_up_is_a_finding() -> None:
-    owes = "contract version 1's minimum 100.00 USD less usage of 25.00 USD owes 75.00 USD"
-    assert _invoice(2_500, 7_000) == [f"a true-up of 70.00 USD, but {owes}"]
-    assert _invoice(2_500, None) == [f"a true-up of 0.00 USD, but {owes}"]
+    line = f"true-up line {TRUE_UP_METER!r} holds"
+    owes = "contract version 1 and usage of 25.00 USD owe 75.00 USD"
+    assert _invoice(2_500, 7_000) == [f"{line} 70.00 USD, but {owes}"]
+    assert _invoice(2_500, None) == [f"{line} 0.00 USD, but {owes}"]
     assert _invoice(10_000, 100) == [
-        "a true-up of 1.00 USD, but contract version 1's minimum 100.00 USD less usage of"
-        " 100.00 USD owes 0.00 USD"
+        f"{line} 1.00 USD, but contract version 1 and usage of 100.00 USD owe 0.00 USD"
     ]
     lines = {"t": LineAudit("t", "beta", "USD", TRUE_UP_METER, DEC, billed=5)}
     invoice = InvoiceAudit(
         "j", "beta", "USD", DEC, ["t"], state=InvoiceState.CLOSED, period_end=JAN
     )
     assert [f.detail for f in check_true_ups([invoice], lines, _contracts())] == [
-        "a true-up of 0.05 USD, but no minimum applies"
+        f"{line} 0.05 USD, but no contract version and usage of 0.00 USD owe 0.00 USD"
     ]

@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 
 from domain import ids
-from domain.closing import TRUE_UP_METER, true_up_line, true_up_owed
+from domain.closing import TRUE_UP_METER, is_true_up, true_up_lines, true_ups
 from domain.contract import (
     Contract,
     ContractError,
@@ -261,32 +261,57 @@ def test_the_ledger_prices_by_a_contract_set_after_it_started() -> None:
 # The true-up line a close adds
 
 
-def _closing(usage: int, minimum: str | None) -> tuple[Invoice, list[InvoiceLine], Contract]:
+def _closing(
+    usage: int, minimum: str | None, meters: str = ""
+) -> tuple[Invoice, list[InvoiceLine], Contract]:
     period = PeriodPolicy.parse("month").period_of(JAN)
     line = InvoiceLine.open("acme", "USD", "in", period)
     line.settle([(uuid.uuid4(), Decimal(usage))])
     invoice = Invoice.open("acme", "USD", period, line.id)
     contract = Contract("acme")
-    if minimum is not None:
-        contract.set(_terms(f'[minimum]\nUSD = "{minimum}"\n'), JAN - TICK)
+    if minimum is not None or meters:
+        whole = "" if minimum is None else f'USD = "{minimum}"\n'
+        contract.set(_terms(f"[minimum]\n{whole}{meters}"), JAN - TICK)
     return invoice, [line], contract
 
 
 def test_a_close_below_the_minimum_adds_a_true_up_line_of_the_shortfall() -> None:
     invoice, lines, contract = _closing(2_499, "100.00")
-    line = true_up_line(invoice, lines, contract.schedule)
-    assert line is not None
+    [line] = true_up_lines(invoice, lines, contract.schedule)
     assert (line.meter, line.billed, line.exact_total) == (TRUE_UP_METER, 7_501, 7_501)
     assert line.invoice_id == invoice.id
     assert line.id == InvoiceLine.create_id("acme", "USD", TRUE_UP_METER, invoice.period_start)
     settled = [e for e in line.pending_events if isinstance(e, InvoiceLine.Settled)]
-    assert settled[0].transaction_ids == [str(ids.true_up_id(invoice.id))]
+    assert settled[0].transaction_ids == [str(ids.true_up_id(invoice.id, TRUE_UP_METER))]
 
 
 def test_no_true_up_at_or_above_the_minimum_without_one_or_without_a_contract() -> None:
     invoice, lines, contract = _closing(10_000, "100.00")
-    assert true_up_line(invoice, lines, contract.schedule) is None
+    assert true_up_lines(invoice, lines, contract.schedule) == []
     invoice, lines, contract = _closing(1, None)
-    assert true_up_line(invoice, lines, contract.schedule) is None
-    assert true_up_line(invoice, lines, None) is None
-    assert true_up_owed(None, FEB, "USD", 0) == 0
+    assert true_up_lines(invoice, lines, contract.schedule) == []
+    assert true_up_lines(invoice, lines, None) == []
+    assert true_ups(None, FEB, "USD", {"in": 0}) == {}
+
+
+def test_a_meters_minimum_is_trued_up_first_and_counts_toward_the_invoices() -> None:
+    meters = '[minimum.meters]\nin = "30.00"\nout = "5.00"\neur = "1.00"\n'
+    invoice, lines, contract = _closing(2_000, "100.00", meters)
+    found = {line.meter: line.billed for line in true_up_lines(invoice, lines, contract.schedule)}
+    assert found == {
+        f"{TRUE_UP_METER} in": 1_000,  # 30.00 less the 20.00 it billed
+        f"{TRUE_UP_METER} out": 500,  # none billed
+        TRUE_UP_METER: 6_500,  # 100.00 less 20.00 of usage and 15.00 of meters' true-ups
+    }  # the EUR meter's minimum is another invoice's
+    assert all(is_true_up(m) for m in found) and not is_true_up("in")
+    assert contract.versions[0].meter_minimums == {
+        "USD": {"in": 3_000, "out": 500},
+        "EUR": {"eur": 100},
+    }
+    invoice, lines, contract = _closing(2_000, None, '[minimum.meters]\nin = "10.00"\n')
+    assert true_up_lines(invoice, lines, contract.schedule) == []
+
+
+def test_a_meter_minimum_of_an_unknown_meter_is_refused() -> None:
+    with pytest.raises(ContractError, match="minimum of meter 'nope': not in the price book"):
+        _terms('[minimum.meters]\nnope = "1.00"\n')
