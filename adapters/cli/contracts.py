@@ -105,7 +105,7 @@ def _set(args: argparse.Namespace) -> int:
     print(
         f"set contract version {version.number} of {args.customer}, in force from"
         f" {version.effective_from.isoformat()} ({len(version.overrides)} meters overridden,"
-        f" {len(version.minimums)} minimums)"
+        f" {len(version.minimums) + sum(map(len, version.meter_minimums.values()))} minimums)"
     )
     return 0
 
@@ -132,6 +132,11 @@ def _show(args: argparse.Namespace) -> int:
             "effective_from": version.effective_from.isoformat(),
             "meters": {m: o.to_spec() for m, o in version.overrides.items()},
             "minimum": {c: format_money(a, c) for c, a in version.minimums.items()},
+            "meter_minimums": {
+                m: format_money(a, c)
+                for c, by_meter in version.meter_minimums.items()
+                for m, a in by_meter.items()
+            },
         }
         print(json.dumps(body, indent=2))
         return 0
@@ -146,6 +151,9 @@ def _show(args: argparse.Namespace) -> int:
     print_table(rows, ["meter", "override"])
     for currency, amount in sorted(version.minimums.items()):
         print(f"minimum per period: {format_money(amount, currency)}")
+    for currency, by_meter in sorted(version.meter_minimums.items()):
+        for meter, amount in sorted(by_meter.items()):
+            print(f"minimum per period of {meter}: {format_money(amount, currency)}")
     return 0
 
 

@@ -41,6 +41,9 @@ per = 1000000
 
 [minimum]
 USD = "25.00"
+
+[minimum.meters]
+"eu.gpu.h100.seconds" = "3.00"
 """
 
 
@@ -88,7 +91,7 @@ def test_contracts_set_show_and_the_prices_a_customer_pays_through_the_command_l
     assert done.returncode == 0, done.stderr
     assert done.stdout == (
         "set contract version 1 of acme, in force from 2026-12-15T12:00:00+00:00"
-        " (2 meters overridden, 1 minimums)\n"
+        " (2 meters overridden, 2 minimums)\n"
     )
     shown = json.loads(
         _cli(
@@ -98,6 +101,7 @@ def test_contracts_set_show_and_the_prices_a_customer_pays_through_the_command_l
     assert shown["version"] == 1
     assert shown["meters"]["api.requests"] == {"discount": "12.5"}
     assert shown["minimum"] == {"USD": "25.00 USD"}
+    assert shown["meter_minimums"] == {"eu.gpu.h100.seconds": "3.00 EUR"}  # its list currency
     before = _cli(env, "contracts", "show", "--customer", "acme", "--at", "2026-12-15T11:59:59Z")
     assert before.returncode == 2
     assert "acme has no contract in force at 2026-12-15T11:59:59+00:00" in before.stderr
