@@ -10,7 +10,9 @@
 
 ``Metered`` keeps the exact amount (``Decimal`` minor units, never rounded) and names
 the price book version that priced it: the one in force when the usage occurred
-(``domain.price_book``; histories from before price books name the initial version). A
+(``domain.price_book``; histories from before price books name the initial version), and
+the customer's contract version when that overrode the meter's list price
+(``domain.contract``; none in histories from before contracts, ``class_version`` < 4). A
 transaction joins exactly one invoice line: its ``Reserved`` names the line (ingest
 saves it with the line's ``Settled`` in one atomic save); ``Charged`` names the line
 sequence Stripe acknowledged. Histories written before lines existed load through
