@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal, localcontext
 from typing import Any
 
+from domain.ids import contract_id
 from domain.money import format_money
 from domain.transaction import ALLOWED_FROM, TxnState
 
@@ -82,6 +83,10 @@ class TxnAudit:
     priced_by: tuple[str | None, int] | None = None
     # Its Metered came before the Published of the version it names, in the log.
     before_its_version: bool = False
+    # The customer's contract version its Metered names (None: the list price priced it),
+    # and whether its Metered came before that version's Set in the log.
+    contract_version: int | None = None
+    before_its_contract: bool = False
 
     @classmethod
     def metered(
@@ -89,11 +94,14 @@ class TxnAudit:
         transaction_id: str,
         data: Mapping[str, Any],
         published: Container[tuple[str | None, int]] | None = None,
+        contracts: Container[tuple[str, int]] | None = None,
     ) -> TxnAudit:
         """The transaction as its Metered event starts it; ``published``, when given: the
-        price book versions published before it in the log (``before_its_version``)."""
+        price book versions published before it in the log (``before_its_version``);
+        ``contracts``: the contract versions set before it, as (contract id, number)."""
         number = data.get("price_version")  # none in histories from before price books
         priced_by = None if number is None else (uuid_text(data["price_book_id"]), number)
+        contract_version = data.get("contract_version")  # none before contracts
         return cls(
             transaction_id,
             data["customer_id"],
@@ -106,6 +114,12 @@ class TxnAudit:
             priced_by=priced_by,
             before_its_version=(
                 published is not None and priced_by is not None and priced_by not in published
+            ),
+            contract_version=contract_version,
+            before_its_contract=(
+                contracts is not None
+                and contract_version is not None
+                and (str(contract_id(data["customer_id"])), contract_version) not in contracts
             ),
         )
 

@@ -82,15 +82,18 @@ class InvoiceAudit:
     requested: dict[str, int] = field(default_factory=dict)  # transaction: amount
     credited: dict[str, tuple[str, int]] = field(default_factory=dict)  # note: (txn, amount)
     problems: list[str] = field(default_factory=list)
+    period_end: str | None = None
 
     @classmethod
     def opened(cls, invoice_id: str, data: Mapping[str, Any]) -> InvoiceAudit:
+        end = data.get("period_end")  # unwrapped by the replay, like period_start
         return cls(
             invoice_id,
             data["customer_id"],
             data["currency"],
             str(data["period_start"]),
             [_id(data["first_line"])],
+            period_end=None if end is None else str(end),
         )
 
     def apply(self, name: str, data: Mapping[str, Any], version: int) -> None:

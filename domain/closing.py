@@ -15,6 +15,20 @@ share, can never credit more than the line billed, and crediting all of them cre
 exactly that. A transaction of 0.4 cents on a line of three such bills 0, 1 or 0
 cents depending on its place: the rounding has to land somewhere, and this puts it on
 the transaction whose usage carried the total over the half cent.
+
+**The true-up of a minimum commitment.** A customer's contract may set a minimum per
+period in the invoice's currency, for the whole invoice or for one meter
+(``domain.contract``). When the invoice closes, the contract version in force at the
+period's last moment decides: for each meter minimum its lines (usage and late usage
+alike, each rounded once) fall short of, a *true-up line* of that meter (meter
+``TRUE_UP_PREFIX`` + its name); then, if all the lines, those included, sum below the
+invoice's minimum, a true-up line of the invoice (meter ``TRUE_UP_METER``). Each holds one
+entry, the shortfall ``max(0, minimum - usage)`` in whole minor units
+(``domain.contract.true_up``: nothing to round), recorded in the save of ``Closed`` with
+the lines frozen. From there it is a line like any other: pushed to its own
+Stripe invoice item under the line's keys, part of ``FinalizeStarted``'s total, compared
+by the read-back. Its entry's id is ``domain.ids.true_up_id(invoice, meter)``: no transaction, no
+account (a minimum does not count against a spend limit).
 """
 
 from __future__ import annotations
@@ -25,19 +39,31 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from uuid import UUID
 
+from domain.contract import ContractSchedule, true_up
+from domain.ids import true_up_id
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.invoice_states import InvoiceState
 from domain.money import add_exact, round_minor
 
 __all__ = [
+    "TRUE_UP_METER",
+    "TRUE_UP_PREFIX",
     "LineStatus",
     "billed_shares",
     "close_deadline",
     "due_to_close",
+    "is_true_up",
     "line_status",
     "shares_in_order",
+    "true_up_lines",
+    "true_ups",
 ]
+
+TRUE_UP_METER = "(minimum commitment)"
+"""The meter name of the invoice's true-up line (a price book meter of this name would
+share it); a meter's own true-up line is ``TRUE_UP_PREFIX`` and the meter's name."""
+TRUE_UP_PREFIX = TRUE_UP_METER + " "
 
 
 def close_deadline(invoice: Invoice, grace: timedelta) -> datetime:
@@ -98,3 +124,53 @@ def shares_in_order(held: Mapping[str, Decimal]) -> dict[str, int]:
         shares[txn] = now_billed - billed
         billed = now_billed
     return shares
+
+
+def is_true_up(meter: str) -> bool:
+    """Whether a line of ``meter`` is a true-up line (of the whole invoice or of a meter)."""
+    return meter == TRUE_UP_METER or meter.startswith(TRUE_UP_PREFIX)
+
+
+def true_up_lines(
+    invoice: Invoice, lines: Sequence[InvoiceLine], contract: ContractSchedule | None
+) -> list[InvoiceLine]:
+    """The true-up lines closing ``invoice`` (with ``lines``, as they are frozen) adds, each
+    with its shortfall settled; none when no minimum applies or the lines reach them (see
+    the module docstring)."""
+    billed: dict[str, int] = {}
+    for line in lines:
+        if not is_true_up(line.meter):
+            billed[line.meter] = billed.get(line.meter, 0) + line.billed
+    out = []
+    for meter, owed in true_ups(contract, invoice.period_end, invoice.currency, billed).items():
+        line = InvoiceLine.open(invoice.customer_id, invoice.currency, meter, invoice.period)
+        line.settle([(true_up_id(invoice.id, meter), Decimal(owed))])
+        out.append(line)
+    return out
+
+
+def true_ups(
+    contract: ContractSchedule | None,
+    period_end: datetime,
+    currency: str,
+    billed: Mapping[str, int],
+) -> dict[str, int]:
+    """The true-up lines an invoice of ``currency`` for the period ending at ``period_end``
+    owes, by their meter name, given what its usage lines bill by meter (``billed``): a
+    meter's minimum against that meter's lines, then the invoice's minimum against every
+    line, the meters' true-ups included. Only those owing more than 0. The close's rule,
+    the preview's and the audit's."""
+    version = None if contract is None else contract.at_end_of(period_end)
+    if version is None:
+        return {}
+    out: dict[str, int] = {}
+    for meter, minimum in sorted(version.meter_minimums.get(currency, {}).items()):
+        owed = true_up(minimum, billed.get(meter, 0))
+        if owed:
+            out[TRUE_UP_PREFIX + meter] = owed
+    whole = version.minimums.get(currency)
+    if whole is not None:
+        owed = true_up(whole, sum(billed.values()) + sum(out.values()))
+        if owed:
+            out[TRUE_UP_METER] = owed
+    return out

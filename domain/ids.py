@@ -15,6 +15,7 @@ __all__ = [
     "ACCOUNT_NAMESPACE",
     "NAMESPACE",
     "account_id",
+    "contract_id",
     "customer_link_id",
     "invoice_id",
     "line_id",
@@ -22,6 +23,7 @@ __all__ = [
     "partition_claim_id",
     "price_book_id",
     "transaction_id",
+    "true_up_id",
 ]
 
 NAMESPACE = UUID("6f1c7d36-4d8e-5b8a-9a57-2f0b5e3c9d41")
@@ -70,6 +72,8 @@ INVOICE_NAMESPACE = UUID("5c0b9e7a-2d4f-5183-a6e2-7f3c1b8d9a05")
 CUSTOMER_NAMESPACE = UUID("e2a47c19-6b5d-5f30-8d1e-4c9a0f7b3e68")
 CLAIM_NAMESPACE = UUID("9b3d5e71-0c2a-5f48-b6d9-3e7a1c0f4b26")
 PRICE_BOOK_NAMESPACE = UUID("c4f2a9e8-1d6b-5e37-9a0c-7b5e3d2f8a61")
+CONTRACT_NAMESPACE = UUID("7d3e9b20-5a1c-5f64-8e2b-1c9f4a6d0e35")
+TRUE_UP_NAMESPACE = UUID("2f8c6a14-9e3b-5d70-a1c5-6b0e8d4f2a97")
 
 
 def _key(*parts: str) -> str:
@@ -105,3 +109,14 @@ def partition_claim_id(topic: str, partition: int) -> UUID:
 def price_book_id() -> UUID:
     """The ledger's one price book (``domain.price_book``: one for all currencies)."""
     return uuid5(PRICE_BOOK_NAMESPACE, "prices")
+
+
+def contract_id(customer_id: str) -> UUID:
+    """The contract of one customer (``domain.contract``: one per customer)."""
+    return uuid5(CONTRACT_NAMESPACE, customer_id)
+
+
+def true_up_id(invoice: UUID, meter: str) -> UUID:
+    """A true-up of one invoice (a minimum commitment's shortfall; ``meter``: its true-up
+    line's meter): the one entry of its true-up line, where a line holds a transaction's id."""
+    return uuid5(TRUE_UP_NAMESPACE, _key(str(invoice), meter))

@@ -38,11 +38,11 @@ Public methods decide (check, compute); the private ``@event`` methods only appl
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
@@ -50,6 +50,9 @@ from eventsourcing.domain import Aggregate, event
 from domain.errors import PriceListError
 from domain.ids import price_book_id
 from domain.pricing import Price, PriceList
+
+if TYPE_CHECKING:
+    from domain.contract import ContractSchedule
 
 __all__ = [
     "EPOCH",
@@ -79,9 +82,10 @@ class PriceVersion:
 
 class PriceSchedule:
     """A book's versions as a worker holds them (immutable): which version prices a
-    moment, and each version by its number."""
+    moment, and each version by its number; with the contracts (``domain.contract``) of
+    the customers the worker prices now, by customer id (``with_contracts``)."""
 
-    __slots__ = ("_order", "_starts", "book_id", "versions")
+    __slots__ = ("_order", "_starts", "book_id", "contracts", "versions")
 
     def __init__(self, book_id: UUID, versions: Sequence[PriceVersion]) -> None:
         if not versions:
@@ -90,6 +94,16 @@ class PriceSchedule:
         self.versions = tuple(versions)  # in publication order: number 1, 2, ...
         self._order = sorted(self.versions, key=lambda v: (v.effective_from, v.number))
         self._starts = [v.effective_from for v in self._order]
+        self.contracts: Mapping[str, ContractSchedule] = {}
+
+    def with_contracts(self, contracts: Mapping[str, ContractSchedule]) -> PriceSchedule:
+        """The same versions, with these customers' contracts (shared, not copied)."""
+        out = object.__new__(PriceSchedule)
+        out.book_id, out.versions, out._order, out._starts = (
+            self.book_id, self.versions, self._order, self._starts,
+        )  # fmt: skip
+        out.contracts = contracts
+        return out
 
     @classmethod
     def initial(cls, prices: PriceList) -> PriceSchedule:

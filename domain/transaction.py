@@ -10,7 +10,9 @@
 
 ``Metered`` keeps the exact amount (``Decimal`` minor units, never rounded) and names
 the price book version that priced it: the one in force when the usage occurred
-(``domain.price_book``; histories from before price books name the initial version). A
+(``domain.price_book``; histories from before price books name the initial version), and
+the customer's contract version when that overrode the meter's list price
+(``domain.contract``; none in histories from before contracts, ``class_version`` < 4). A
 transaction joins exactly one invoice line: its ``Reserved`` names the line (ingest
 saves it with the line's ``Settled`` in one atomic save); ``Charged`` names the line
 sequence Stripe acknowledged. Histories written before lines existed load through
@@ -45,7 +47,14 @@ from domain.price_book import (
 from domain.pricing import Price, PriceList
 from domain.usage import UsageRecord
 
-__all__ = ["ALLOWED_FROM", "BillingTransaction", "Source", "TxnState", "price_of_record"]
+__all__ = [
+    "ALLOWED_FROM",
+    "BillingTransaction",
+    "Priced",
+    "Source",
+    "TxnState",
+    "price_of_record",
+]
 
 
 class TxnState(StrEnum):
@@ -91,28 +100,49 @@ class Source:
         return f"{self.topic}/{self.partition}@{self.offset}"
 
 
-def price_of_record(
-    record: UsageRecord, prices: PriceList | PriceSchedule
-) -> tuple[PriceVersion, Price]:
-    """The version in force when ``record`` occurred and its price of the record's meter;
-    InvalidUsage (the dead letter's reason) when that version has no price for the meter
-    or prices it in another currency than the record names. The ingest's rule, and the
-    producer's local check of it."""
-    version = as_schedule(prices).price_at(record.occurred_at)
+@dataclass(frozen=True)
+class Priced:
+    """Which price applies to a record: the price book version in force when it occurred,
+    the customer's contract version when it overrides the meter (else None), the price."""
+
+    version: PriceVersion
+    contract_version: int | None
+    price: Price
+
+
+def price_of_record(record: UsageRecord, prices: PriceList | PriceSchedule) -> Priced:
+    """Which price applies to (customer, meter, moment): the one function that decides it.
+
+    The price book version in force when ``record`` occurred prices its meter (the list
+    price), unless the customer's contract version in force then overrides the meter
+    (``domain.contract``: a replacement, or a discount off that list price). InvalidUsage
+    (the dead letter's reason) when the book has no price for the meter, or the price is
+    in another currency than the record names. The ingest's rule, and the producer's
+    local check of it (which knows no contracts: the list decides the currency)."""
+    schedule = as_schedule(prices)
+    version = schedule.price_at(record.occurred_at)
     price = version.prices.price_of(record.meter)
+    contract_version: int | None = None
+    contract = schedule.contracts.get(record.customer_id) if schedule.contracts else None
+    if contract is not None:
+        terms = contract.at(record.occurred_at)
+        if terms is not None:
+            special = terms.price_of(record.meter, price)
+            if special is not None:
+                price, contract_version = special, terms.number
     if record.currency is not None and record.currency.upper() != price.currency:
         raise InvalidUsage(
             f"currency {record.currency!r} does not match meter {record.meter!r} "
             f"priced in {price.currency}"
         )
-    return version, price
+    return Priced(version, contract_version, price)
 
 
 class BillingTransaction(Aggregate):
     """One usage record, priced, held against a limit, charged or compensated."""
 
     class Metered(Aggregate.Created):
-        class_version = 3
+        class_version = 4
         customer_id: str
         usage_id: str
         meter: str
@@ -125,6 +155,7 @@ class BillingTransaction(Aggregate):
         source: str
         price_book_id: UUID  # the price book version that priced it (v1, v2: none)
         price_version: int
+        contract_version: int | None  # the customer's contract version, when it priced it
 
         @staticmethod
         def upcast_v1_v2(state: dict[str, Any]) -> None:
@@ -136,6 +167,10 @@ class BillingTransaction(Aggregate):
             # version (``domain.price_book``).
             state["price_book_id"] = PRICE_BOOK_ID
             state["price_version"] = INITIAL_VERSION
+
+        @staticmethod
+        def upcast_v3_v4(state: dict[str, Any]) -> None:
+            state["contract_version"] = None  # recorded before contracts: list prices
 
     class Reserved(Aggregate.Event):
         class_version = 2
@@ -193,7 +228,8 @@ class BillingTransaction(Aggregate):
         """The Metered event's fields for ``record``: the one place usage is priced, by
         the price book version in force when it occurred (a bare price list: the
         initial version)."""
-        version, price = price_of_record(record, prices)
+        priced = price_of_record(record, prices)
+        version, price = priced.version, priced.price
         return {
             "customer_id": record.customer_id,
             "usage_id": record.usage_id,
@@ -207,6 +243,7 @@ class BillingTransaction(Aggregate):
             "source": str(source),
             "price_book_id": version.book_id,
             "price_version": version.number,
+            "contract_version": priced.contract_version,
         }
 
     @event(Metered)
@@ -224,6 +261,7 @@ class BillingTransaction(Aggregate):
         source: str,
         price_book_id: UUID,
         price_version: int,
+        contract_version: int | None = None,
     ) -> None:
         self.customer_id = customer_id
         self.usage_id = usage_id
@@ -237,6 +275,7 @@ class BillingTransaction(Aggregate):
         self.source = source
         self.price_book_id = price_book_id
         self.price_version = price_version
+        self.contract_version = contract_version
         self.state = TxnState.METERED
         self.account_id: UUID | None = None
         self.line_id: UUID | None = None

@@ -78,6 +78,7 @@ def transaction_rows(transactions: Sequence[NewTransaction], transcoder: Transco
             "source": f["source"],
             "price_book_id": _typed("uuid_hex", f["price_book_id"].hex),
             "price_version": f["price_version"],
+            "contract_version": f["contract_version"],
             "class_version": _METERED_VERSION,
         }
         reserved = {
@@ -101,6 +102,7 @@ def transaction_rows(transactions: Sequence[NewTransaction], transcoder: Transco
 _METERED_FIELDS = (
     "customer_id", "usage_id", "meter", "quantity", "unit_price", "per", "amount",
     "currency", "occurred_at", "source", "price_book_id", "price_version",
+    "contract_version",
 )  # fmt: skip
 _RESERVED_FIELDS = ("account_id", "line_id", "line_version")
 

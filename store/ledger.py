@@ -52,9 +52,11 @@ from eventsourcing.persistence import (
 )
 
 from domain.account import CustomerAccount
+from domain.contract import Contract, ContractSchedule, ContractTerms, ContractVersion
 from domain.customer import CustomerLink
 from domain.ids import (
     account_id,
+    contract_id,
     customer_link_id,
     invoice_id,
     line_id,
@@ -134,6 +136,8 @@ class BillingLedger(Application[UUID]):
         self._book_version: int | None = None
         self._book: PriceBook | None = None  # the book as refresh_prices last read it
         self._book_lock = threading.Lock()
+        self._contracts: dict[UUID, Contract] = {}  # as refresh_contracts last read them
+        self._contract_lock = threading.Lock()
         self.periods = periods
         self.last_save = SaveStats(attempts=0, events=0)
 
@@ -171,9 +175,11 @@ class BillingLedger(Application[UUID]):
         ``save_decided`` only writes."""
         pending = {a.id: a for a in after.decision.touched} if after is not None else {}
         reads = self._batch_reads(pending)
+        prices = self.refresh_prices()
+        contracts = self.refresh_contracts({m.record.customer_id for m in batch})
         decision = meter_batch_events(
             batch,
-            self.refresh_prices(),
+            prices.with_contracts(contracts) if contracts else prices,
             load_account=reads.account,
             load_line=reads.line,
             load_invoice=reads.invoice,
@@ -325,6 +331,50 @@ class BillingLedger(Application[UUID]):
                 continue
             return version
         raise ConcurrencyExhausted("could not publish the prices: the price book kept changing")
+
+    # -- contracts -----------------------------------------------------------------------
+
+    def contract(self, customer_id: str) -> Contract | None:
+        """The customer's contract, or None when it has none."""
+        found = self._get(contract_id(customer_id))
+        return found if isinstance(found, Contract) else None
+
+    def refresh_contracts(self, customers: Collection[str]) -> dict[str, ContractSchedule]:
+        """The contracts of ``customers`` that have one, as the store has them now: one
+        indexed query for their newest versions (``latest_versions``), then only a contract
+        set since this ledger last read it is read again (its new events only). So a
+        contract set now prices the next batch, in every process, without a restart, and a
+        batch whose customers have no contract or unchanged ones costs that one query."""
+        ids = {contract_id(c): c for c in customers}
+        latest = self.latest_versions(list(ids))
+        out: dict[str, ContractSchedule] = {}
+        with self._contract_lock:
+            for cid, (version, _) in latest.items():
+                known = self._contracts.get(cid)
+                if known is None or known.version != version:
+                    new = self.events.get(cid, gt=None if known is None else known.version)
+                    found = project_aggregate(known, new)
+                    if not isinstance(found, Contract):
+                        continue
+                    self._contracts[cid] = known = found
+                if known.versions:
+                    out[ids[cid]] = known.schedule
+        return out
+
+    def set_contract(
+        self, customer_id: str, terms: ContractTerms, effective_from: datetime
+    ) -> ContractVersion:
+        """Record ``terms`` as the customer's next contract version (ContractError, and
+        nothing recorded, when it cannot be)."""
+        for _ in range(self.max_attempts):
+            contract = self.contract(customer_id) or Contract(customer_id)
+            version = contract.set(terms, effective_from)
+            try:
+                self.save(contract)
+            except IntegrityError:
+                continue
+            return version
+        raise ConcurrencyExhausted("could not set the contract: it kept changing")
 
     def set_spend_limit(self, customer_id: str, currency: str, spend_limit: int | None) -> None:
         """Set a customer's spend limit in one currency (None: unlimited)."""

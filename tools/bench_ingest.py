@@ -10,6 +10,10 @@ with each other rather than with another machine:
   settled: each worker holds its partitions paused until all are assigned);
   with ``saves_inline``, one process again with its saves in line (``INGEST_OVERLAP_SAVES``
   off: each batch saved before the next is decided), which is what saving behind gains;
+  with ``contracts``, one process again with a contract for half the customers (every
+  meter 10 percent off, and a minimum), then once more without (each on a database of its
+  own): what reading and applying contracts costs, against the mean of the runs without
+  before and after it (the machine's drift during the run);
 * store append: the same batches saved straight to the event store (no Kafka), 1 and
   2 concurrent writers (threads of one process, so client CPU does not add up; the
   figure shows what the database lets through), with
@@ -43,6 +47,8 @@ from adapters.broker import make_producer
 from adapters.progress import Progress, step
 from adapters.runtime import tune_gc, tune_switching
 from adapters.settings import Settings
+from domain.contract import check_terms
+from domain.price_book import EPOCH
 from domain.usage import UsageRecord
 from infra.embedded import EmbeddedPostgres, TansuBroker
 from tools.bench_store import (
@@ -71,6 +77,7 @@ def run_ingest_bench(
     workers: int = 1,
     end_to_end_only: bool = False,
     saves_inline: bool = False,
+    contracts: bool = False,
 ) -> dict[str, Any]:
     """The figures above; ``end_to_end_only`` measures end to end and the raw ``COPY``
     of its rows only (no store appends: a third of the time)."""
@@ -86,6 +93,7 @@ def run_ingest_bench(
             "e2e",
             *(("e2e_workers",) if workers > 1 else ()),
             *(("e2e_inline",) if saves_inline else ()),
+            *(("e2e_contracts", "e2e_again") if contracts else ()),
             *(() if end_to_end_only else RECORDERS),
         )
         urls = {name: fresh_database(admin_url, f"bench_{name}") for name in names}
@@ -125,6 +133,14 @@ def run_ingest_bench(
             migrate(inline)
             prepare(inline, topics=False)
             result["end_to_end_inline"] = _end_to_end(inline, records, 1)
+        if contracts:  # then none again: the machine's drift during the run, measured
+            result["end_to_end_contracts"] = _with_contracts(settings, urls["e2e_contracts"], usage)
+            again = settings.model_copy(
+                update={"database_url": urls["e2e_again"], "ingest_group": "bench-again"}
+            )
+            migrate(again)
+            prepare(again, topics=False)
+            result["end_to_end_again"] = _end_to_end(again, records, 1)
         if end_to_end_only:
             result["raw_copy"] = raw_copy(urls["e2e"])
             result["ratios"] = _ratios(result, 0)
@@ -157,6 +173,11 @@ def _ratios(r: dict[str, Any], small: int) -> dict[str, float]:
         scaling["end_to_end_behind_vs_inline"] = round(
             r["end_to_end"]["records_per_s"] / r["end_to_end_inline"]["records_per_s"], 2
         )
+    if "end_to_end_contracts" in r:  # against the mean of the runs before and after it
+        none = (r["end_to_end"]["records_per_s"] + r["end_to_end_again"]["records_per_s"]) / 2
+        scaling["end_to_end_contracts_vs_none"] = round(
+            r["end_to_end_contracts"]["records_per_s"] / none, 2
+        )
     ratios = {
         "end_to_end_events_vs_copy": round(r["end_to_end"]["events_per_s"] / copy, 3),
         "end_to_end_records_vs_copy": round(r["end_to_end"]["records_per_s"] / copy, 3),
@@ -180,6 +201,26 @@ def _ratios(r: dict[str, Any], small: int) -> dict[str, float]:
             for w in ("1_writer", "2_writers")
         },
     }
+
+
+def _with_contracts(settings: Settings, url: str, usage: list[UsageRecord]) -> dict[str, Any]:
+    """End to end by 1 process, on a database of its own where every other customer has a
+    contract (every meter 10 percent off, a minimum of 100 in each currency)."""
+    step("end to end with contracts for half the customers")
+    this = settings.model_copy(update={"database_url": url, "ingest_group": "bench-contracts"})
+    migrate(this)
+    prepare(this, topics=False)
+    customers = sorted({r.customer_id for r in usage})[::2]
+    with open_ledger(this) as ledger:
+        listed = ledger.refresh_prices().latest.prices
+        meters = {name: {"discount": "10"} for name in listed.prices}
+        currencies = {p.currency for p in listed.prices.values()}
+        terms = check_terms(meters, {c: "100" for c in currencies}, listed)
+        for customer in customers:
+            ledger.set_contract(customer, terms, EPOCH)
+    figures = _end_to_end(this, len(usage), 1)
+    figures["customers_with_contracts"] = len(customers)
+    return figures
 
 
 def _produce(settings: Settings, usage: list[UsageRecord]) -> dict[str, float]:
@@ -357,6 +398,20 @@ def render(r: dict[str, Any]) -> str:
                 f"{inline['batch_commit_ms_p50']} / {inline['batch_commit_ms_p99']} ms",
             ),
             ("  saving behind / in line", f"{ratios['end_to_end_behind_vs_inline']:>10}"),
+        ]
+    priced = r.get("end_to_end_contracts")
+    if priced is not None:
+        rows += [
+            (
+                f"end to end, 1 process, {priced['customers_with_contracts']} customers with"
+                " contracts",
+                _RATE(priced["records_per_s"], "records/s"),
+            ),
+            (
+                "end to end, 1 process, none again",
+                _RATE(r["end_to_end_again"]["records_per_s"], "records/s"),
+            ),
+            ("  with contracts / none (mean)", f"{ratios['end_to_end_contracts_vs_none']:>10}"),
         ]
     rows += [
         ("raw binary COPY of the same rows", _RATE(r["raw_copy"]["rows_per_s"], "rows/s")),

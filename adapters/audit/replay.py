@@ -35,6 +35,7 @@ from domain.audit import (
 from domain.audit_invoices import InvoiceAudit
 from domain.audit_lines import LineAudit, PushAudit
 from domain.chain import GENESIS, ChainBreak, ChainLink, link_hash, link_problem, topic_header
+from domain.contract import Contract
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.money import add_exact
@@ -62,6 +63,7 @@ LINE_TOPICS = get_topic(InvoiceLine.Opened).removesuffix("Opened")
 PUSH_TOPICS = get_topic(LinePush.Opened).removesuffix("Opened")
 INVOICE_TOPICS = get_topic(Invoice.Opened).removesuffix("Opened")
 BOOK_PUBLISHED = get_topic(PriceBook.Published)
+CONTRACT_SET = get_topic(Contract.Set)
 HISTORY_COPY = sql.SQL(
     "COPY (SELECT uuid_send(originator_id), originator_version, topic, state, prev_hash, hash"
     " FROM {} ORDER BY notification_id) TO STDOUT (FORMAT BINARY)"
@@ -127,6 +129,8 @@ class Replay:
     overdrawn: list[Overdrawn] = field(default_factory=list)
     # Every version of the price book: (book id, number) -> its [meters] table as stored.
     prices: dict[tuple[str | None, int], Any] = field(default_factory=dict)
+    # Every contract version: (contract id, number) -> its Set event's fields as stored.
+    contracts: dict[tuple[str, int], Any] = field(default_factory=dict)
 
     def balances(self) -> dict[tuple[str, str], Balance]:
         return balances_of(self.transactions.values(), self.limits)
@@ -171,14 +175,14 @@ _SKIP = "skip"
 _ALWAYS = frozenset(
     {
         "metered", "Opened", "LimitSet", "line:Opened", "push:Opened", "invoice:Opened",
-        "book:Published",
+        "book:Published", "contract:Set",
     }
 )  # fmt: skip
 _WRAPPED = {
     "metered": ("quantity", "timestamp", "amount"),
     "ChargeFailed": ("next_attempt_at",),
     "line:Opened": ("period_start",),
-    "invoice:Opened": ("period_start", "first_line"),
+    "invoice:Opened": ("period_start", "period_end", "first_line"),
     "invoice:LineAdded": ("line_id",),
     "invoice:CreditRequested": ("transaction_id",),
     "invoice:Credited": ("transaction_id",),
@@ -271,6 +275,8 @@ def _kind(topic: str) -> str:
         return "invoice:" + topic[len(INVOICE_TOPICS) :]
     if topic == BOOK_PUBLISHED:
         return "book:Published"
+    if topic == CONTRACT_SET:
+        return "contract:Set"
     if topic.startswith(PUSH_TOPICS) and not topic.endswith(".ItemPlanned"):
         return "push:" + topic[len(PUSH_TOPICS) :]
     return _SKIP  # planned items: nothing to recompute
@@ -279,11 +285,8 @@ def _kind(topic: str) -> str:
 def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
     out: Replay, agg: _Aggregate, kind: str, version: int, state: bytes, scope: Scope
 ) -> None:
-    if kind == "book:Published":  # every version, whatever the scope: transactions name them
-        # The library's parser, not orjson's: a price's per may be beyond 64 bits, which
-        # orjson reads as a float (a version is one event: the speed does not matter).
-        book = json.loads(state)
-        out.prices[_uuid_text(agg.id), book["number"]] = book["meters"]
+    if kind in _PRICING:  # every version, whatever the scope: transactions name them
+        _pricing(out, agg, kind, state)
         return
     data = orjson.loads(state)
     for key in _WRAPPED.get(kind, ()):
@@ -296,7 +299,7 @@ def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
             _route_line(out, agg, kind, version, data, scope)
     elif kind == "metered":
         if scope.includes(data["customer_id"], at):
-            agg.txn = TxnAudit.metered(_uuid_text(agg.id), data, out.prices)
+            agg.txn = TxnAudit.metered(_uuid_text(agg.id), data, out.prices, out.contracts)
             out.transactions[agg.txn.transaction_id] = agg.txn
     elif kind == "Opened":
         if scope.customer in (None, data["customer_id"]):
@@ -307,6 +310,20 @@ def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
             _account_event(out, agg.account, kind.removeprefix("account:"), version, data)
     elif agg.txn is not None:
         agg.txn.apply(kind, data, version)
+
+
+_PRICING = frozenset({"book:Published", "contract:Set"})
+
+
+def _pricing(out: Replay, agg: _Aggregate, kind: str, state: bytes) -> None:
+    """A price book version or a contract version, kept whole: transactions name them."""
+    # The library's parser, not orjson's: a price's per may be beyond 64 bits, which
+    # orjson reads as a float (a version is one event: the speed does not matter).
+    found = json.loads(state)
+    if kind == "book:Published":
+        out.prices[_uuid_text(agg.id), found["number"]] = found["meters"]
+    else:
+        out.contracts[_uuid_text(agg.id), found["number"]] = found
 
 
 # How each account event moves what counts against the limit (reserved + charged).

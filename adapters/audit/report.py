@@ -46,6 +46,7 @@ from domain.audit_invoices import (
     credited_transactions,
 )
 from domain.audit_lines import check_line_items, check_lines
+from domain.audit_minimums import check_true_ups
 from domain.audit_prices import check_prices
 from domain.money import format_money
 from store.connections import Database
@@ -123,6 +124,7 @@ def audit(
             if not scope.partial:
                 credited = credited_transactions(result.invoices)
                 findings += check_lines(result.lines, result.pushes, result.transactions, credited)
+                findings += check_true_ups(result.invoices.values(), result.lines, result.contracts)
                 findings += check_invoices(
                     result.invoices, result.lines, result.transactions, webhook_ids(conn)
                 )
@@ -219,7 +221,7 @@ def _history_findings(
     findings += check_transactions(
         result.transactions.values(), now=datetime.now(UTC), horizon=horizon, failing_lines=failing
     )
-    findings += check_prices(result.transactions.values(), result.prices)
+    findings += check_prices(result.transactions.values(), result.prices, result.contracts)
     return findings + check_balances(balances)
 
 

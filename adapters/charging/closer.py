@@ -6,7 +6,9 @@ and issues the credit notes reversals after that requested.
 1. **open**, past its close deadline (period end + ``INVOICE_GRACE_S``, or now when an
    operator closes it early): ``Closed`` and every line ``Frozen``, in one save (a line
    added or usage settled meanwhile loses the version race, and ingest re-decides:
-   the usage goes to a late line of an open period);
+   the usage goes to a late line of an open period); with, in the same save, the true-up
+   line of the customer's minimum commitment when the lines sum below it
+   (``domain.closing.true_up_lines``);
 2. **closed**: waits until every line's final total is in Stripe and its charges are
    recorded (the lines waiting are handed over: to the push scheduler in a worker,
    pushed at once by the CLI); then ``FinalizeStarted``
@@ -49,7 +51,7 @@ from eventsourcing.persistence import IntegrityError
 from adapters.charging.pusher import utcnow
 from adapters.observability.logs import step_fields
 from adapters.observability.metrics import metrics
-from domain.closing import close_deadline, line_status
+from domain.closing import close_deadline, line_status, true_up_lines
 from domain.errors import IllegalTransition
 from domain.invoice import Invoice
 from domain.invoice_states import InvoiceState
@@ -165,6 +167,11 @@ class InvoiceCloser:
 
     def _close(self, invoice: Invoice, reason: str) -> None:
         lines = [self.ledger.line_by_id(line) for line in invoice.lines]
+        contract = self.ledger.contract(invoice.customer_id)
+        schedule = None if contract is None else contract.schedule
+        for extra in true_up_lines(invoice, lines, schedule):  # a minimum's shortfall
+            invoice.add_line(extra.id)
+            lines.append(extra)
         invoice.close(reason)
         for line in lines:
             line.freeze()

@@ -39,6 +39,7 @@ from eventsourcing.persistence import IntegrityError
 from adapters.observability import telemetry
 from adapters.observability.logs import step_fields
 from adapters.observability.metrics import metrics
+from domain.closing import is_true_up
 from domain.customer import CustomerLink
 from domain.errors import IllegalTransition
 from domain.invoice import Invoice
@@ -449,6 +450,8 @@ class LinePusher:
         whether there were any."""
         for _ in range(self.max_races):
             line = self.ledger.line_by_id(line_id)
+            if is_true_up(line.meter):  # a minimum's shortfall: no transaction to release
+                return False
             ids = settled_in(self.ledger.line_changes(line_id, pushed, line.sequence))
             txns = [self.ledger.transaction(i) for i in ids]
             txns = [t for t in txns if t.state is TxnState.RESERVED]

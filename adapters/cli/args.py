@@ -26,6 +26,7 @@ __all__ = [
     "port_or_zero",
     "positive_float",
     "positive_int",
+    "read_file",
     "timestamp",
     "txn_uuid",
     "usage",
@@ -78,6 +79,14 @@ def checked_customer(customer: str | None) -> str | None:
         return check_customer(customer)
     except InvalidFilter as exc:
         raise usage(str(exc)) from None
+
+
+def read_file(path: Path, what: str) -> str:
+    """The text of ``path`` (UTF-8), or misuse naming ``what`` it was to be."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"cannot read the {what} {path}: {exc}", EXIT_USAGE) from None
 
 
 def positive_int(text: str) -> int:

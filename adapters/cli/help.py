@@ -119,7 +119,27 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "prices list": (("billing-ledger prices list --json",), DB),
     "prices show": (
-        ("billing-ledger prices show", "billing-ledger prices show --at 2026-12-01T00:00:00Z"),
+        (
+            "billing-ledger prices show",
+            "billing-ledger prices show --at 2026-12-01T00:00:00Z",
+            "billing-ledger prices show --customer acme",
+        ),
+        DB,
+    ),
+    "contracts": (("billing-ledger contracts show --customer acme",), DB),
+    "contracts set": (
+        (
+            "billing-ledger contracts set --customer acme acme.toml"
+            " --effective-from 2027-01-01T00:00:00Z",
+            "billing-ledger contracts set --customer acme acme.toml",
+        ),
+        DB,
+    ),
+    "contracts show": (
+        (
+            "billing-ledger contracts show --customer acme",
+            "billing-ledger contracts show --customer acme --at 2027-02-01T00:00:00+01:00 --json",
+        ),
         DB,
     ),
     "dead-letters": (("billing-ledger dead-letters list",), DB),

@@ -16,11 +16,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adapters.cli.args import EXIT_USAGE, CliError, Parser, positive_int, timestamp
+from adapters.cli.args import EXIT_USAGE, CliError, Parser, positive_int, read_file, timestamp
+from adapters.cli.contracts import customer_arg, customer_price_rows
 from adapters.cli.output import print_table
 
 if TYPE_CHECKING:
-    from domain.price_book import PriceSchedule
+    from domain.price_book import PriceSchedule, PriceVersion
 
 __all__ = ["add_commands"]
 
@@ -63,6 +64,11 @@ def add_commands(sub: Any) -> None:
         "--at", type=timestamp, help="the moment (ISO 8601; default: now): its version's prices"
     )
     shown.add_argument("--version", type=positive_int, help="this version instead, by number")
+    shown.add_argument(
+        "--customer",
+        type=customer_arg,
+        help="the prices this customer pays: each meter's list or contract price, saying which",
+    )
     shown.add_argument("--json", action="store_true")
     shown.set_defaults(handler=_show)
 
@@ -74,10 +80,7 @@ def _publish(args: argparse.Namespace) -> int:
     from domain.pricing import PriceList
 
     file: Path = args.file
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CliError(f"cannot read the price file {file}: {exc}", EXIT_USAGE) from None
+    text = read_file(file, "price file")
     effective_from: datetime = args.effective_from or datetime.now(UTC)
     try:
         prices = PriceList.from_toml(text)
@@ -126,6 +129,8 @@ def _show(args: argparse.Namespace) -> int:
             )
     else:
         version = schedule.price_at(args.at or datetime.now(UTC))
+    if args.customer is not None:
+        return _show_customer(args, version)
     if args.json:
         body = {
             "price_book_id": str(schedule.book_id),
@@ -149,6 +154,34 @@ def _show(args: argparse.Namespace) -> int:
         for name, price in sorted(version.prices.prices.items())
     ]
     print_table(rows, ["meter", "price", "per"])
+    return 0
+
+
+def _show_customer(args: argparse.Namespace, version: PriceVersion) -> int:
+    """The price ``args.customer`` pays per meter at ``--at``: list or contract."""
+    from adapters.bootstrap import open_ledger
+    from adapters.settings import Settings
+
+    if args.version is not None:
+        raise CliError("give --customer with --at, not --version", EXIT_USAGE)
+    at: datetime = args.at or datetime.now(UTC)
+    with open_ledger(Settings()) as ledger:
+        contract = ledger.contract(args.customer)
+    terms = contract.schedule.at(at) if contract is not None else None
+    rows = customer_price_rows(version, terms)
+    if args.json:
+        print(json.dumps({
+            "customer_id": args.customer,
+            "price_version": version.number,
+            "contract_version": None if terms is None else terms.number,
+            "meters": rows,
+        }, indent=2))  # fmt: skip
+        return 0
+    contract_text = "no contract" if terms is None else f"contract version {terms.number}"
+    print(
+        f"{args.customer} at {at.isoformat()}: price book version {version.number}, {contract_text}"
+    )
+    print_table(rows, ["meter", "price", "per", "source"])
     return 0
 
 

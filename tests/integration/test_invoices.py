@@ -46,12 +46,15 @@ from adapters.stripe.client import StripeGateway
 from adapters.stripe.views import stripe_event
 from adapters.webhooks.app import PATH
 from adapters.webhooks.handler import WebhookHandler
+from domain.closing import TRUE_UP_METER
+from domain.contract import check_terms
 from domain.health import assess
 from domain.invoice import Invoice
 from domain.invoice_states import InvoiceState
 from domain.metering import Metering, Source
 from domain.money import format_money
 from domain.ports import ItemRepair
+from domain.price_book import EPOCH
 from domain.saga import ChargeFailure
 from domain.usage import UsageRecord
 from domain.verification import DraftView
@@ -663,3 +666,44 @@ def test_open_drafts_pushed_since_their_last_check_are_found_oldest_first_and_ch
     assert found() == [invoices[1], invoices[0]]  # never checked first, then the oldest
     with Database(parts.settings.database_url) as db, db.connection() as conn:
         assert drafts_to_check(conn, 3600.0, 10) == []  # pushed too recently: may still land
+
+
+def test_a_minimum_commitment_is_trued_up_on_the_finalized_invoice_as_the_preview_said(
+    parts: Parts,
+) -> None:
+    listed = parts.ledger.refresh_prices().latest.prices
+    minimums = {"USD": "25.00", "meters": {"gpt-4o.input_tokens": "1.00"}}  # a meter unused
+    parts.ledger.set_contract("acme", check_terms({}, minimums, listed), EPOCH)
+    acme = record(parts.ledger, "acme", ["m-1", "m-2"], qty=2500)  # 2.50 + 2.501 USD
+    beta = record(parts.ledger, "beta", ["b-1"], qty=2500)  # no contract: no minimum
+    with (
+        Database(parts.settings.database_url) as db,
+        Projector(db, parts.ledger.mapper.to_domain_event) as projector,
+    ):
+        projector.pump_all()
+    shown = _cli(parts.settings, "invoices", "preview", "--customer", "acme", "--json")
+    assert shown.returncode == 0, shown.stderr
+    preview = json.loads(shown.stdout)
+    assert [(r["meter"], r["billed"]) for r in preview] == [
+        ("api.requests", 500),  # 5.001 USD billed, rounded once
+        (f"{TRUE_UP_METER} gpt-4o.input_tokens", 100),  # the meter's minimum
+        (TRUE_UP_METER, 1900),  # the invoice's: 25.00 less 5.00 and 1.00
+    ]
+    assert {(r["invoice_total"], r["invoice_lines"]) for r in preview} == {(2500, 3)}
+
+    final = parts.finalize(_invoice_of(parts.ledger, acme[0]))
+    lines = {parts.ledger.line_by_id(i).meter: parts.ledger.line_by_id(i) for i in final.lines}
+    assert lines[TRUE_UP_METER].billed == 1900
+    assert lines[f"{TRUE_UP_METER} gpt-4o.input_tokens"].billed == 100
+    assert all(line.frozen for line in lines.values())
+    [stripe_invoice] = parts.emulator.invoices(final.stripe_customer_id)
+    items = sorted(i["amount"] for i in parts.emulator.live_invoice_items()
+                   if i["invoice"] == stripe_invoice["id"])  # fmt: skip
+    assert items == [100, 500, 1900]  # each true-up is an item of its own
+    assert final.total == final.expected_total == stripe_invoice["total"] == 2500
+    assert final.expected_total == preview[0]["invoice_total"]  # what the preview said
+
+    other = parts.finalize(_invoice_of(parts.ledger, beta[0]))
+    assert other.expected_total == other.total == 250
+    assert len(other.lines) == 1
+    _audit_clean(parts)

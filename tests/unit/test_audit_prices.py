@@ -14,6 +14,7 @@ import pytest
 
 from domain.audit import Finding, TxnAudit
 from domain.audit_prices import check_prices
+from domain.contract import Contract, ContractTerms
 from domain.price_book import PRICE_BOOK_ID, PriceBook
 from domain.pricing import Price, PriceList
 from domain.transaction import BillingTransaction, Source
@@ -193,3 +194,73 @@ def test_the_fold_says_whether_the_version_was_published_before_the_transaction(
     assert TxnAudit.metered("t", data, {(BOOK, 1)}).before_its_version is True
     old = _stored_old(_metered("b", AT))  # names no version: nothing to be before
     assert TxnAudit.metered("t", old, set()).before_its_version is False
+
+
+# ---------------------------------------------------------------------------------------------
+# Contracts: each contract-priced amount recomputed from the contract version it names
+
+
+def _contract() -> Contract:
+    listed = _book().schedule.latest.prices
+    contract = Contract("acme")
+    contract.set(ContractTerms.from_toml('[meters.api]\ndiscount = "25"\n', listed), AT)
+    replacement = '[meters.api]\nunit_price = "0.0005"\ncurrency = "USD"\n'
+    contract.set(ContractTerms.from_toml(replacement, listed), AT + timedelta(days=1))
+    return contract
+
+
+def _contracts() -> dict[tuple[str, int], Any]:
+    contract = _contract()
+    sets = [e for e in contract.collect_events() if isinstance(e, Contract.Set)]
+    return {(str(contract.id), e.number): _stored(e) for e in sets}
+
+
+def _contract_metered(usage_id: str, occurred_at: datetime, **forged: Any) -> TxnAudit:
+    record = usage(usage_id, quantity="1000", meter="api")
+    record = record.model_copy(update={"occurred_at": occurred_at})
+    schedule = _book().schedule.with_contracts({"acme": _contract().schedule})
+    txn = BillingTransaction.from_usage(record, schedule, Source("usage", 0, 1))
+    data = _stored(txn.pending_events[0])
+    for key in ("quantity", "timestamp", "amount"):
+        data[key] = data[key]["_data_"]
+    data.update(forged)
+    return TxnAudit.metered(str(txn.id), data)
+
+
+def _contract_problems(*txns: TxnAudit) -> list[str]:
+    return [f.detail for f in check_prices(txns, VERSIONS, _contracts())]
+
+
+def test_contract_priced_amounts_recompute_from_the_contract_version_they_name() -> None:
+    discounted = _contract_metered("c1", AT)  # 1000 x 0.002 USD less 25 %: 150 cents
+    replaced = _contract_metered("c2", AT + timedelta(days=2))  # 1000 x 0.0005: 50 cents
+    assert (discounted.contract_version, discounted.amount) == (1, Decimal(150))
+    assert (replaced.contract_version, replaced.amount) == (2, Decimal(50))
+    assert _contract_problems(discounted, replaced) == []
+
+
+def test_a_forged_amount_or_contract_version_is_a_finding() -> None:
+    problems = _contract_problems(
+        _contract_metered("f1", AT, amount="200"),  # the list price, under the contract's name
+        _contract_metered("f2", AT, contract_version=7),  # a version that was never set
+        _contract_metered("f3", AT, contract_version=2),  # the other version's price
+        _contract_metered("f4", AT, customer_id="beta"),  # another customer's contract
+    )
+    assert len(problems) == 4, problems
+    assert "amount 2.00 USD, but contract version 1 of acme" in problems[0]
+    assert "at 1.50 USD" in problems[0]
+    assert problems[1] == "priced by contract version 7 of acme, which does not exist"
+    assert "contract version 2 of acme (on price book" in problems[2]
+    assert problems[3] == "priced by contract version 1 of beta, which does not exist"
+
+
+def test_a_contract_version_set_after_the_transaction_was_recorded_is_a_finding() -> None:
+    record = _contract_metered("late", AT)
+    data = {"customer_id": "acme", "contract_version": 1}
+    fields = {**_metered_data("late", AT), **data}
+    early = TxnAudit.metered(record.transaction_id, fields, VERSIONS, ())  # no contract yet
+    early.amount = record.amount
+    assert early.before_its_contract
+    assert _contract_problems(early) == [
+        "priced by contract version 1 of acme, set after it was recorded"
+    ]

@@ -138,7 +138,7 @@ def test_from_usage_prices_by_the_version_in_force_when_the_usage_occurred() -> 
     )  # fmt: skip
     assert {before.price_book_id, at.price_book_id, later.price_book_id} == {PRICE_BOOK_ID}
     fields = BillingTransaction.metered_fields(_at(AT), schedule, SOURCE)
-    assert list(fields)[-2:] == ["price_book_id", "price_version"]
+    assert list(fields)[-3:] == ["price_book_id", "price_version", "contract_version"]
     assert (fields["price_book_id"], fields["price_version"]) == (PRICE_BOOK_ID, 2)
 
 

@@ -171,10 +171,23 @@ def test_a_metered_event_recorded_now_keeps_the_version_that_priced_it() -> None
     txn = BillingTransaction.from_usage(record, book.schedule, Source("usage", 0, 3))
     ledger.save(txn)
     stored = ledger.recorder.select_events(txn.id)[0]
-    assert orjson.loads(stored.state)["class_version"] == 3
+    assert orjson.loads(stored.state)["class_version"] == 4
+    assert orjson.loads(stored.state)["contract_version"] is None  # priced by the list
     loaded = ledger.transaction(txn.id)
     assert (loaded.price_book_id, loaded.price_version, loaded.amount) == (
         PRICE_BOOK_ID,
         2,
         Decimal("50.000"),
     )
+
+
+def test_a_metered_event_from_before_contracts_loads_naming_no_contract_version() -> None:
+    ledger = memory_ledger()
+    txn_id = uuid4()
+    exact = {"_type_": "decimal_str", "_data_": "25.0"}
+    book = {"_type_": "uuid_hex", "_data_": PRICE_BOOK_ID.hex}
+    v3 = {**V1_METERED, "usage_id": "v3-1", "amount": exact, "class_version": 3,
+          "price_book_id": book, "price_version": 2}  # fmt: skip
+    ledger.recorder.insert_events([_stored(txn_id, 1, TXN + "Metered", v3)])
+    txn = ledger.transaction(txn_id)
+    assert (txn.price_version, txn.contract_version) == (2, None)
