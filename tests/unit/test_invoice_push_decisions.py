@@ -96,3 +96,13 @@ def test_a_push_learns_the_line_items_of_its_own_items_only_and_once() -> None:
     assert not push.collect_events()  # nothing new: nothing recorded
     replayed = LinePush(line_id=A)
     assert replayed.line_item_ids() is None and replayed.learned_line_items is None
+
+
+def test_the_key_is_pinned_so_a_new_release_replays_what_an_old_one_sent() -> None:
+    # A retry after an upgrade must send the key the first attempt sent: its digest is
+    # of "line:chunk:sequence:repair" texts, sorted, joined by "|", sha256, 32 hex digits.
+    sets = (LineSet(A, 0, "il_x", 7, 5), LineSet(A, 1, "il_y", 8, 5, 2))
+    part = LinePart(A, PushPlan(5, 15, (), ()), sets)
+    assert lines_key(UUID(int=9), [part]) == (
+        "invoice-lines:00000000-0000-0000-0000-000000000009:26625183d6ddbbffb6aa08a6bd5fba90"
+    )
