@@ -279,6 +279,13 @@ class LinePush(Aggregate):
 
         invoice_id: UUID
 
+    class LineItemsLearned(Aggregate.Event):
+        """Stripe's invoice showed the line items (``il_...``) its items make on the
+        draft: ``update_lines`` names a line by them, and they are Stripe's to choose."""
+
+        item_ids: list[str]
+        line_item_ids: list[str]
+
     class OwnerClaimed(Aggregate.Event):
         """Its pushes run under this claim of the customer's partition from now on: an
         attempt under an older claim of the same partition is refused
@@ -295,6 +302,8 @@ class LinePush(Aggregate):
     drifted = False
     owner_partition: int | None = None
     owner_epoch = 0
+    # item id -> the id of the line item it makes on its invoice (``LineItemsLearned``)
+    learned_line_items: dict[str, str] | None = None
 
     @staticmethod
     def create_id(line_id: UUID, **_: Any) -> UUID:
@@ -473,6 +482,29 @@ class LinePush(Aggregate):
         """The latest moment an attempt not answered may still land, if after ``now``."""
         pending = [at for at in self._open().values() if at > now]
         return max(pending, default=None)
+
+    # -- line items -------------------------------------------------------------------
+
+    def line_item_ids(self) -> list[str] | None:
+        """The line item of each of the line's items, in chunk order, when every one is
+        known (else None: they must be learned from Stripe first)."""
+        known = self.learned_line_items or {}
+        found = [known.get(item) for item in self.item_ids]
+        return [f for f in found if f is not None] if all(found) and found else None
+
+    def learn_line_items(self, found: dict[str, str]) -> None:
+        """Stripe's invoice lists these line items (item id -> line item id); those of the
+        line's items not known yet are recorded."""
+        known = self.learned_line_items or {}
+        new = {i: found[i] for i in self.item_ids if i in found and known.get(i) != found[i]}
+        if new:
+            self._line_items_learned(list(new), [new[i] for i in new])
+
+    @event(LineItemsLearned)
+    def _line_items_learned(self, item_ids: list[str], line_item_ids: list[str]) -> None:
+        known = dict(self.learned_line_items or {})
+        known.update(zip(item_ids, line_item_ids, strict=True))
+        self.learned_line_items = known
 
     def record_drift(self, found: list[int]) -> int:
         """Stripe's draft was read holding ``found`` for this line's items, not its newest

@@ -3,7 +3,8 @@
 Each outside thing is a small Protocol with one real adapter and one hand-written fake:
 
 * ``PaymentGateway``: Stripe (``adapters.stripe.client.StripeGateway``): customers, a
-  draft invoice per customer, currency and period, the items of invoice lines,
+  draft invoice per customer, currency and period, the items of invoice lines (created
+  one by one, then set together, a draft's lines in one request: ``update_lines``),
   finalizing an invoice and issuing credit notes; failures come back as
   ``domain.saga.ChargeFailure`` values, never as the SDK's exceptions;
 * ``DeadLetterSink``: where unbillable usage records are kept with their reason
@@ -20,7 +21,7 @@ from uuid import UUID
 
 from domain.invoice_states import StripeInvoiceView
 from domain.periods import Period
-from domain.pushing import PushPlan
+from domain.pushing import LinePart, PushPlan, lines_key
 from domain.saga import ChargeFailure
 from domain.verification import DraftView
 
@@ -31,6 +32,7 @@ __all__ = [
     "DraftInvoice",
     "ItemRepair",
     "LineItems",
+    "LinesUpdate",
     "PaymentGateway",
 ]
 
@@ -91,6 +93,20 @@ class LineItems:
 
 
 @dataclass(frozen=True)
+class LinesUpdate:
+    """One ``update_lines`` request: line items of one draft invoice set to their lines'
+    amounts (``domain.pushing.batches``: at most ``MAX_LINES_PER_UPDATE``)."""
+
+    invoice_id: UUID  # the ledger's invoice: the key's origin
+    stripe_invoice_id: str
+    parts: tuple[LinePart, ...]
+
+    @property
+    def key(self) -> str:
+        return lines_key(self.invoice_id, self.parts)
+
+
+@dataclass(frozen=True)
 class CreditNote:
     """A credit note for one reversed transaction of a final invoice."""
 
@@ -127,6 +143,17 @@ class PaymentGateway(Protocol):
 
     def set_line_items(self, items: LineItems) -> list[str] | ChargeFailure:
         """Create or update the line's items to the plan's amounts; their ids, in order."""
+        ...
+
+    def line_items(self, stripe_invoice_id: str) -> dict[str, str] | ChargeFailure:
+        """The line items of the draft's items, as Stripe names them: invoice item id ->
+        line item id (``il_...``), every line (paged)."""
+        ...
+
+    def update_lines(self, update: LinesUpdate) -> ChargeFailure | None:
+        """Set the line items of ``update`` on its draft, in one request under its key
+        (``update.key``). Stripe refuses it whole (nothing set) for an invoice that is
+        not a draft, a line item not on it, or too many line items."""
         ...
 
     def finalize_invoice(

@@ -10,10 +10,21 @@ a retryable failure is retried for ever with capped backoff (owed usage is never
 dropped because Stripe is down: past the horizon the line is reported failing), a
 permanent one (Stripe refuses the request) compensates the line's transactions that
 no push has included yet.
+
+**Per invoice.** A line's first push creates its items, one request each (there is
+nothing to update yet, and an item's creation is keyed by its line and chunk alone).
+After that a push only *sets* amounts, and the lines of one draft invoice are set
+together: ``invoice_update`` gathers the lines of an invoice whose plans only update
+items whose line items (``il_...``, learned from Stripe) are known, and ``batches``
+groups them, whole lines in order, into requests of at most ``MAX_LINES_PER_UPDATE``
+line items (Stripe's ``POST /v1/invoices/{id}/update_lines``). A request's key is the
+invoice's id and a digest of what it sets (``lines_key``: each line, chunk, sequence
+and repair), never a clock: a retry of the same set replays Stripe's first answer.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,16 +40,28 @@ from domain.transaction import BillingTransaction
 
 __all__ = [
     "CHARGEABLE_TOPICS",
+    "MAX_LINES_PER_UPDATE",
     "ItemStep",
+    "LinePart",
+    "LineSet",
     "PushPlan",
     "PushVerdict",
     "after_failure",
+    "batches",
     "charged_events",
+    "invoice_part",
     "item_key",
+    "lines_key",
     "plan_push",
     "push_key",
     "settled_in",
 ]
+
+MAX_LINES_PER_UPDATE = 50
+"""Line items one ``update_lines`` request sets at most. Stripe's API reference and its
+guide to bulk line items (read 2026-12-05) state no number for it; an invoice holds at
+most 250 items. This bound is the ledger's choice, kept well below that, and the
+emulator enforces the same."""
 
 
 def item_key(line_id: object, chunk: int) -> str:
@@ -110,6 +133,75 @@ def plan_push(line: InvoiceLine, push: LinePush) -> PushPlan | None:
         steps.append(ItemStep(chunk, amount, None, sequence, created, update=created != amount))
     repair = push.repairs if push.drifted else 0
     return PushPlan(line.sequence, line.billed, tuple(steps), tuple(to_plan), repair)
+
+
+@dataclass(frozen=True)
+class LineSet:
+    """One line item an ``update_lines`` request sets: the ledger's line and chunk, the
+    line item Stripe named for the chunk's item, and the amount at ``sequence``."""
+
+    line_id: UUID
+    chunk: int
+    line_item_id: str
+    amount: int
+    sequence: int
+    repair: int = 0
+
+
+@dataclass(frozen=True)
+class LinePart:
+    """A line's share of an invoice's push: its plan and the line items it sets."""
+
+    line_id: UUID
+    plan: PushPlan
+    sets: tuple[LineSet, ...]
+
+
+def invoice_part(
+    line_id: UUID, plan: PushPlan, line_items: Sequence[str] | None
+) -> LinePart | None:
+    """The line's part in a push of its invoice, or None when the line must be pushed on
+    its own: an item still to create (its first push), or a line item not learned yet."""
+    if not plan.calls or line_items is None or len(line_items) < len(plan.items):
+        return None
+    if any(step.item_id is None for step in plan.items):
+        return None
+    sets = tuple(
+        LineSet(line_id, step.chunk, line_items[step.chunk], step.amount, plan.sequence,
+                plan.repair)
+        for step in plan.items
+        if step.update
+    )  # fmt: skip
+    return LinePart(line_id, plan, sets)
+
+
+def batches(
+    parts: Sequence[LinePart], maximum: int = MAX_LINES_PER_UPDATE
+) -> list[tuple[LinePart, ...]]:
+    """``parts`` grouped, in order and each line whole, into requests of at most
+    ``maximum`` line items. A line with more items than that is in none: it is pushed
+    on its own, item by item."""
+    out: list[list[LinePart]] = []
+    count = maximum
+    for part in parts:
+        if len(part.sets) > maximum:
+            continue
+        if count + len(part.sets) > maximum:
+            out.append([])
+            count = 0
+        out[-1].append(part)
+        count += len(part.sets)
+    return [tuple(batch) for batch in out]
+
+
+def lines_key(invoice_id: object, parts: Sequence[LinePart]) -> str:
+    """Idempotency key of one ``update_lines`` request of the invoice: its id and a digest
+    of every (line, chunk, sequence, repair) it sets, in a fixed order. The same set is
+    always the same request (the amounts follow from the sequences); any other set is
+    another key."""
+    sets = sorted(f"{s.line_id}:{s.chunk}:{s.sequence}:{s.repair}" for p in parts for s in p.sets)
+    digest = hashlib.sha256("|".join(sets).encode()).hexdigest()[:32]
+    return f"invoice-lines:{invoice_id}:{digest}"
 
 
 class PushVerdict(StrEnum):

@@ -16,6 +16,23 @@ items) and ended when Stripe answered it: the closer reads the draft back only w
 no attempt can still land (``domain.verification``). A call our own breaker or rate
 limiter refused was never sent: it is no attempt and raises no backoff.
 
+**One request per invoice.** A line's first push creates its items, one request each
+(``set_line_items``: a creation is keyed by the line and chunk alone, and there is
+nothing yet to update). Every later change only sets amounts, and then the push is the
+invoice's: the changed lines of the line's draft invoice that are free to go (not
+sealed, not backing off, charges recorded, items created) are set together by one
+``update_lines`` request (``domain.pushing.invoice_part`` and ``batches``: at most
+``MAX_LINES_PER_UPDATE`` line items a request). Stripe names a draft's lines by ids of
+its own (``il_...``), so the pusher learns them from Stripe's list of the invoice's lines
+and records them on each LinePush (``LineItemsLearned``) before it names one; a line
+whose line items Stripe does not list is pushed on its own. Every line it sets gets its
+``AttemptStarted`` (one save for all, before the call), its ``Pushed`` and its
+``Charged`` events, exactly as a line pushed alone; the lines of an invoice share their
+customer, so the partition claim the pusher holds is every line's (a line fenced to a
+newer owner is left out). An invoice whose bulk update Stripe refuses while it is still
+a draft is pushed line by line from then on in this process (each line then decides its
+own refusal, so one line's fault never compensates another's usage).
+
 A retryable failure is recorded with its due time (``PushFailed``) and retried for
 ever; a permanent one compensates the transactions no push has included yet, unless
 the invoice is no longer a draft in Stripe (finalized by hand): then billable usage
@@ -46,12 +63,14 @@ from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.invoice_states import InvoiceState
 from domain.ownership import Claim
-from domain.ports import DraftInvoice, LineItems, PaymentGateway
+from domain.ports import DraftInvoice, LineItems, LinesUpdate, PaymentGateway
 from domain.pushing import (
     PushPlan,
     PushVerdict,
     after_failure,
+    batches,
     charged_events,
+    invoice_part,
     plan_push,
     settled_in,
 )
@@ -97,6 +116,16 @@ class PushReport:
     charged: int = 0
     retry_at: datetime | None = None  # RETRY or WAIT: when the line is due again
     more: bool = False  # the line changed again meanwhile
+    lines: tuple[UUID, ...] = ()  # other lines of its invoice this push set too
+
+
+@dataclass(frozen=True)
+class _Member:
+    """A line of the invoice's push: the line, its push and what it sends."""
+
+    line: InvoiceLine
+    push: LinePush
+    plan: PushPlan
 
 
 class LinePusher:
@@ -125,6 +154,8 @@ class LinePusher:
         self.jitter = jitter
         self.landing = landing
         self.claims = claims  # the claim this process pushes a customer's lines under
+        # Invoices whose bulk update Stripe refused while a draft: pushed line by line.
+        self._per_line: set[UUID] = set()
 
     def push(self, line_id: UUID) -> PushReport:
         """Bring Stripe and the charges up to the line's newest total, as far as now allows."""
@@ -171,6 +202,9 @@ class LinePusher:
                 if plan.calls and self.gateway.breaker_state() == "open":
                     # Our own breaker would refuse it unsent: no attempt, no backoff.
                     return self._not_sent(push, now)
+                together = self._push_invoice(line, push, plan, claim)
+                if together is not None:
+                    return together
                 sent = self._send(line, push, plan, claim)
                 requests += sent.requests
                 outcome = sent.outcome
@@ -186,6 +220,154 @@ class LinePusher:
             except (IntegrityError, IllegalTransition):
                 continue  # another writer recorded first: reload and look again
         return PushReport(StepResult.RACED, 0, requests)
+
+    # -- the invoice's push ------------------------------------------------------------
+
+    def _push_invoice(
+        self, line: InvoiceLine, push: LinePush, plan: PushPlan, claim: Claim | None
+    ) -> PushReport | None:
+        """Set ``line`` and the invoice's other changed lines in one ``update_lines``
+        request, or None: the line goes on its own (an item to create, line items Stripe
+        does not list, an invoice pushed line by line). Raises IntegrityError or
+        IllegalTransition on a lost race (the caller reloads)."""
+        if not plan.calls or any(step.item_id is None for step in plan.items):
+            return None
+        invoice = self._the_invoice(line)
+        if invoice.stripe_invoice_id is None or invoice.id in self._per_line:
+            return None
+        members = self._members(invoice, _Member(line, push, plan), claim)
+        requests = 0
+        if any(m.push.line_item_ids() is None for m in members):
+            learned = self.gateway.line_items(invoice.stripe_invoice_id)
+            requests += 1
+            if isinstance(learned, ChargeFailure):
+                if learned.retryable:  # nothing was set: the line waits its retry
+                    return self._failed(line, push, plan, learned, requests)
+                return None  # a refusal to list is no refusal of the line: it goes alone
+            for m in members:
+                m.push.learn_line_items(learned)
+            touched = [m.push for m in members if m.push.pending_events]
+            if touched:
+                self.ledger.save(*touched)
+        parts = {
+            m.line.id: part
+            for m in members
+            if (part := invoice_part(m.line.id, m.plan, m.push.line_item_ids())) is not None
+        }
+        batch = next((b for b in batches(list(parts.values())) if line.id in
+                      {p.line_id for p in b}), None)  # fmt: skip
+        if batch is None:
+            return None  # Stripe does not list its line items: pushed on its own
+        chosen = [m for m in members if m.line.id in {p.line_id for p in batch}]
+        attempts = self._start_attempts(chosen, claim)
+        update = LinesUpdate(invoice.id, invoice.stripe_invoice_id, batch)
+        failure = self.gateway.update_lines(update)
+        requests += 1
+        if failure is not None:
+            return self._batch_failed(invoice.id, chosen, attempts, failure, requests)
+        return self._batch_pushed(line, chosen, attempts, requests)
+
+    def _members(self, invoice: Invoice, first: _Member, claim: Claim | None) -> list[_Member]:
+        """``first`` and the invoice's other lines with a change that only sets amounts
+        and may go now (pushed before, charges recorded, not sealed, not fenced out,
+        not backing off)."""
+        now = self.clock()
+        members = [first]
+        for other in invoice.lines:
+            if other == first.line.id:
+                continue
+            push = self.ledger.line_push(other)
+            if push is None or push.sealed or push.fenced_out(claim):
+                continue
+            if push.charged_through < push.pushed_sequence:
+                continue  # its own push records its charges first
+            if push.next_attempt_at is not None and push.next_attempt_at > now:
+                continue
+            line = self.ledger.line_by_id(other)
+            plan = plan_push(line, push)
+            if plan is None or not plan.calls or plan.to_plan:
+                continue
+            if any(step.item_id is None for step in plan.items):
+                continue
+            members.append(_Member(line, push, plan))
+        return members
+
+    def _start_attempts(self, chosen: list[_Member], claim: Claim | None) -> list[int]:
+        """Record each line's attempt, in one save, before the request is sent (its
+        deadline: one call)."""
+        sent_at = self.clock()
+        lands_by = self.landing.deadline(sent_at, 1)
+        attempts = [m.push.start_attempt(m.plan.sequence, sent_at, lands_by, claim) for m in chosen]
+        self.ledger.save(*(m.push for m in chosen))
+        return attempts
+
+    def _batch_pushed(
+        self, line: InvoiceLine, chosen: list[_Member], attempts: list[int], requests: int
+    ) -> PushReport:
+        """Stripe set every line of the request: each one's ``Pushed`` and charges. The
+        other lines first (one that lost a race to another writer is pushed again later),
+        then ``line`` (a lost race reloads it, as a push of it alone would)."""
+        charged, others = 0, []
+        ordered = sorted(zip(chosen, attempts, strict=True), key=lambda c: c[0].line.id == line.id)
+        for m, attempt in ordered:
+            m.push.end_attempt(attempt, "answered")
+            mine = m.line.id == line.id
+            sent = requests if mine else 0
+            item_ids = [step.item_id or "" for step in m.plan.items]
+            try:
+                done = self._record_push(m.line, m.push, m.plan, item_ids, sent)
+            except IntegrityError:
+                if mine:
+                    raise
+                continue
+            charged += done
+            _log_push(m.line, m.plan, sent, done)
+            more = self.ledger.line_by_id(m.line.id).sequence > m.plan.sequence
+            if not mine and not more:
+                others.append(m.line.id)
+        metrics().charge_steps.add(1, {"result": "pushed"})
+        first = chosen[0]
+        return PushReport(
+            StepResult.CHARGED, first.plan.sequence, requests, charged, more=more,
+            lines=tuple(others),
+        )  # fmt: skip
+
+    def _batch_failed(
+        self,
+        invoice_id: UUID,
+        chosen: list[_Member],
+        attempts: list[int],
+        failure: ChargeFailure,
+        requests: int,
+    ) -> PushReport | None:
+        """Stripe did not set the lines. A retryable failure is each line's (recorded with
+        its due time), and so is a refusal of a request that set one line only. A refusal
+        of several lines of an invoice that is still a draft is the request's, not the
+        lines': the invoice is pushed line by line from now on (None: this line goes
+        now), so one line's fault never compensates the others' usage."""
+        first = chosen[0]
+        if not failure.retryable and len(chosen) > 1:
+            view = self.gateway.read_draft(first.push.stripe_invoice_id or "")
+            requests += 1
+            if not isinstance(view, ChargeFailure) and view.status == "draft":
+                for m, attempt in zip(chosen, attempts, strict=True):
+                    m.push.end_attempt(attempt, "answered")
+                self.ledger.save(*(m.push for m in chosen if m.push.pending_events))
+                self._per_line.add(invoice_id)
+                log.warning(
+                    "bulk update refused on a draft: its lines go one by one: %s",
+                    failure.message,
+                    extra=step_fields("push", "per_line", error_code=failure.error_class,
+                                      invoice_id=str(invoice_id)),
+                )  # fmt: skip
+                return None
+        report = self._failed(
+            first.line, first.push, first.plan, failure, requests, attempt=attempts[0]
+        )
+        for m, attempt in zip(chosen[1:], attempts[1:], strict=True):
+            with contextlib.suppress(IntegrityError, IllegalTransition):
+                self._failed(m.line, m.push, m.plan, failure, 0, attempt=attempt)
+        return replace(report, lines=tuple(m.line.id for m in chosen[1:]))
 
     def _finalizing(self, line: InvoiceLine) -> bool:
         """A frozen line's invoice may be final in Stripe: its items are then frozen

@@ -12,6 +12,12 @@ the order decides who waits: a busy customer's many changes are one line each, a
 a line that was just pushed waits its interval while others go first. The schedule
 lives in memory only: after a restart the reconciler finds every line with an unsent
 change in the database again, so nothing depends on it surviving.
+
+A push may set other lines of its invoice too (one ``update_lines`` request: the
+report's ``lines``): their interval then runs from that push as well, so an invoice's
+lines are pushed together, an interval apart. Their waiting entries stay: a change that
+came after the push is never dropped (a push of a line Stripe is up to date with sends
+nothing).
 """
 
 from __future__ import annotations
@@ -170,6 +176,8 @@ class LineScheduler:
                 # only (after an outage, a line the breaker's probe failed on goes as
                 # soon as Stripe is back, not an interval after the probe).
                 self._last_push[line] = now
+                for other in report.lines:
+                    self._last_push[other] = now
             if report.result in (StepResult.RETRY, StepResult.WAIT):
                 retry_at = now + _until(report.retry_at) if report.retry_at else now + 1.0
                 entry = self._waiting.setdefault(line, _Entry(now, retry_at, customer))

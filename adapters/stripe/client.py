@@ -4,12 +4,16 @@
 customer, one draft invoice per customer, currency and period (``auto_advance=false``:
 it never finalizes by itself), and per invoice line one invoice item on that invoice
 (more when the line's total is above Stripe's largest item amount) whose amount is
-*set* to the line's billed total; at the period's close it finalizes the invoice
+*set* to the line's billed total: created one by one (``invoiceitems.create``), then
+set together, the changed lines of one draft in one request (``invoices.update_lines``,
+naming each line by the line item id Stripe gave it, ``line_items``); at the period's
+close it finalizes the invoice
 (``invoice-finalize:{invoice id}``), and a reversal after that is a credit note
 (``credit:{transaction id}``). Every create has an idempotency key derived from
 the ledger's ids (``customer:{id}``, ``invoice:{invoice id}``, ``line-item:{line}:{n}``)
 and always the same parameters; every update a key derived from the line, the item
-and the sequence (``line-push:{line}:{n}:{sequence}``). Past Stripe's key window
+and the sequence (``line-push:{line}:{n}:{sequence}``), and a draft's bulk update one
+from the invoice and what it sets (``invoice-lines:{invoice}:{digest}``). Past Stripe's key window
 (``key_window``, 23 h: Stripe keeps keys at least 24 h) the gateway looks an object up
 by its metadata before creating it again.
 
@@ -35,7 +39,7 @@ from adapters.stripe.errors import classify
 from adapters.stripe.pressure import Pressure
 from adapters.stripe.views import invoice_view
 from domain.invoice_states import StripeInvoiceView
-from domain.ports import CreditNote, DraftInvoice, ItemRepair, LineItems
+from domain.ports import CreditNote, DraftInvoice, ItemRepair, LineItems, LinesUpdate
 from domain.pushing import ItemStep, item_key, push_key
 from domain.saga import ChargeFailure, idempotency_key
 from domain.verification import DraftItem, DraftView
@@ -69,6 +73,13 @@ class StripeGateway:
 
     def set_line_items(self, items: LineItems) -> list[str] | ChargeFailure:
         return _answer(lambda: self.push_line(items))
+
+    def line_items(self, stripe_invoice_id: str) -> dict[str, str] | ChargeFailure:
+        return _answer(lambda: self.invoice_line_items(stripe_invoice_id))
+
+    def update_lines(self, update: LinesUpdate) -> ChargeFailure | None:
+        failure = _answer(lambda: self.set_invoice_lines(update))
+        return failure if isinstance(failure, ChargeFailure) else None
 
     def finalize_invoice(
         self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool
@@ -219,6 +230,52 @@ class StripeGateway:
                     r.item_id,
                     params={"amount": r.amount, "metadata": {"sequence": str(r.sequence)}},
                     options={"idempotency_key": r.key},
+                ),
+            )
+
+    def invoice_line_items(self, stripe_invoice_id: str) -> dict[str, str]:
+        """Invoice item id -> line item id of every line of the invoice (100 a page, each
+        page one call through the pressure)."""
+        found: dict[str, str] = {}
+        after: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": 100}
+            if after is not None:
+                params["starting_after"] = after
+            page = self._call(
+                "invoices.list_lines",
+                lambda p=params: self.client.v1.invoices.line_items.list(  # type: ignore[misc]
+                    stripe_invoice_id, params=p
+                ),
+            )
+            lines = [line.to_dict() for line in page.data]
+            for line in lines:
+                item = _line_item_id(line)
+                if item != line["id"]:
+                    found[item] = str(line["id"])
+            if not page.has_more or not lines:
+                return found
+            after = str(lines[-1]["id"])
+
+    def set_invoice_lines(self, update: LinesUpdate) -> None:
+        """One ``update_lines`` request: each line item's amount and its line's sequence."""
+        lines = [
+            {"id": s.line_item_id, "amount": s.amount, "metadata": {"sequence": str(s.sequence)}}
+            for part in update.parts
+            for s in part.sets
+        ]
+        span = telemetry.span(
+            "stripe update_lines",
+            stripe__invoice_id=update.stripe_invoice_id,
+            billing__lines=len(update.parts),
+        )
+        with span:
+            self._call(
+                "invoices.update_lines",
+                lambda: self.client.v1.invoices.update_lines(
+                    update.stripe_invoice_id,
+                    params={"lines": lines},  # type: ignore[typeddict-item]
+                    options={"idempotency_key": update.key},
                 ),
             )
 

@@ -119,7 +119,7 @@ def _resolve_lines(
     store: Store, invoice_id: str, lines: list[_Line], earlier: list[JsonObject]
 ) -> list[JsonObject]:
     """The credit note's line objects; checks invoice lines exist and are not over-credited."""
-    items = {line_id(i): store.items[i].obj for i in store.invoice_lines.get(invoice_id, [])}
+    items = {line_id(store, i): store.items[i].obj for i in store.invoice_lines.get(invoice_id, [])}
     out: list[JsonObject] = []
     for line in lines:
         amount = line.amount

@@ -16,11 +16,16 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict, replace
-from typing import Any
+from typing import Any, Final
 
 from .settings import EmulatorSettings, coerce_setting, flatten_outage
 
 __all__ = ["Faults"]
+
+AMOUNT_SETTING_ENDPOINTS: Final = frozenset(
+    {"POST /v1/invoiceitems/{id}", "POST /v1/invoices/{id}/update_lines"}
+)
+"""The requests that set an amount on a draft: the ones ``late_execute_*`` holds."""
 
 
 class Faults:
@@ -128,8 +133,9 @@ class Faults:
 
     def execute_late(self, endpoint: str) -> float | None:
         """After how many seconds to execute this request unanswered, or None (now).
-        Only invoice item updates (the requests that set an amount) are held."""
-        if endpoint != "POST /v1/invoiceitems/{id}":
+        Only the requests that set an amount on a draft are held: an invoice item's
+        update and a draft's bulk update of its lines."""
+        if endpoint not in AMOUNT_SETTING_ENDPOINTS:
             return None
         settings = self.settings
         if settings.late_execute_next > 0:

@@ -80,9 +80,10 @@ def require_invoice(store: Store, invoice_id: str, param: str = "id", status: in
     return record
 
 
-def line_id(item_id: str) -> str:
-    """The id of the invoice line an invoice item makes (``ii_X`` -> ``il_X``)."""
-    return "il_" + item_id.removeprefix("ii_")
+def line_id(store: Store, item_id: str) -> str:
+    """The id of the invoice line (``il_...``) invoice item ``item_id`` makes: its own
+    random id, unrelated to the item's (Stripe's are too)."""
+    return store.items[item_id].line_item_id
 
 
 def create_invoice(store: Store, call: Call) -> Result:
@@ -242,14 +243,14 @@ def list_invoice_lines(store: Store, call: Call) -> Result:
     invoice_id = call.path_id or ""
     require_invoice(store, invoice_id, "invoice")
     items = [store.items[i] for i in reversed(store.invoice_lines.get(invoice_id, []))]
-    by_line = {line_id(r.obj["id"]): r.seq for r in items}
+    by_line = {line_id(store, r.obj["id"]): r.seq for r in items}
 
     def cursor(object_id: str, param: str) -> int:
         if object_id not in by_line:
             raise invalid(f"No such line item: '{object_id}'", param, code="resource_missing")
         return by_line[object_id]
 
-    records = [(r.seq, _render_line(r.obj, invoice_id)) for r in items]
+    records = [(r.seq, _render_line(store, r.obj, invoice_id)) for r in items]
     return Result(list_page(records, params, f"/v1/invoices/{invoice_id}/lines", cursor))
 
 
@@ -262,9 +263,9 @@ def emit_invoice_event(
     return rendered
 
 
-def _render_line(item: JsonObject, invoice_id: str) -> JsonObject:
+def _render_line(store: Store, item: JsonObject, invoice_id: str) -> JsonObject:
     return {
-        "id": line_id(item["id"]),
+        "id": line_id(store, item["id"]),
         "object": "line_item",
         "amount": item["amount"],
         "currency": item["currency"],
@@ -301,7 +302,7 @@ def render_invoice(store: Store, invoice_id: str) -> JsonObject:
         "amount_remaining": remaining,
         "lines": {
             "object": "list",
-            "data": [_render_line(item, invoice_id) for item in newest],
+            "data": [_render_line(store, item, invoice_id) for item in newest],
             "has_more": len(item_ids) > LINES_EMBEDDED,
             "total_count": len(item_ids),
             "url": f"/v1/invoices/{invoice_id}/lines",

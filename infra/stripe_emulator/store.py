@@ -32,8 +32,13 @@ class Record:
 
 @dataclass
 class ItemRecord(Record):
-    """An invoice item; deleted items stay (the control API still shows them)."""
+    """An invoice item; deleted items stay (the control API still shows them).
 
+    ``line_item_id`` is the id of the invoice line (``il_...``) the item makes on its
+    invoice: drawn at random when the item is created, as Stripe's are, so a client can
+    only learn it from Stripe (an invoice's ``lines``), never derive it from the item's."""
+
+    line_item_id: str = ""
     deleted: bool = False
     deleted_at: float | None = None
 

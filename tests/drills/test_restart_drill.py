@@ -17,7 +17,8 @@ process ended by our SIGKILL, the two stayed up and stop cleanly), nothing lost 
 every record is a transaction or a dead letter, once), nothing double-billed (I3, I4:
 ``assert_invariants``).
 
-Stripe is hostile too (the read-back): one in ``LATE_SHARE`` invoice item updates is
+Stripe is hostile too (the read-back): one in ``LATE_SHARE`` requests that set amounts
+(an item's update, a draft's bulk update of its lines) is
 left unanswered and applied by the emulator a second later, after its client gave
 up and often after a newer push of the same line; invoice periods are
 ``PERIOD_S`` seconds and close a second after they end, with usage dated now. At the
@@ -72,7 +73,7 @@ DRILL_S = float(os.environ.get("BILLING_LEDGER_DRILL_S", "30"))
 RATE_PER_S = int(os.environ.get("BILLING_LEDGER_DRILL_RATE", "120"))  # records/s, 1 in 50 bad
 CUSTOMERS = 25
 PERIOD_S = 15
-LATE_SHARE = 0.1  # of invoice item updates, applied by Stripe a second late
+LATE_SHARE = 0.1  # of amount updates (items', drafts' lines), applied a second late
 
 
 @dataclass
@@ -263,7 +264,7 @@ def test_workers_started_and_killed_in_a_loop_beside_two_writers_never_fail_to_s
     assert claims >= 2 and fenced >= 1, (claims, fenced)
     print(
         f"restart drill: {starts} starts killed, {len(ids)} charged, {produced.malformed} dead;"
-        f" {invoices} invoices finalized equal to the ledger, {late} item updates applied"
+        f" {invoices} invoices finalized equal to the ledger, {late} amount updates applied"
         f" late, {repaired} drift(s) repaired before finalizing; {claims} partition claims,"
         f" {fenced} line pushes taken over under a newer claim"
     )

@@ -19,9 +19,16 @@ from uuid import UUID
 from adapters.settings import Settings
 from domain.invoice_states import StripeInvoiceView
 from domain.metering import Metering
-from domain.ports import CreditNote, DeadLetter, DraftInvoice, ItemRepair, LineItems
+from domain.ports import (
+    CreditNote,
+    DeadLetter,
+    DraftInvoice,
+    ItemRepair,
+    LineItems,
+    LinesUpdate,
+)
 from domain.pricing import Price, PriceList
-from domain.pushing import item_key, push_key
+from domain.pushing import MAX_LINES_PER_UPDATE, item_key, push_key
 from domain.saga import ChargeFailure
 from domain.transaction import Source
 from domain.usage import UsageRecord
@@ -128,9 +135,13 @@ class FakeGateway:
       still be credited (its total less the notes already issued) and names a final
       invoice.
     * ``failures`` answer the next calls in order (before anything is executed).
-    * ``hold(mode)`` holds the next ``set_line_items``: Stripe has it and executes it
-      only when the test calls ``Held.land()``. ``"block"``: its caller waits for that
-      (a slow request); ``"timeout"``: its caller gives up at once with a connection
+    * **Bulk updates** (``update_lines``) as Stripe takes them: each line named by the
+      line item id Stripe gave the item (``line_items`` lists them; an item's own id is
+      refused), only on a draft, at most ``MAX_LINES_PER_UPDATE`` line items, no line
+      twice, all checked before any is set.
+    * ``hold(mode)`` holds the next ``set_line_items`` or ``update_lines``: Stripe has it
+      and executes it only when the test calls ``Held.land()``. ``"block"``: its caller
+      waits for that (a slow request); ``"timeout"``: its caller gives up at once with a connection
       failure (an unknown outcome) while the request still lands later.
     """
 
@@ -209,16 +220,60 @@ class FakeGateway:
         return self._keyed(f"invoice:{draft.invoice_id}", params, make)  # type: ignore[no-any-return]
 
     def set_line_items(self, items: LineItems) -> list[str] | ChargeFailure:
+        return self._maybe_held(lambda: self._set_line_items(items))  # type: ignore[no-any-return]
+
+    def update_lines(self, update: LinesUpdate) -> ChargeFailure | None:
+        return self._maybe_held(lambda: self._update_lines(update))  # type: ignore[no-any-return]
+
+    def _maybe_held(self, run: Callable[[], Any]) -> Any:
         if not self.holding:
-            return self._set_line_items(items)
+            return run()
         mode = self.holding.pop(0)
-        answer: list[list[str] | ChargeFailure] = []
-        held = Held(lambda: answer.append(self._set_line_items(items)))
+        answer: list[Any] = []
+        held = Held(lambda: answer.append(run()))
         self.in_flight.append(held)
         if mode == "timeout":
             return ChargeFailure("connection", "timed out (held)", retryable=True)
         held.released.wait(timeout=10)
         return answer[0] if answer else ChargeFailure("connection", "never landed", True)
+
+    def line_items(self, stripe_invoice_id: str) -> dict[str, str] | ChargeFailure:
+        self.calls.append("lines")
+        failed = self._fail()
+        if failed:
+            return failed
+        if stripe_invoice_id not in self.drafts:
+            return _refused(f"No such invoice: '{stripe_invoice_id}'")
+        return {k: i["il"] for k, i in self.items.items() if i["invoice"] == stripe_invoice_id}
+
+    def _update_lines(self, update: LinesUpdate) -> ChargeFailure | None:
+        self.calls.append("update_lines")
+        failed = self._fail()
+        if failed:
+            return failed
+        invoice = update.stripe_invoice_id
+        sets = [s for part in update.parts for s in part.sets]
+        params = (invoice, tuple((s.line_item_id, s.amount, s.sequence) for s in sets))
+
+        def run() -> ChargeFailure | None:
+            if invoice not in self.drafts:
+                return _refused(f"No such invoice: '{invoice}'")
+            if invoice in self.finalized:
+                return _refused(f"invoice {invoice} is not a draft: its lines are final")
+            if len(sets) > MAX_LINES_PER_UPDATE:
+                return _refused(f"{len(sets)} lines: at most {MAX_LINES_PER_UPDATE} a request")
+            by_line = {i["il"]: k for k, i in self.items.items() if i["invoice"] == invoice}
+            named = [s.line_item_id for s in sets]
+            if len(set(named)) != len(named):
+                return _refused("a line item is given more than once")
+            unknown = [n for n in named if n not in by_line]
+            if unknown:
+                return _refused(f"No such line item: '{unknown[0]}'")
+            for s in sets:
+                self._set(by_line[s.line_item_id], s.amount, s.sequence)
+            return None
+
+        return self._keyed(update.key, params, run)  # type: ignore[no-any-return]
 
     def _set_line_items(self, items: LineItems) -> list[str] | ChargeFailure:
         invoice = items.stripe_invoice_id
@@ -269,7 +324,7 @@ class FakeGateway:
             made = f"ii_{len(self.items)}"
             self.items[made] = {
                 "amount": amount, "line": items.line_id, "invoice": invoice,
-                "chunk": chunk, "sequence": sequence,
+                "chunk": chunk, "sequence": sequence, "il": f"il_{7919 * (len(self.items) + 1)}",
             }  # fmt: skip
             return made
 

@@ -88,8 +88,13 @@ def test_a_later_push_sets_the_new_total_on_the_same_item() -> None:
     pusher.push(line)
     reserve(pusher.ledger, 3, quantity=1000, prefix="later")
     report = pusher.push(line)
-    assert report.requests == 1 and gateway.calls[-1] == "update"
+    # The draft's line items are learned from Stripe once, then set in one bulk update.
+    assert report.requests == 2 and gateway.calls[-2:] == ["lines", "update_lines"]
     assert gateway.held(line) == [500] and len(gateway.items) == 1
+    reserve(pusher.ledger, 1, quantity=1000, prefix="again")
+    report = pusher.push(line)
+    assert report.requests == 1 and gateway.calls[-1] == "update_lines"
+    assert gateway.held(line) == [600]
 
 
 def test_a_total_above_the_largest_item_amount_continues_on_a_second_item() -> None:
@@ -137,15 +142,17 @@ def test_a_permanent_refusal_compensates_what_no_push_included_and_releases_it()
     charged = reserve(pusher.ledger, 1, quantity=1000)
     line = _line_of(pusher, charged[0])
     pusher.push(line)
+    charged += reserve(pusher.ledger, 1, quantity=1000, prefix="c")
+    pusher.push(line)  # the draft's line items learned: the next failure is the update's
     unsent = reserve(pusher.ledger, 2, quantity=1000, prefix="u")
     gateway.failures = [REFUSED]
     assert pusher.push(line).result is StepResult.COMPENSATED
     assert _states(pusher.ledger, unsent) == {TxnState.COMPENSATED}
     assert _states(pusher.ledger, charged) == {TxnState.CHARGED}
     reloaded = pusher.ledger.line_by_id(line)
-    assert (reloaded.billed, reloaded.transactions) == (100, 1)
+    assert (reloaded.billed, reloaded.transactions) == (200, 2)
     account = pusher.ledger.account("acme", "USD")
-    assert account is not None and account.committed == 100
+    assert account is not None and account.committed == 200
 
 
 def test_a_reversal_lowers_the_line_and_the_next_push_sets_the_lower_amount() -> None:

@@ -31,7 +31,7 @@ from domain.errors import IllegalTransition
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.periods import PeriodPolicy
-from domain.ports import DraftInvoice, LineItems
+from domain.ports import DraftInvoice, LineItems, LinesUpdate
 from domain.saga import ChargeFailure, RetryPolicy, StepResult, backoff
 from domain.transaction import BillingTransaction, TxnState
 from domain.verification import DraftView, LandingWindow
@@ -49,13 +49,15 @@ REFUSAL = "Stripe refused the line: http_400: invalid currency"
 @dataclass
 class Stripe(FakeGateway):
     """The strict fake Stripe, keeping each request's parameters; ``fail`` answers the
-    next call of a name (customer, invoice, items, read) with a failure, before
+    next call of a name (customer, invoice, items, lines, read; ``items`` is the request
+    that sets a line's items, alone or in its invoice's bulk update) with a failure, before
     anything is executed; ``meanwhile`` runs once when a call of that name arrives,
     before Stripe executes it (another writer acting while the request is out)."""
 
     customer_requests: list[tuple[str, bool]] = field(default_factory=list)
     draft_requests: list[tuple[DraftInvoice, bool]] = field(default_factory=list)
     item_requests: list[LineItems] = field(default_factory=list)
+    update_requests: list[LinesUpdate] = field(default_factory=list)
     fail: dict[str, ChargeFailure] = field(default_factory=dict)
     meanwhile: dict[str, Callable[[], object]] = field(default_factory=dict)
 
@@ -88,6 +90,21 @@ class Stripe(FakeGateway):
             self.calls.append("items")
             return failed
         return super().set_line_items(items)
+
+    def update_lines(self, update: LinesUpdate) -> ChargeFailure | None:
+        self.update_requests.append(update)
+        failed = self._arrives("items")
+        if failed is not None:
+            self.calls.append("update_lines")
+            return failed
+        return super().update_lines(update)
+
+    def line_items(self, stripe_invoice_id: str) -> dict[str, str] | ChargeFailure:
+        failed = self._arrives("lines")
+        if failed is not None:
+            self.calls.append("lines")
+            return failed
+        return super().line_items(stripe_invoice_id)
 
     def read_draft(self, stripe_invoice_id: str) -> DraftView | ChargeFailure:
         failed = self._arrives("read")
@@ -346,8 +363,9 @@ def test_a_line_not_due_waits_until_its_exact_due_time_and_pushes_at_it() -> Non
     parts.reserve(1, prefix="b")
     parts.gateway.fail["items"] = DOWN
     due = T0 + backoff(1, POLICY, 0.5)
+    # the draft's line items learned (one request), then the bulk update that failed
     assert parts.pusher.push(line) == PushReport(
-        StepResult.RETRY, parts.sequence(line), 1, retry_at=due
+        StepResult.RETRY, parts.sequence(line), 2, retry_at=due
     )
     parts.clock.now = due - timedelta(microseconds=1)
     assert parts.pusher.push(line) == PushReport(StepResult.WAIT, pushed, 0, retry_at=due)
@@ -451,13 +469,13 @@ def test_a_permanent_refusal_compensates_the_unpushed_usage_with_stripes_reason(
     sequence = parts.sequence(line)
     parts.gateway.fail["items"] = REFUSED
     report = parts.pusher.push(line)
-    # the update refused and the draft read: two requests
-    assert report == PushReport(StepResult.COMPENSATED, sequence, 2, more=True)
+    # the line items learned, the update refused and the draft read: three requests
+    assert report == PushReport(StepResult.COMPENSATED, sequence, 3, more=True)
     [ended] = parts.push_events(line, LinePush.AttemptEnded)[1:]
     assert ended.outcome == "answered"
     assert parts.push_of(line).in_doubt_until(T0) is None
     [failed] = parts.push_events(line, LinePush.PushFailed)
-    assert (failed.retryable, failed.next_attempt_at, failed.requests) == (False, None, 2)
+    assert (failed.retryable, failed.next_attempt_at, failed.requests) == (False, None, 3)
     assert (failed.error_class, failed.message) == ("http_400", "invalid currency")
     for txn in unsent:
         [compensated] = parts.events(txn, BillingTransaction.Compensated)
@@ -489,7 +507,7 @@ def test_a_refusal_with_nothing_left_to_compensate_says_no_more() -> None:
     sequence = parts.sequence(line)
     parts.gateway.fail["items"] = REFUSED
     report = parts.pusher.push(line)
-    assert report == PushReport(StepResult.COMPENSATED, sequence, 2, more=False)
+    assert report == PushReport(StepResult.COMPENSATED, sequence, 3, more=False)
     assert parts.states(ids) == [TxnState.COMPENSATED, TxnState.CHARGED]
 
 
@@ -520,14 +538,15 @@ def test_a_refusal_on_an_invoice_finalized_by_hand_reports_both_requests_and_the
     sequence = parts.sequence(line)
     report = parts.pusher.push(line)
     due = T0 + POLICY.max_delay
-    assert report == PushReport(StepResult.DEFERRED, sequence, 2, retry_at=due)
+    # the line items learned, the bulk update refused, the invoice read
+    assert report == PushReport(StepResult.DEFERRED, sequence, 3, retry_at=due)
     attention = parts.ledger.invoice_by_id(invoice.id).attention  # type: ignore[union-attr]
     assert attention == (
         f"Stripe refused line {line} (api.requests): http_400: its invoice in_1 is open,"
         " not a draft"
     )
     [failed] = parts.push_events(line, LinePush.PushFailed)
-    assert (failed.retryable, failed.next_attempt_at, failed.requests) == (False, due, 2)
+    assert (failed.retryable, failed.next_attempt_at, failed.requests) == (False, due, 3)
     assert parts.states([more]) == [TxnState.RESERVED]
 
 
@@ -541,7 +560,7 @@ def test_a_refusal_whose_invoice_is_gone_needs_attention_naming_both_answers() -
     parts.gateway.fail["items"] = ChargeFailure("http_404", "No such invoiceitem", False)
     parts.gateway.fail["read"] = ChargeFailure("http_404", "No such invoice", False)
     report = parts.pusher.push(line)
-    assert report == PushReport(StepResult.DEFERRED, sequence, 2, retry_at=T0 + POLICY.max_delay)
+    assert report == PushReport(StepResult.DEFERRED, sequence, 3, retry_at=T0 + POLICY.max_delay)
     assert parts.invoice(line).attention == (
         f"Stripe refused line {line} (api.requests): http_404: No such invoiceitem;"
         " and its invoice cannot be read: No such invoice"
@@ -559,9 +578,9 @@ def test_a_refusal_whose_invoice_cannot_be_read_now_is_retried_counting_the_read
     parts.gateway.fail["read"] = DOWN
     report = parts.pusher.push(line)
     due = T0 + backoff(1, POLICY, 0.5)
-    assert report == PushReport(StepResult.RETRY, sequence, 2, retry_at=due)
+    assert report == PushReport(StepResult.RETRY, sequence, 3, retry_at=due)
     [failed] = parts.push_events(line, LinePush.PushFailed)
-    assert (failed.retryable, failed.requests) == (True, 2)
+    assert (failed.retryable, failed.requests) == (True, 3)
 
 
 # -- races --------------------------------------------------------------------------------

@@ -343,6 +343,8 @@ def test_a_call_our_own_open_breaker_refuses_is_no_attempt_and_raises_no_backoff
     [first] = reserve(parts.ledger, 1, prefix="a")
     line = parts.line(first)
     parts.a.push(line)
+    reserve(parts.ledger, 1, prefix="l")
+    parts.a.push(line)  # the draft's line items learned: later calls are the update's
     reserve(parts.ledger, 1, prefix="b")
     parts.gateway.breaker = "open"
     calls = len(parts.gateway.calls)
@@ -351,14 +353,14 @@ def test_a_call_our_own_open_breaker_refuses_is_no_attempt_and_raises_no_backoff
         assert report.result is StepResult.WAIT
         assert report.retry_at == parts.clock.now + POLICY.base_delay
     push = parts.ledger.line_push(line)
-    assert push is not None and (push.attempts, push.attempts_started) == (0, 1)
+    assert push is not None and (push.attempts, push.attempts_started) == (0, 2)
     assert len(parts.gateway.calls) == calls
     # refused inside the gateway (the breaker opened meanwhile): ended, not counted
     parts.gateway.breaker = "closed"
     parts.gateway.failures.append(ChargeFailure("circuit_open", "open", retryable=True, sent=False))
     assert parts.a.push(line).result is StepResult.WAIT
     push = parts.ledger.line_push(line)
-    assert push is not None and (push.attempts, push.attempts_started) == (0, 2)
+    assert push is not None and (push.attempts, push.attempts_started) == (0, 3)
     assert push.in_doubt_until(parts.clock.now) is None
     assert parts.a.push(line).result is StepResult.CHARGED
 
@@ -444,6 +446,8 @@ def test_a_refusal_whose_invoice_cannot_be_read_is_never_compensated(
     [first] = reserve(parts.ledger, 1, prefix="a")
     line = parts.line(first)
     parts.a.push(line)
+    reserve(parts.ledger, 1, prefix="l")
+    parts.a.push(line)  # the draft's line items learned: the next failure is the update's
     [more] = reserve(parts.ledger, 1, prefix="b")
     parts.gateway.failures += [
         ChargeFailure("http_404", "No such invoiceitem", retryable=False),

@@ -105,3 +105,17 @@ def test_a_lost_race_is_taken_again_soon_and_a_line_changed_meanwhile_at_once() 
     assert scheduler._take(STOP) is None  # the raced one waits 50 ms
     clock.now += 0.05
     assert scheduler._take(STOP) == L1
+
+
+def test_lines_set_by_another_lines_push_wait_their_interval_from_it_and_stay_scheduled() -> None:
+    scheduler, clock = _scheduler()
+    scheduler.changed(L1, customer="acme")
+    assert scheduler._take(STOP) == L1
+    scheduler.changed(L2, customer="acme")  # e.g. a change after the push loaded it
+    # L1's push set L2 and L3 too (one request for the invoice)
+    scheduler._done(L1, PushReport(StepResult.CHARGED, 3, requests=1, lines=(L2, L3)))
+    scheduler.changed(L3, customer="other")
+    assert scheduler._take(STOP) is None  # both wait the interval of that push...
+    clock.now += SETTLE
+    # ...and neither is dropped: a change may have come after the push
+    assert {scheduler._take(STOP), scheduler._take(STOP)} == {L2, L3}

@@ -17,8 +17,8 @@ import pytest
 from adapters.settings import StripeSettings
 from adapters.stripe.client import StripeGateway
 from domain.periods import Period
-from domain.ports import CreditNote, DraftInvoice, LineItems, PaymentGateway
-from domain.pushing import ItemStep, PushPlan
+from domain.ports import CreditNote, DraftInvoice, LineItems, LinesUpdate, PaymentGateway
+from domain.pushing import MAX_LINES_PER_UPDATE, ItemStep, LinePart, LineSet, PushPlan
 from domain.saga import ChargeFailure
 from domain.verification import DraftView
 from infra.stripe_emulator import StripeEmulator
@@ -62,6 +62,37 @@ class Stripe:
             self.line_id, "api.requests", PERIOD, customer, invoice, "USD", plan, False
         )
         return self.gateway.set_line_items(items)
+
+    def lines(self, count: int) -> tuple[str, list[tuple[UUID, str]]]:
+        """A draft with ``count`` lines of one item each (100, 101, ...): the draft and
+        each line with its item."""
+        customer = self.customer()
+        invoice = self.draft(customer)
+        made: list[tuple[UUID, str]] = []
+        for n in range(count):
+            line = uuid4()
+            step = ItemStep(0, 100 + n, None, 1, 100 + n)
+            plan = PushPlan(1, 100 + n, (step,), ((0, 1, 100 + n),))
+            items = LineItems(line, "api.requests", PERIOD, customer, invoice, "USD", plan, False)
+            [item] = self.gateway.set_line_items(items)  # type: ignore[misc]
+            made.append((line, item))
+        return invoice, made
+
+    def update(
+        self, invoice: str, sets: list[tuple[UUID, str, int]], sequence: int = 2
+    ) -> ChargeFailure | None:
+        """One bulk update: each (line, line item, amount) at ``sequence``."""
+        parts = tuple(
+            LinePart(line, PushPlan(sequence, amount, (), ()),
+                     (LineSet(line, 0, named, amount, sequence),))
+            for line, named, amount in sets
+        )  # fmt: skip
+        return self.gateway.update_lines(LinesUpdate(self.invoice_id, invoice, parts))
+
+    def total(self, invoice: str) -> int:
+        view = self.gateway.read_draft(invoice)
+        assert isinstance(view, DraftView), view
+        return view.total
 
 
 # Keys live this long in both (Stripe: at least 24 hours), so that a case can outlive one.
@@ -159,3 +190,52 @@ def test_credit_notes_are_bounded_by_what_the_invoice_can_still_be_credited(
     assert isinstance(note(200)(), str)
     assert _refused(note(150)())  # only 100 left to credit
     assert isinstance(note(100)(), str)
+
+
+# -- a draft's lines set together (update_lines) ---------------------------------------
+
+
+def _named(stripe: Stripe, invoice: str) -> dict[str, str]:
+    named = stripe.gateway.line_items(invoice)
+    assert isinstance(named, dict), named
+    return named
+
+
+def test_a_drafts_lines_are_set_together_by_the_line_items_stripe_named(stripe: Stripe) -> None:
+    invoice, made = stripe.lines(3)
+    named = _named(stripe, invoice)
+    assert set(named) == {item for _, item in made}
+    # Stripe's own ids: not the items', and nothing a client could derive from them
+    assert all(v.startswith("il_") and v[3:] != k[3:] for k, v in named.items())
+    sets = [(line, named[item], 500 + n) for n, (line, item) in enumerate(made)]
+    assert stripe.update(invoice, sets) is None
+    assert stripe.total(invoice) == 500 + 501 + 502
+    assert stripe.update(invoice, sets) is None  # the same request, replayed by its key
+    assert stripe.total(invoice) == 1503
+
+
+def test_a_bulk_update_naming_an_item_or_an_unknown_line_sets_nothing(stripe: Stripe) -> None:
+    invoice, made = stripe.lines(2)
+    named = _named(stripe, invoice)
+    (a, item_a), (b, item_b) = made
+    assert _refused(stripe.update(invoice, [(a, named[item_a], 900), (b, item_b, 900)]))
+    assert _refused(stripe.update(invoice, [(a, named[item_a], 900), (b, "il_nope", 900)], 3))
+    assert stripe.total(invoice) == 201  # neither line was set
+
+
+def test_a_bulk_update_of_a_finalized_invoice_is_refused(stripe: Stripe) -> None:
+    invoice, made = stripe.lines(1)
+    [(line, item)] = made
+    named = _named(stripe, invoice)
+    stripe.gateway.finalize_invoice(invoice, stripe.invoice_id, look_first=False)
+    assert _refused(stripe.update(invoice, [(line, named[item], 700)]))
+    assert stripe.total(invoice) == 100
+
+
+def test_a_bulk_update_of_more_lines_than_the_bound_is_refused(stripe: Stripe) -> None:
+    invoice, made = stripe.lines(MAX_LINES_PER_UPDATE + 1)
+    named = _named(stripe, invoice)
+    sets = [(line, named[item], 1) for line, item in made]
+    assert _refused(stripe.update(invoice, sets))
+    assert stripe.update(invoice, sets[:MAX_LINES_PER_UPDATE]) is None
+    assert stripe.total(invoice) == MAX_LINES_PER_UPDATE + (100 + MAX_LINES_PER_UPDATE)

@@ -31,8 +31,8 @@ from adapters.settings import StripeSettings
 from adapters.stripe.client import StripeGateway
 from domain.invoice_states import StripeInvoiceView
 from domain.periods import Period
-from domain.ports import CreditNote, DraftInvoice, ItemRepair, LineItems
-from domain.pushing import ItemStep, PushPlan
+from domain.ports import CreditNote, DraftInvoice, ItemRepair, LineItems, LinesUpdate
+from domain.pushing import ItemStep, LinePart, LineSet, PushPlan, lines_key
 from domain.saga import ChargeFailure
 from domain.verification import DraftItem, DraftView
 
@@ -740,3 +740,73 @@ def test_the_calls_made_directly_create_and_finalize_without_looking_first() -> 
         ("POST", "/v1/invoices"),
         ("POST", FINALIZE),
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# a draft's lines: their ids, and setting them together
+
+
+def _line(line_id: str, item: str | None, **more: Any) -> dict[str, Any]:
+    parent = {"invoice_item_details": {"invoice_item": item}} if item else None
+    return {"id": line_id, "object": "line_item", "amount": 1, "parent": parent, **more}
+
+
+def test_a_drafts_line_items_are_read_page_by_page_each_named_by_its_invoice_item() -> None:
+    s = Stripe()
+    s.on(
+        "GET",
+        "/v1/invoices/in_1/lines",
+        _list("/v1/invoices/in_1/lines", _line("il_A", "ii_1"), _line("il_B", None), more=True),
+        _list("/v1/invoices/in_1/lines", _line("il_C", "ii_3")),
+    )
+    assert s.gateway.line_items("in_1") == {"ii_1": "il_A", "ii_3": "il_C"}  # il_B: no item
+    assert [(x.method, x.path, x.params) for x in s.sent] == [
+        ("GET", "/v1/invoices/in_1/lines", {"limit": "100"}),
+        ("GET", "/v1/invoices/in_1/lines", {"limit": "100", "starting_after": "il_B"}),
+    ]
+    assert s.counted() == {("invoices.list_lines", "ok"): 2}
+
+
+def test_an_empty_page_of_lines_ends_the_reading() -> None:
+    s = Stripe()
+    s.on("GET", "/v1/invoices/in_1/lines", _list("/v1/invoices/in_1/lines", more=True))
+    assert s.gateway.line_items("in_1") == {}
+    assert len(s.sent) == 1
+
+
+def test_a_drafts_lines_are_set_in_one_request_under_the_invoices_key() -> None:
+    s = Stripe()
+    s.on("POST", "/v1/invoices/in_1/update_lines", _ok(_invoice("draft", 340)))
+    parts = (
+        LinePart(LINE, PushPlan(7, 300, (), ()), (LineSet(LINE, 0, "il_A", 300, 7),)),
+        LinePart(OTHER_LINE, PushPlan(8, 40, (), ()), (LineSet(OTHER_LINE, 1, "il_B", 40, 8),)),
+    )
+    assert s.gateway.update_lines(LinesUpdate(INVOICE, "in_1", parts)) is None
+    assert s.sent == [
+        Sent("POST", "/v1/invoices/in_1/update_lines", {
+            "lines[0][id]": "il_A", "lines[0][amount]": "300",
+            "lines[0][metadata][sequence]": "7",
+            "lines[1][id]": "il_B", "lines[1][amount]": "40",
+            "lines[1][metadata][sequence]": "8",
+        }, lines_key(INVOICE, parts)),
+    ]  # fmt: skip
+    assert s.counted() == {("invoices.update_lines", "ok"): 1}
+
+
+def test_a_refused_bulk_update_is_a_permanent_failure_and_a_503_a_retryable_one() -> None:
+    s = Stripe()
+    s.on(
+        "POST",
+        "/v1/invoices/in_1/update_lines",
+        _error(400, "This invoice is no longer editable"),
+        _error(503, "unavailable"),
+    )
+    part = LinePart(LINE, PushPlan(7, 3, (), ()), (LineSet(LINE, 0, "il_A", 3, 7),))
+    update = LinesUpdate(INVOICE, "in_1", (part,))
+    refused = _failure(s.gateway.update_lines(update))
+    assert (refused.retryable, refused.error_class) == (False, "http_400")
+    assert _failure(s.gateway.update_lines(update)).retryable
+    assert s.counted() == {
+        ("invoices.update_lines", "http_400"): 1,
+        ("invoices.update_lines", "http_503"): 1,
+    }

@@ -240,3 +240,49 @@ def test_late_execution_holds_only_item_updates(
     wait_until(lambda: client.v1.invoice_items.retrieve(item.id).amount == 5, what="late update")
     with pytest.raises(ValueError, match="late_execute_probability"):
         emulator.set_faults(late_execute_probability=2)
+
+
+def test_a_drafts_bulk_update_is_held_late_and_limited_like_an_item_update(
+    emulator: StripeEmulator, client: stripe.StripeClient
+) -> None:
+    invoice = draft(client, new_customer(client).id)
+    item = attach(client, invoice, 100, sequence="1", line="cpu")
+    [line] = client.v1.invoices.line_items.list(invoice.id).data
+    emulator.set_faults(late_execute_next=1, late_execute_s=0.5)
+    one = {"lines": [{"id": line.id, "amount": 200, "metadata": {"sequence": "2"}}]}
+    with pytest.raises(stripe.APIConnectionError):  # the client hears nothing
+        client.v1.invoices.update_lines(
+            invoice.id,
+            params=one,  # type: ignore[arg-type]
+            options={"idempotency_key": "lines-late"},
+        )
+    wait_until(lambda: bool(executions(emulator, "lines-late")), what="the late bulk update")
+    held = client.v1.invoice_items.retrieve(item.id)
+    assert held.amount == 200 and held.metadata is not None
+    assert held.metadata.to_dict() == {"sequence": "2", "line": "cpu"}  # merged
+    emulator.set_faults(endpoint_rate_limit_per_s=1)
+    client.v1.invoices.update_lines(invoice.id, params=one)  # type: ignore[arg-type]
+    with pytest.raises(stripe.RateLimitError):  # counted under its own endpoint
+        client.v1.invoices.update_lines(invoice.id, params=one)  # type: ignore[arg-type]
+    emulator.set_faults(endpoint_rate_limit_per_s=None, error_rate=1.0)
+    with pytest.raises(stripe.APIError):  # injected 500s reach it too
+        client.v1.invoices.update_lines(invoice.id, params=one)  # type: ignore[arg-type]
+
+
+def test_a_refused_bulk_update_is_saved_under_its_key_and_replayed(
+    emulator: StripeEmulator, client: stripe.StripeClient
+) -> None:
+    invoice = draft(client, new_customer(client).id)
+    attach(client, invoice, 100)
+    [line] = client.v1.invoices.line_items.list(invoice.id).data
+    client.v1.invoices.finalize_invoice(invoice.id)
+    one = {"lines": [{"id": line.id, "amount": 200}]}
+    for _ in range(2):
+        with pytest.raises(stripe.InvalidRequestError, match="no longer editable"):
+            client.v1.invoices.update_lines(
+                invoice.id,
+                params=one,  # type: ignore[arg-type]
+                options={"idempotency_key": "lines-final"},
+            )
+    assert [r["outcome"] for r in emulator.requests()][-2:] == ["executed", "replayed"]
+    assert client.v1.invoices.retrieve(invoice.id).total == 100
