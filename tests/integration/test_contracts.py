@@ -29,7 +29,8 @@ from tests.integration.support import audit_findings, produce_records, wait_for
 pytestmark = pytest.mark.integration
 
 CLI = [sys.executable, "-m", "adapters.cli"]
-MID = datetime(2026, 12, 15, 12, tzinfo=UTC)  # mid-period (of a month, a day or an hour)
+# Mid-period (of a day, or of an hour), and recent: usage is within the ledger's window.
+MID = (datetime.now(UTC) - timedelta(days=1)).replace(hour=12, minute=30, second=0, microsecond=0)
 CONTRACT = """
 [meters."api.requests"]
 discount = "12.5"
