@@ -12,7 +12,9 @@ outcome only while the version is still its claim (``record``). A worker that di
 mid-request leaves a row that becomes due again when the lease passes, and another
 worker sends it again: delivery is at least once, never lost, and a receiver
 deduplicates by the event id. Two live workers do not send the same attempt twice: the
-second claim finds the version moved.
+second claim finds the version moved. Claims and outcomes commit without waiting for
+the WAL flush (``_relaxed``): one lost in a crash of the database only sends a delivery
+again; the fan-out waits for it, since the alerts' offsets are committed after it.
 """
 
 from __future__ import annotations
@@ -185,19 +187,28 @@ def _rows(conn: psycopg.Connection[Any], kind: type[T], query: str, params: Any)
         return cur.fetchall()
 
 
-def claim(conn: psycopg.Connection[Any], delivery: DueDelivery, lease: timedelta) -> bool:
-    """Take ``delivery`` for one attempt (see the module docstring); False when another
-    worker took it first. Its claim is then ``delivery.version + 1``."""
-    return (
-        conn.execute(
-            "UPDATE billing.webhook_deliveries"
-            " SET version = version + 1, next_try_at = now() + %s"
-            " WHERE delivery_id = %s AND version = %s AND status = 'pending'"
-            " AND next_try_at <= now()",
-            (lease, delivery.delivery_id, delivery.version),
-        ).rowcount
-        == 1
-    )
+def claim(
+    conn: psycopg.Connection[Any], found: Sequence[DueDelivery], lease: timedelta
+) -> list[DueDelivery]:
+    """Take each of ``found`` for one attempt, in one statement (see the module
+    docstring); those another worker took first are left out. A claim is then the
+    delivery's ``version + 1``."""
+    if not found:
+        return []
+    _relaxed(conn)
+    taken = {
+        row[0]
+        for row in conn.execute(
+            "UPDATE billing.webhook_deliveries d"
+            " SET version = d.version + 1, next_try_at = now() + %s"
+            " FROM unnest(%s::uuid[], %s::int[]) AS c (delivery_id, version)"
+            " WHERE d.delivery_id = c.delivery_id AND d.version = c.version"
+            " AND d.status = 'pending' AND d.next_try_at <= now()"
+            " RETURNING d.delivery_id",
+            (lease, [d.delivery_id for d in found], [d.version for d in found]),
+        ).fetchall()
+    }
+    return [d for d in found if d.delivery_id in taken]
 
 
 def record(  # noqa: PLR0917
@@ -211,6 +222,7 @@ def record(  # noqa: PLR0917
     """Record an attempt's outcome under the claim (False: the claim was lost, another
     worker's attempt stands). ``status``: delivered, pending (retry in ``next_try``) or
     failed."""
+    _relaxed(conn)
     return (
         conn.execute(
             "UPDATE billing.webhook_deliveries SET status = %s, attempts = attempts + 1,"
@@ -230,6 +242,14 @@ def record(  # noqa: PLR0917
         ).rowcount
         == 1
     )
+
+
+def _relaxed(conn: psycopg.Connection[Any]) -> None:
+    """This transaction commits without waiting for its WAL flush: a claim or an
+    outcome lost in a crash of the database only makes a delivery due again, and it is
+    sent again (at least once, deduplicated by the receiver). The fan-out, which the
+    alerts' offsets wait for, is never relaxed."""
+    conn.execute("SET LOCAL synchronous_commit TO off")
 
 
 def deliveries(

@@ -187,20 +187,24 @@ class AlertWebhooks:
             busy = [e for e, lane in self._lanes.items() if lane.full]
         with self.db.connection() as conn:
             found = deliveries.due(conn, limit=self.policy.batch, busy=busy)
-        started = 0
+        room: dict[UUID, int] = {}
+        chosen = []
         for delivery in found:
             lane = self._lane(delivery.endpoint_id)
             with self._guard:
-                if lane.full or delivery.delivery_id in lane.inflight:
+                left = room.setdefault(delivery.endpoint_id, lane.size - len(lane.inflight))
+                if left <= 0 or delivery.delivery_id in lane.inflight:
                     continue
-            with self.db.connection() as conn:
-                if not deliveries.claim(conn, delivery, self.policy.lease):
-                    continue  # another worker took it
+                room[delivery.endpoint_id] = left - 1
+            chosen.append(delivery)
+        with self.db.connection() as conn:
+            claimed = deliveries.claim(conn, chosen, self.policy.lease)  # others took the rest
+        for delivery in claimed:
+            lane = self._lane(delivery.endpoint_id)
             with self._guard:
                 lane.inflight.add(delivery.delivery_id)
             lane.pool.submit(self._attempt, lane, delivery)
-            started += 1
-        return started
+        return len(claimed)
 
     def _lane(self, endpoint: UUID) -> _Lane:
         with self._guard:

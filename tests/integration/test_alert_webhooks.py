@@ -17,7 +17,7 @@ import pytest
 from adapters.alerts import deliveries
 from adapters.alerts.messages import ALERT_EVENT_TOPIC, Alert
 from adapters.alerts.worker import AlertWebhooks
-from adapters.bootstrap import build_alert_webhooks, build_relay
+from adapters.roles import run_roles
 from adapters.settings import Settings
 from billing_ledger_webhooks import EVENT_ID_HEADER, SIGNATURE_HEADER, SignatureError, verify
 from store.connections import Database
@@ -191,15 +191,15 @@ def test_alerts_reach_a_live_endpoint_signed_once_each_beside_dead_and_hanging_o
 
     produce_records(settings, [usage(f"u-{i}") for i in range(10)])
     _ingest(settings, acme, 10)
-    relay = build_relay(settings)
+    expected = {c["alert_id"] for c in _crossings(settings.database_url)}
+    assert len(expected) == 3
+    # The relay and the alerts role as `billing-ledger run --role relay --role alerts`.
     stop = threading.Event()
-    worker = build_alert_webhooks(settings)
-    running = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    running = threading.Thread(
+        target=run_roles, args=(settings, acme, ["relay", "alerts"], stop), daemon=True
+    )
     running.start()
     try:
-        wait_for(lambda: relay.pump() == 0 and relay.alerts == 3, what="the relay's alerts")
-        expected = {c["alert_id"] for c in _crossings(settings.database_url)}
-        assert len(expected) == 3
         # The live endpoint has every alert, while the hanging one still holds its first
         # request (its lane is busy for 20 s more): nobody waited for it.
         wait_for(lambda: live.distinct() == expected, timeout=30, what="the live alerts")
@@ -222,8 +222,7 @@ def test_alerts_reach_a_live_endpoint_signed_once_each_beside_dead_and_hanging_o
         stop.set()
         hanging.release.set()
         running.join(timeout=30)
-        relay.close()
-        relay.producer.close()
+    assert not running.is_alive()
 
 
 def _alert(customer: str = "acme") -> Alert:
