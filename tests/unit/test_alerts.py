@@ -131,3 +131,54 @@ def test_bad_thresholds_are_refused(key: str) -> None:
 def test_more_than_the_maximum_thresholds_is_refused() -> None:
     with pytest.raises(ValueError, match="at most 20"):
         parse_thresholds([f"spend:{n}" for n in range(1, 22)])
+
+
+def test_a_refused_record_adds_nothing_to_the_period_spend() -> None:
+    account = _account(100, "spend:50")
+    assert _ingest(account, _spend("big", "500")) == []  # refused: spend stays 0
+    assert account.alert_period_spend == Decimal(0)
+    assert [e.usage_id for e in _ingest(account, _spend("ok", "50"))] == ["ok"]
+
+
+def test_the_period_spend_is_recorded_only_when_it_changes() -> None:
+    account = _account(None, "spend:500")
+    account.reserve_all([(transaction_id("acme", "u1"), Decimal(20))])
+    account.check_alerts([_spend("u1", "20")], [True])
+    assert [type(e).__name__ for e in account.collect_events()] == [
+        "AmountsReserved",
+        "AlertPeriodSpent",
+    ]
+    account.reserve_all([(transaction_id("acme", "z"), Decimal(0))])
+    account.check_alerts([_spend("z", "0")], [True])
+    assert [type(e).__name__ for e in account.collect_events()] == ["AmountsReserved"]
+    assert account.alert_period_spend == Decimal(20)
+
+
+def test_clearing_the_thresholds_stops_the_alerts() -> None:
+    account = _account(1000, "percent_of_limit:10")
+    account.set_alerts([])
+    assert list(account.alert_thresholds) == []
+    granted = account.reserve_all([(transaction_id("acme", "u1"), Decimal(900))])
+    account.check_alerts([_spend("u1", "900")], granted)
+    assert [type(e).__name__ for e in account.collect_events()] == [
+        "AlertsSet",
+        "AmountsReserved",
+    ]
+
+
+def test_several_records_of_one_save_each_name_their_own_crossing() -> None:
+    account = _account(None, "spend:10", "spend:20", "spend:30")
+    crossed = _ingest(account, _spend("a", "15"), _spend("b", "4"), _spend("c", "11"))
+    assert [(e.threshold, e.usage_id, e.value) for e in crossed] == [
+        ("spend:10", "a", "15"),
+        ("spend:20", "c", "30"),
+        ("spend:30", "c", "30"),
+    ]
+
+
+def test_a_batch_spanning_two_periods_crosses_in_each() -> None:
+    account = _account(None, "spend:10")
+    crossed = _ingest(account, _spend("d", "10", DEC), _spend("j", "10", JAN))
+    assert [(e.usage_id, e.period) for e in crossed] == [("d", DEC), ("j", JAN)]
+    assert (account.alert_period, account.alert_period_spend) == (JAN, Decimal(10))
+    assert list(account.alerts_crossed) == ["spend:10"]
