@@ -3,10 +3,11 @@ spend alert at a webhook receiver.
 
 The embedded default (a private PostgreSQL and the Tansu broker), the roles in worker
 processes (``ingest``; ``relay``; ``alerts``), and a receiver on 127.0.0.1
-(``http.server``, verifying each signature). The records go round
-``ceil(rate * seconds / 20)`` customers, 100 minor units each, and every account has the
-20 thresholds ``spend:100`` to ``spend:2000``, so each record crosses one and is one
-alert (and the accounts, lines and invoices are reused, as with real traffic). Records
+(``http.server``, verifying each signature). One record in ``--alert-every`` (every one
+by default) goes round ``ceil(rate * seconds / every / 20)`` alerting customers, 100
+minor units each, whose accounts have the 20 thresholds ``spend:100`` to ``spend:2000``,
+so each such record crosses one and is one alert; the others go to 100 customers
+without thresholds. Accounts, lines and invoices are reused, as with real traffic. Records
 are produced at ``--rate`` a second for ``--seconds``; a record's time starts when the
 broker acknowledged it (the producer's flush) and ends when the receiver has verified
 its alert. Printed: how many alerts arrived, and the latencies' p50, p90, p99 and max,
@@ -78,10 +79,14 @@ class _Receiver:
 THRESHOLDS = [f"spend:{100 * k}" for k in range(1, 21)]
 
 
-def _record(i: int, customers: int) -> UsageRecord:
+def _record(i: int, customers: int, every: int = 1) -> UsageRecord:
+    """Record ``i``: every ``every``-th one goes round the alerting customers (and
+    crosses a threshold), the others to 100 customers without thresholds."""
+    alerting = i % every == 0
+    customer = f"alert-{i // every % customers:06d}" if alerting else f"quiet-{i % 100:03d}"
     return UsageRecord(
-        usage_id=f"a-{i}",
-        customer_id=f"alert-{i % customers:06d}",
+        usage_id=f"a-{i}" if alerting else f"q-{i}",
+        customer_id=customer,
         meter="api.requests",
         quantity=Decimal(1000),  # 100 minor units: past spend:1
         occurred_at=datetime.now(UTC),
@@ -100,7 +105,9 @@ def _accounts(settings: Settings, customers: int) -> None:
             ledger.save(*accounts)
 
 
-def _produce(settings: Settings, rate: float, seconds: float, customers: int) -> dict[str, float]:
+def _produce(
+    settings: Settings, rate: float, seconds: float, customers: int, every: int
+) -> dict[str, float]:
     """Records at ``rate`` a second; when the broker acknowledged each."""
     acked: dict[str, float] = {}
     usage = UsageProducer(settings.kafka_bootstrap, settings.usage_topic, check=False)
@@ -108,9 +115,10 @@ def _produce(settings: Settings, rate: float, seconds: float, customers: int) ->
     while (elapsed := time.monotonic() - start) < seconds:
         sent = []
         while i < int(elapsed * rate):
-            record = _record(i, customers)
+            record = _record(i, customers, every)
             usage.send(record)
-            sent.append(record.usage_id)
+            if record.usage_id.startswith("a-"):
+                sent.append(record.usage_id)
             i += 1
         usage.flush()
         now = time.time()
@@ -142,9 +150,9 @@ def _stack(concurrency: int) -> Iterator[tuple[Settings, _Receiver]]:
         yield settings, receiver
 
 
-def run_alerts(rate: float, seconds: float, concurrency: int) -> dict[str, Any]:
+def run_alerts(rate: float, seconds: float, concurrency: int, every: int = 1) -> dict[str, Any]:
     """The measurement (see the module docstring)."""
-    customers = -(-int(rate * seconds + 1) // len(THRESHOLDS))
+    customers = -(-int(rate * seconds / every + 1) // len(THRESHOLDS))
     with _stack(concurrency) as (settings, receiver), ExitStack() as workers:
         _accounts(settings, customers)
         for roles in ROLE_PROCESSES:
@@ -154,7 +162,7 @@ def run_alerts(rate: float, seconds: float, concurrency: int) -> dict[str, Any]:
         warm.send(_record(-1, customers))
         warm.close()
         _await(lambda: "a--1" in receiver.arrived, 120)
-        acked = _produce(settings, rate, seconds, customers)
+        acked = _produce(settings, rate, seconds, customers, every)
         _await(lambda: len(receiver.arrived) > len(acked), 60 + seconds)
         with database(settings, pool_size=0).connection() as conn:
             stages = conn.execute(_STAGES).fetchall()
@@ -162,8 +170,9 @@ def run_alerts(rate: float, seconds: float, concurrency: int) -> dict[str, Any]:
     return {
         "rate_per_s": rate,
         "seconds": seconds,
-        "customers": customers,
-        "produced": len(acked),
+        "alerting_customers": customers,
+        "records": int(rate * seconds),
+        "alerting_records": len(acked),
         "alerts_received": len(got),
         "produced_to_received_ms": _percentiles([receiver.arrived[u] - acked[u] for u in got]),
         # the two stages: the ingest save that crossed it; the relay, topic and webhook
@@ -214,9 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=1000, help="records (alerts) a second")
     parser.add_argument("--seconds", type=float, default=10, help="how long the load runs")
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    parser.add_argument(
+        "--alert-every", type=int, default=1, help="one record in N crosses a threshold"
+    )
     args = parser.parse_args(argv)
     configure_logging("ERROR")
-    print(json.dumps(run_alerts(args.rate, args.seconds, args.concurrency), indent=2))
+    report = run_alerts(args.rate, args.seconds, args.concurrency, args.alert_every)
+    print(json.dumps(report, indent=2))
     return 0
 
 
