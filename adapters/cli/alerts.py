@@ -17,7 +17,9 @@ __all__ = ["add_commands"]
 def add_commands(sub: Any) -> None:
     alerts = sub.add_parser("alerts", help="spend alert thresholds per customer and currency")
     al_sub = alerts.add_subparsers(dest="action", required=True, parser_class=Parser)
-    set_ = al_sub.add_parser("set", help="set a customer's thresholds (replacing the old ones)")
+    set_ = al_sub.add_parser(
+        "set", help="set a customer's thresholds, replacing the old ones (none given: cleared)"
+    )
     set_.add_argument("--customer", required=True)
     set_.add_argument("--currency", required=True)
     set_.add_argument(

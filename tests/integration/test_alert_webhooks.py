@@ -17,11 +17,13 @@ import pytest
 from adapters.alerts import deliveries
 from adapters.alerts.messages import ALERT_EVENT_TOPIC, Alert
 from adapters.alerts.worker import AlertWebhooks
+from adapters.cli.main import main
 from adapters.roles import run_roles
 from adapters.settings import Settings
 from billing_ledger_webhooks import EVENT_ID_HEADER, SIGNATURE_HEADER, SignatureError, verify
 from store.connections import Database
 from store.ledger import BillingLedger
+from tests.conftest import settings_env
 from tests.integration.support import (
     ingest_until,
     produce_records,
@@ -309,3 +311,56 @@ def test_two_workers_send_each_delivery_once(
         for halt in halts:
             halt()
     assert sorted(live.event_ids) == sorted(a.id for a in alerts)  # none sent twice
+
+
+class _InProcess:
+    """``billing-ledger`` run in this process (faster than a child), with ``settings``
+    in the environment; each call gives (exit status, stdout, stderr)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+        self.monkeypatch, self.capsys = monkeypatch, capsys
+
+    def __call__(self, settings: Settings, *args: str) -> tuple[int, str, str]:
+        for key, value in settings_env(settings).items():
+            if key.startswith("BILLING_LEDGER_"):
+                self.monkeypatch.setenv(key, value)
+        status = main(list(args))
+        out, err = self.capsys.readouterr()
+        return status, out, err
+
+
+def test_the_webhook_commands_register_list_replay_and_remove(
+    alert_settings: Settings,
+    ingest_ledger: BillingLedger,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+) -> None:
+    cli = _InProcess(monkeypatch, capsys)
+    strict = alert_settings.model_copy(update={"alert_webhook_allow_private": False})
+    url, events = "http://127.0.0.1:9/x", ("--events", "alert.crossed")
+    status, _, err = cli(strict, "webhooks", "add", url, *events)
+    assert status == 2
+    assert err.count("\n") == 1 and "loopback" in err
+
+    status, added, _ = cli(alert_settings, "webhooks", "add", url, *events)
+    assert status == 0
+    endpoint = re.findall(r"endpoint (\S+) added", added)[0]
+    assert endpoint in cli(alert_settings, "webhooks", "list")[1]
+    db = Database(alert_settings.database_url, pool_size=0)
+    alert = _alert()
+    with db.connection() as conn:
+        deliveries.fan_out(conn, [alert])
+    shown = json.loads(cli(alert_settings, "webhooks", "deliveries", "--json")[1])
+    assert [(d["event_id"], d["status"], d["attempts"]) for d in shown] == [
+        (alert.id, "pending", 0)
+    ]
+    assert "1 delivery due again" in cli(alert_settings, "webhooks", "replay", alert.id)[1]
+    status, _, err = cli(alert_settings, "webhooks", "replay", str(uuid4()))
+    assert status == 2 and "no delivery or alert" in err
+
+    assert "removed" in cli(alert_settings, "webhooks", "remove", endpoint)[1]
+    assert endpoint not in cli(alert_settings, "webhooks", "list")[1]
+    assert endpoint in cli(alert_settings, "webhooks", "list", "--all")[1]
+    (row,) = json.loads(cli(alert_settings, "webhooks", "deliveries", "--json")[1])
+    assert (row["status"], row["last_error"]) == ("failed", "endpoint removed")
+    assert cli(alert_settings, "webhooks", "remove", endpoint)[0] == 2
