@@ -217,7 +217,9 @@ class AlertWebhooks:
         try:
             self._record(delivery, self._send(delivery))
         except Exception:  # a lane thread never dies: the claim lapses, it is sent again
-            log.exception("webhook attempt not recorded", extra={"delivery": delivery.delivery_id})
+            log.exception(
+                "webhook attempt not recorded", extra={"delivery": str(delivery.delivery_id)}
+            )
         finally:
             with self._guard:
                 lane.inflight.discard(delivery.delivery_id)
