@@ -20,6 +20,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from adapters.alerts.worker import AlertWebhooks
 from adapters.broker import ensure_topics, make_consumer, make_producer, use_security
 from adapters.charging.closer import InvoiceCloser
 from adapters.charging.corrections import Corrections
@@ -52,6 +53,7 @@ from store.webhooks import WebhookStore
 
 __all__ = [
     "ROLES",
+    "build_alert_webhooks",
     "build_charge_worker",
     "build_closer",
     "build_corrections",
@@ -75,7 +77,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ROLES = ("ingest", "relay", "project", "charge", "reconcile", "webhooks")
+ROLES = ("ingest", "relay", "project", "charge", "reconcile", "webhooks", "alerts")
 """``all`` runs every role; ``webhooks`` only where ``WEBHOOK_SECRETS`` is set."""
 
 
@@ -192,6 +194,7 @@ def prepare(settings: Settings, *, topics: bool = True) -> None:
                 (settings.usage_topic, settings.usage_partitions),
                 (settings.dlq_topic, 1),
                 (settings.events_topic, settings.events_partitions),
+                (settings.alerts_topic, settings.events_partitions),
             ],
         )
 
@@ -336,7 +339,16 @@ def build_relay(settings: Settings, db: Database | None = None) -> Relay:
         db or database(settings, pool_size=0),
         make_producer(settings.kafka_bootstrap),
         settings.events_topic,
+        alerts_topic=settings.alerts_topic,
     )
+
+
+def build_alert_webhooks(settings: Settings, db: Database | None = None) -> AlertWebhooks:
+    """The alert webhooks role: ``billing.alerts`` in its own group, to the endpoints."""
+    consumer = make_consumer(
+        settings.kafka_bootstrap, settings.alerts_topic, settings.alert_webhook_group
+    )
+    return AlertWebhooks(db or database(settings), consumer, settings.alert_delivery_policy())
 
 
 def build_charge_worker(

@@ -3,8 +3,8 @@
 failure ends the process), until stopped, and returns only once every role has ended.
 With ``ingest_processes`` > 1, ingest runs as that many child processes, each a role of
 the same supervisor (``adapters.ingest.processes``).
-Each role's factory is here (``_ingest_role``, ..., ``_webhook_role``); the parts they
-run are built by ``adapters.bootstrap``, the composition root.
+Each role's factory is here (``_ingest_role``, ..., ``_webhook_role``, ``_alerts_role``);
+the parts they run are built by ``adapters.bootstrap``, the composition root.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
 
+from adapters.alerts.worker import AlertWebhooks
 from adapters.bootstrap import (
+    build_alert_webhooks,
     build_charge_worker,
     build_closer,
     build_draft_checker,
@@ -141,6 +143,8 @@ def _run_roles(
             factories["close"], stats["close"] = _close_role(settings, closer, checker, db, pulses)
     if "webhooks" in roles:
         factories["webhooks"] = _webhook_role(settings, ledger, pulses)
+    if "alerts" in roles:
+        factories["alerts"], stats["alerts"] = _alerts_role(settings, db, pulses)
     if drill:
         install_drill(drill, ledger=ledger if "ingest" in roles else None, pusher=pusher)
     supervised: list[Supervisor] = []  # the heartbeat reports the supervisor's status
@@ -345,6 +349,22 @@ def _webhook_role(settings: Settings, ledger: BillingLedger, pulses: Pulses) -> 
         return serve
 
     return build
+
+
+def _alerts_role(
+    settings: Settings, db: Database, pulses: Pulses
+) -> tuple[RoleFactory, Callable[[], object]]:
+    """The alert webhooks (``adapters.alerts.worker``): a fresh consumer and lanes each
+    time; the counters of the current one (the deliveries' table holds the history)."""
+    current: list[AlertWebhooks] = []
+
+    def build() -> RoleRun:
+        worker = build_alert_webhooks(settings, db)
+        worker.pulse = pulses.of("alerts")
+        current[:] = [worker]
+        return worker.run
+
+    return build, lambda: current[0].stats() if current else {}
 
 
 def drive_invoices(

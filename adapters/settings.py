@@ -16,13 +16,19 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from adapters.alerts.policy import DeliveryPolicy
 from domain.errors import PriceListError
 from domain.periods import PeriodPolicy
 from domain.pricing import PriceList
 from domain.saga import RetryPolicy
 from domain.usage import DEFAULT_MAX_AGE, DEFAULT_MAX_AHEAD, DEFAULT_MAX_RECORD_BYTES, UsageWindow
 from domain.verification import LandingWindow
-from store.schema import DEFAULT_DLQ_TOPIC, DEFAULT_EVENTS_TOPIC, DEFAULT_USAGE_TOPIC
+from store.schema import (
+    DEFAULT_ALERTS_TOPIC,
+    DEFAULT_DLQ_TOPIC,
+    DEFAULT_EVENTS_TOPIC,
+    DEFAULT_USAGE_TOPIC,
+)
 
 __all__ = ["DEFAULT_PRICE_LIST", "SECRETS_DIR_ENV", "Settings", "StripeSettings", "child_env"]
 
@@ -265,6 +271,52 @@ class Settings(BaseSettings):
 
     def webhook_secret_list(self) -> list[str]:
         return [s.strip() for s in self.webhook_secrets.get_secret_value().split(",") if s.strip()]
+
+    # -- spend alerts and their webhooks (adapters.alerts) ------------------------------
+    alerts_topic: str = Field(
+        DEFAULT_ALERTS_TOPIC,
+        description="the topic the relay publishes spend alert crossings to (JSON documents)",
+    )
+    alert_webhook_group: str = Field(
+        "billing-ledger-alert-webhooks",
+        description="consumer group of the alert webhooks role (reads the alerts topic)",
+    )
+    alert_webhook_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=60,
+        description="one webhook request, connecting to answer, at most (then a timeout)",
+    )
+    alert_webhook_concurrency: int = Field(
+        4, ge=1, le=64, description="requests in flight to one endpoint at most"
+    )
+    alert_webhook_retry_base_s: float = Field(
+        10.0, gt=0, description="first retry delay of a failed webhook (jittered, doubling)"
+    )
+    alert_webhook_retry_max_delay_s: float = Field(
+        3600.0, gt=0, description="longest delay between two webhook attempts"
+    )
+    alert_webhook_retry_horizon_s: float = Field(
+        3 * 86400.0, gt=0, description="a webhook is retried this long, then failed (3 days)"
+    )
+    alert_webhook_allow_private: bool = Field(
+        False,
+        description="allow webhook URLs resolving to loopback, private or link-local addresses"
+        " (refused by default: a receiver on this host or network only; never in production"
+        " with URLs others can register)",
+    )
+
+    def alert_delivery_policy(self) -> DeliveryPolicy:
+        return DeliveryPolicy(
+            timeout_s=self.alert_webhook_timeout_s,
+            concurrency=self.alert_webhook_concurrency,
+            retry=RetryPolicy(
+                horizon=timedelta(seconds=self.alert_webhook_retry_horizon_s),
+                base_delay=timedelta(seconds=self.alert_webhook_retry_base_s),
+                max_delay=timedelta(seconds=self.alert_webhook_retry_max_delay_s),
+            ),
+            allow_private=self.alert_webhook_allow_private,
+        )
 
     # -- anchoring (billing-ledger anchor; audit verifies) ------------------------------
     anchor_path: Path | None = Field(

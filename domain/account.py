@@ -18,6 +18,11 @@ Amounts are exact (``Decimal`` minor units, as ``Metered`` records them): a limi
 exactly what the usage is worth, not what rounding per record would make of it. The
 limit itself is a whole number of minor units, at most ``MAX_SPEND_LIMIT_MINOR``.
 Histories from before exact amounts (integers) load through upcasting.
+
+Spend alerts (``domain.alerts``) live here too, in methods and events of their own
+(``set_alerts``, ``check_alerts``; ``AlertsSet``, ``AlertCrossed``, ``AlertPeriodSpent``):
+the ingest calls ``check_alerts`` once per account right after ``reserve_all``, so a
+crossing is an event of the very save that reserved the record.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
+from domain.alerts import Spend, Threshold, Watch, alert_id, crossings, parse_thresholds
 from domain.ids import account_id
 from domain.money import add_exact, canonical, check_spend_limit, format_money
 
@@ -81,6 +87,35 @@ class CustomerAccount(Aggregate):
         @staticmethod
         def upcast_v1_v2(state: dict[str, Any]) -> None:
             state["amount"] = Decimal(state["amount"])
+
+    class AlertsSet(Aggregate.Event):
+        thresholds: list[str]  # ``kind:value`` (domain.alerts.Threshold.key), sorted
+
+    class AlertCrossed(Aggregate.Event):
+        """A threshold reached; plain JSON fields: the relay publishes it as it is."""
+
+        alert_id: str
+        customer_id: str
+        currency: str
+        threshold: str  # ``kind:value``
+        period: str  # the billing period's key
+        usage_id: str
+        transaction_id: str
+        value: str  # the measure that reached it, exact minor units as decimal text
+        spend_limit: int | None
+
+    class AlertPeriodSpent(Aggregate.Event):
+        """The period the alerts watch and its spend so far, once per ingest save."""
+
+        period: str
+        spend: str  # exact minor units, decimal text
+
+    # The alerts' state, as class attributes so that accounts (and sealed snapshots)
+    # from before alerts load with none set.
+    alert_thresholds: Sequence[str] = ()
+    alert_period: str | None = None
+    alert_period_spend: Decimal = Decimal(0)
+    alerts_crossed: Sequence[str] = ()  # in ``alert_period``
 
     @staticmethod
     def create_id(customer_id: str, currency: str, **_: Any) -> UUID:
@@ -192,6 +227,72 @@ class CustomerAccount(Aggregate):
     @event(ChargeReversed)
     def _reversed(self, transaction_id: str, amount: Decimal) -> None:
         self.charged = add_exact(self.charged, -amount)
+
+    # -- spend alerts (domain.alerts) --------------------------------------------------
+
+    def set_alerts(self, thresholds: Sequence[str]) -> None:
+        """Set the alert thresholds (``kind:value``; none clears them). ValueError on a
+        bad one. Thresholds already crossed this period stay crossed."""
+        keys = [t.key for t in parse_thresholds(thresholds)]
+        if keys != list(self.alert_thresholds):
+            self._alerts_set(keys)
+
+    @event(AlertsSet)
+    def _alerts_set(self, thresholds: list[str]) -> None:
+        self.alert_thresholds = tuple(thresholds)
+
+    def check_alerts(self, records: Sequence[Spend], granted: Sequence[bool]) -> None:
+        """Record the thresholds ``records`` cross: called once, right after
+        ``reserve_all`` reserved them (``granted`` is its answer), with the same records
+        in the same order. Nothing when no threshold is set."""
+        if not self.alert_thresholds or not records:
+            return
+        taken = [r.amount for r, ok in zip(records, granted, strict=True) if ok]
+        before = self.committed
+        for amount in taken:
+            before = add_exact(before, -amount)
+        watch = Watch(self.alert_period, self.alert_period_spend, set(self.alerts_crossed))
+        thresholds = [Threshold.parse(k) for k in self.alert_thresholds]
+        for found in crossings(thresholds, watch, before, self.spend_limit, records, granted):
+            self._alert_crossed(
+                alert_id=str(alert_id(self.id, found.threshold, found.period)),
+                customer_id=self.customer_id,
+                currency=self.currency,
+                threshold=found.threshold.key,
+                period=found.period,
+                usage_id=found.usage_id,
+                transaction_id=str(found.transaction_id),
+                value=f"{canonical(found.value):f}",
+                spend_limit=self.spend_limit,
+            )
+        assert watch.period is not None  # records is not empty
+        if (watch.period, watch.spend) != (self.alert_period, self.alert_period_spend):
+            self._alert_period_spent(watch.period, f"{canonical(watch.spend):f}")
+
+    @event(AlertCrossed)
+    def _alert_crossed(
+        self,
+        *,
+        alert_id: str,
+        customer_id: str,
+        currency: str,
+        threshold: str,
+        period: str,
+        usage_id: str,
+        transaction_id: str,
+        value: str,
+        spend_limit: int | None,
+    ) -> None:
+        if period != self.alert_period:
+            self.alert_period, self.alert_period_spend = period, Decimal(0)
+            self.alerts_crossed = ()
+        self.alerts_crossed = (*self.alerts_crossed, threshold)
+
+    @event(AlertPeriodSpent)
+    def _alert_period_spent(self, period: str, spend: str) -> None:
+        if period != self.alert_period:
+            self.alert_period, self.alerts_crossed = period, ()
+        self.alert_period_spend = Decimal(spend)
 
     def _money(self, amount: Decimal) -> str:
         return format_money(amount, self.currency)

@@ -39,6 +39,7 @@ from functools import cached_property
 from uuid import UUID
 
 from domain.account import CustomerAccount
+from domain.alerts import Spend
 from domain.errors import IllegalTransition, InvalidUsage
 from domain.ids import transaction_id
 from domain.invoice import Invoice
@@ -125,6 +126,8 @@ def meter_batch(
     for (customer_id, currency), txns in by_account.items():
         account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
         granted = account.reserve_all([(t.id, t.amount) for t in txns])
+        if account.alert_thresholds:  # spend alerts: one call, right after the reservation
+            account.check_alerts([_spend(t, periods) for t in txns], granted)
         book = LineBook(customer_id, currency, load_line, load_invoice, periods, now)
         by_line: dict[UUID, list[BillingTransaction]] = {}
         for txn, ok in zip(txns, granted, strict=True):
@@ -142,6 +145,10 @@ def meter_batch(
         decision.invoices.extend(book.touched_invoices())
         decision.accounts.append(account)
     return decision
+
+
+def _spend(txn: BillingTransaction, periods: PeriodPolicy) -> Spend:
+    return Spend(txn.usage_id, txn.id, txn.amount, periods.period_of(txn.occurred_at).key)
 
 
 class LineBook:

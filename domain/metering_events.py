@@ -31,6 +31,7 @@ from uuid import UUID
 from eventsourcing.utils import get_topic
 
 from domain.account import CustomerAccount
+from domain.alerts import Spend
 from domain.errors import InvalidUsage
 from domain.ids import account_id
 from domain.invoice import Invoice
@@ -204,6 +205,8 @@ def meter_batch_events(
     for (customer_id, currency), txns in by_account.items():
         account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
         granted = account.reserve_all([(t.id, t.amount) for t in txns])
+        if account.alert_thresholds:  # spend alerts: one call, right after the reservation
+            account.check_alerts([_spend(t, periods_of[t]) for t in txns], granted)
         book = LineBook(customer_id, currency, load_line, load_invoice, periods, now)
         by_line: dict[UUID, list[NewTransaction]] = {}
         for txn, ok in zip(txns, granted, strict=True):
@@ -221,6 +224,10 @@ def meter_batch_events(
         result.invoices.extend(book.touched_invoices())
         result.accounts.append(account)
     return result
+
+
+def _spend(txn: NewTransaction, period: Period) -> Spend:
+    return Spend(txn.fields["usage_id"], txn.id, txn.amount, period.key)
 
 
 def _expected(

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Once, as the Kafka admin: SCRAM users, then ACLs (no ACL: no access). Only the relay
-# produces to billing.events; only producers (and the workers' dead letters) to usage.
+# produces to billing.events and billing.alerts; only producers (and the workers' dead
+# letters) to usage.
 set -eu
 k=/opt/kafka/bin
 cfg=/run/secrets/kafka_admin_client
@@ -17,4 +18,7 @@ acl --allow-principal User:billing-worker --operation Write --operation Describe
 acl --allow-principal User:billing-worker --operation Read --operation Describe --topic billing.events
 acl --allow-principal User:billing-worker --operation Read --group billing-ledger-ingest
 acl --allow-principal User:billing-worker --operation Read --group billing-ledger-charge
+acl --allow-principal User:billing-worker --operation Read --operation Describe --topic billing.alerts
+acl --allow-principal User:billing-worker --operation Read --group billing-ledger-alert-webhooks
 acl --allow-principal User:billing-relay --operation Write --operation Describe --topic billing.events
+acl --allow-principal User:billing-relay --operation Write --operation Describe --topic billing.alerts

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, cast
@@ -378,18 +378,36 @@ class BillingLedger(Application[UUID]):
 
     def set_spend_limit(self, customer_id: str, currency: str, spend_limit: int | None) -> None:
         """Set a customer's spend limit in one currency (None: unlimited)."""
+        self._change_account(
+            customer_id, currency, "limit", lambda a: a.set_limit(spend_limit), spend_limit
+        )
+
+    def set_alerts(self, customer_id: str, currency: str, thresholds: Sequence[str]) -> None:
+        """Set a customer's spend alert thresholds in one currency (``kind:value``,
+        ``domain.alerts``; none clears them). ValueError on a bad threshold."""
+        self._change_account(customer_id, currency, "alerts", lambda a: a.set_alerts(thresholds))
+
+    def _change_account(
+        self,
+        customer_id: str,
+        currency: str,
+        what: str,
+        change: Callable[[CustomerAccount], None],
+        opening_limit: int | None = None,
+    ) -> None:
+        """Apply ``change`` to the account (opened with ``opening_limit`` when new) and
+        save it, deciding again when another writer won the version race."""
         for _ in range(self.max_attempts):
             account = self._load_account(customer_id, currency)
             if account is None:
-                account = CustomerAccount.open(customer_id, currency, spend_limit)
-            else:
-                account.set_limit(spend_limit)
+                account = CustomerAccount.open(customer_id, currency, opening_limit)
+            change(account)
             try:
                 self.save(account)
             except IntegrityError:
                 continue
             return
-        raise ConcurrencyExhausted(f"could not set the limit of {customer_id}/{currency}")
+        raise ConcurrencyExhausted(f"could not set the {what} of {customer_id}/{currency}")
 
     def claim_partition(self, topic: str, partition: int, owner: str) -> Claim:
         """Record that ``owner`` holds ``partition`` of ``topic`` from now on; its claim,

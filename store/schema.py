@@ -14,6 +14,9 @@ Besides the read models (``projections/``), the ``billing`` schema holds:
 * stores that workers write and nothing rebuilds: ``dead_letters`` (and its
   ``dead_letter_counts``), ``workers``, ``consumer_lag``;
 * ``health_settings``: the deadlines ``billing.queue_health`` judges by;
+* the alert webhooks (``adapters.alerts``): ``webhook_endpoints`` (where to send, and
+  each endpoint's signing secret) and ``webhook_deliveries`` (one row per endpoint and
+  alert: attempts, status, last error, next try);
 * ``schema_migrations``: which migrations the database has applied.
 
 The events and snapshots tables have eventsourcing's layout (named after the
@@ -27,6 +30,7 @@ __all__ = [
     "CONSUMER_POSITIONS",
     "DEAD_LETTERS",
     "DEAD_LETTER_COUNTS",
+    "DEFAULT_ALERTS_TOPIC",
     "DEFAULT_DLQ_TOPIC",
     "DEFAULT_EVENTS_TOPIC",
     "DEFAULT_USAGE_TOPIC",
@@ -37,6 +41,8 @@ __all__ = [
     "SCHEMA",
     "SCHEMA_MIGRATIONS",
     "SNAPSHOTS_TABLE",
+    "WEBHOOK_DELIVERIES",
+    "WEBHOOK_ENDPOINTS",
     "WORKERS",
 ]
 
@@ -55,7 +61,11 @@ WORKERS = "workers"
 CONSUMER_LAG = "consumer_lag"
 HEALTH_SETTINGS = "health_settings"
 SCHEMA_MIGRATIONS = "schema_migrations"
+WEBHOOK_ENDPOINTS = "webhook_endpoints"
+WEBHOOK_DELIVERIES = "webhook_deliveries"
 
 DEFAULT_USAGE_TOPIC = "usage"
 DEFAULT_DLQ_TOPIC = "usage.dlq"
 DEFAULT_EVENTS_TOPIC = "billing.events"
+# The relay publishes each spend alert crossing here too (``adapters.alerts.messages``).
+DEFAULT_ALERTS_TOPIC = "billing.alerts"

@@ -72,6 +72,8 @@ def settings(database_url: str, broker: TansuBroker) -> Settings:
         ingest_group=f"ingest-{tag}",
         events_topic=f"events-{tag}",
         charge_group=f"charge-{tag}",
+        alerts_topic=f"alerts-{tag}",
+        alert_webhook_group=f"alert-webhooks-{tag}",
         usage_partitions=4,
         batch_max_records=200,
         ingest_processes=1,  # ingest in the run process (its drills kill that one process)

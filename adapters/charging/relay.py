@@ -9,10 +9,13 @@ late always has an xid at or above that horizon, so it cannot be skipped.
 
 Each event goes to the ``billing.events`` topic keyed by customer id, with its
 notification id, event type and trace context in headers (a transaction's
-``relay publish`` span is in the transaction's trace: ``adapters.observability.telemetry``). The
+``relay publish`` span is in the transaction's trace: ``adapters.observability.telemetry``).
+Each spend alert crossing (``CustomerAccount.AlertCrossed``) is also published to the
+alerts topic (``billing.alerts``) as its alert document (``adapters.alerts.messages``),
+keyed by customer id, in the same pass: exactly the crossings, in commit order. The
 position is stored in ``billing.relay_position`` after the broker acknowledged the
-batch: after a crash the relay resumes there and may publish the last batch again
-(at-least-once; consumers are idempotent).
+batch (both topics' sends): after a crash the relay resumes there and may publish the
+last batch again (at-least-once; consumers are idempotent).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import psycopg
 from kafka import KafkaProducer
 from psycopg import sql
 
+from adapters.alerts.messages import ALERT_EVENT_TOPIC, alert_document
 from adapters.charging.messages import EventMessage
 from adapters.observability import telemetry
 from store.connections import Database
@@ -51,6 +55,7 @@ class Relay:
         *,
         name: str = DEFAULT_EVENTS_TOPIC,
         batch: int = 2000,
+        alerts_topic: str | None = None,
     ) -> None:
         self.database = database
         self.pulse: Callable[[], None] = lambda: None  # called each turn of the loop
@@ -58,6 +63,8 @@ class Relay:
         self.topic = topic
         self.name = name
         self.batch = batch
+        self.alerts_topic = alerts_topic
+        self.alerts = 0  # alert documents published
         self._customers: dict[UUID, str] = {}
         self._conn: psycopg.Connection[Any] | None = None
         self.published = 0
@@ -122,6 +129,21 @@ class Relay:
                     *telemetry.inject_headers(),
                 ],
             )
+        if topic == ALERT_EVENT_TOPIC and self.alerts_topic is not None:
+            self._publish_alert(body, nid)
+
+    def _publish_alert(self, body: Any, nid: int) -> None:
+        alert = alert_document(body, nid)
+        if alert is None:  # not what AlertCrossed stores: say so, never stop on a row
+            log.warning("alert event %s unreadable, not published", nid)
+            return
+        self.producer.send(
+            self.alerts_topic,
+            key=alert.customer_id.encode(),
+            value=alert.body,
+            headers=[("event", alert.type.encode()), ("event_id", alert.id.encode())],
+        )
+        self.alerts += 1
 
     def _customer(self, conn: psycopg.Connection[Any], originator_id: UUID, body: Any) -> str:
         if isinstance(body, dict) and isinstance(body.get("customer_id"), str):

@@ -168,6 +168,36 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
         ("billing-ledger export --customer acme --from 2026-11-01 > acme.jsonl",),
         f"{DB} (as billing_auditor)",
     ),
+    "alerts": (("billing-ledger alerts list --customer acme --currency USD",), DB),
+    "alerts set": (
+        (
+            "billing-ledger alerts set --customer acme --currency USD --percent-of-limit 50,80,100",
+            "billing-ledger alerts set --customer acme --currency USD --spend 10000",
+        ),
+        DB,
+    ),
+    "alerts list": (("billing-ledger alerts list --customer acme --currency USD --json",), DB),
+    "webhooks": (("billing-ledger webhooks list",), DB),
+    "webhooks add": (
+        ("billing-ledger webhooks add https://hooks.example.com/billing --events alert.crossed",),
+        f"{DB}, BILLING_LEDGER_ALERT_WEBHOOK_ALLOW_PRIVATE",
+    ),
+    "webhooks list": (("billing-ledger webhooks list --all",), DB),
+    "webhooks remove": (
+        ("billing-ledger webhooks remove 0b7e1f52-93a4-4c61-8d2e-4a6f3b9c1e07",),
+        DB,
+    ),
+    "webhooks deliveries": (
+        (
+            "billing-ledger webhooks deliveries",
+            "billing-ledger webhooks deliveries --endpoint 0b7e1f52-93a4-4c61-8d2e-4a6f3b9c1e07",
+        ),
+        DB,
+    ),
+    "webhooks replay": (
+        ("billing-ledger webhooks replay 5f0c7d36-4d8e-5b8a-9a57-2f0b5e3c9d41",),
+        DB,
+    ),
     "anchor": (
         ("billing-ledger anchor", "billing-ledger anchor --every 300"),
         f"{DB}, BILLING_LEDGER_ANCHOR_PATH, BILLING_LEDGER_ANCHOR_KEY",

@@ -7,7 +7,7 @@ import argparse
 import json
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapters.cli.args import (
     EXIT_FAILURE,
@@ -23,7 +23,10 @@ from adapters.cli.args import (
 )
 from adapters.cli.output import MONEY_COLUMNS, ROUNDING_NOTE, event_row, money_cell, print_table
 
-__all__ = ["add_commands"]
+if TYPE_CHECKING:
+    from domain.account import CustomerAccount
+
+__all__ = ["add_commands", "existing_account"]
 
 
 def add_commands(sub: Any) -> None:
@@ -221,16 +224,25 @@ def _set_limit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show_account(args: argparse.Namespace) -> int:
+def existing_account(customer: str, currency_code: str) -> CustomerAccount:
+    """The customer's account in that currency, read from the ledger (misuse if none)."""
     from adapters.bootstrap import open_ledger
     from adapters.settings import Settings
-    from domain.money import check_currency, format_money
+    from domain.money import check_currency
 
-    currency = check_currency(args.currency)
+    currency = check_currency(currency_code)
     with open_ledger(Settings()) as ledger:
-        account = ledger.account(args.customer, currency)
+        account = ledger.account(customer, currency)
     if account is None:
-        raise CliError(f"no account for {args.customer} in {currency}", EXIT_USAGE)
+        raise CliError(f"no account for {customer} in {currency}", EXIT_USAGE)
+    return account
+
+
+def _show_account(args: argparse.Namespace) -> int:
+    from domain.money import format_money
+
+    account = existing_account(args.customer, args.currency)
+    currency = account.currency
     body = {
         "customer_id": account.customer_id,
         "currency": currency,

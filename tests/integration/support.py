@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -15,10 +17,16 @@ import psycopg
 
 from adapters.audit.replay import Scope
 from adapters.audit.report import audit, stripe_invoice_totals
-from adapters.bootstrap import build_corrections, build_projector, build_pusher, close_worker
+from adapters.bootstrap import (
+    build_corrections,
+    build_ingest_worker,
+    build_projector,
+    build_pusher,
+    close_worker,
+)
 from adapters.broker import consumer_lag, make_producer
 from adapters.ingest.worker import IngestWorker
-from adapters.settings import DEFAULT_PRICE_LIST, Settings
+from adapters.settings import DEFAULT_PRICE_LIST, Settings, child_env
 from domain.audit import InvoiceItem
 from domain.customer import CustomerLink
 from domain.metering import Metering
@@ -85,6 +93,29 @@ def drive(worker: IngestWorker, until: Callable[[], bool], timeout: float = 60.0
             worker.process(records)
 
 
+def ingest_until(settings: Settings, ledger: BillingLedger, records: int) -> None:
+    """Run an ingest worker of ``settings`` until it has read ``records`` records."""
+    worker = build_ingest_worker(settings, ledger)
+    try:
+        drive(worker, until=lambda: worker.stats.records >= records)
+    finally:
+        close_worker(worker)
+
+
+def run_cli(
+    settings: Settings, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``billing-ledger ARGS`` in a child process with ``settings`` in its environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "adapters.cli", *args],
+        env=child_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def total_lag(settings: Settings) -> int:
     return sum(
         consumer_lag(settings.kafka_bootstrap, settings.ingest_group, settings.usage_topic).values()
@@ -93,11 +124,16 @@ def total_lag(settings: Settings) -> int:
 
 def metered_usage_ids(url: str) -> list[str]:
     """usage_id of every Metered event in the store (decoded from the stored JSON)."""
+    return [state["usage_id"] for state in stored_states(url, METERED_TOPIC)]
+
+
+def stored_states(url: str, topic: str) -> list[dict[str, Any]]:
+    """The stored state (JSON) of every event of ``topic``, in the log's order."""
     with psycopg.connect(url) as conn:
         rows = conn.execute(
-            "SELECT convert_from(state, 'UTF8')::jsonb ->> 'usage_id' FROM billingledger_events"
-            " WHERE topic = %s",
-            (METERED_TOPIC,),
+            "SELECT convert_from(state, 'UTF8')::jsonb FROM billingledger_events"
+            " WHERE topic = %s ORDER BY notification_id",
+            (topic,),
         ).fetchall()
     return [r[0] for r in rows]
 

@@ -15,13 +15,12 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer
 
-from adapters.bootstrap import build_ingest_worker, close_worker
 from adapters.settings import DEFAULT_PRICE_LIST, Settings
 from domain.ids import transaction_id
 from domain.transaction import TxnState
 from store.ledger import BillingLedger
 from tests.conftest import settings_env
-from tests.integration.support import drive, metered_usage_ids
+from tests.integration.support import ingest_until, metered_usage_ids
 
 pytestmark = pytest.mark.integration
 
@@ -39,12 +38,7 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _ingest(settings: Settings, ledger: BillingLedger, records: int) -> None:
-    worker = build_ingest_worker(settings, ledger)
-    try:
-        drive(worker, until=lambda: worker.stats.records >= records)
-    finally:
-        close_worker(worker)
+_ingest = ingest_until
 
 
 def _usage_topic(settings: Settings) -> list[tuple[bytes, list[tuple[str, bytes]]]]:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -66,8 +64,7 @@ from projections.queue_health import read_health
 from store.connections import Database
 from store.ledger import BillingLedger
 from store.webhooks import WebhookStore
-from tests.conftest import settings_env
-from tests.integration.support import record, wait_for
+from tests.integration.support import record, run_cli, wait_for
 
 SECRET = "whsec_test_invoices"
 OLD_SECRET = "whsec_test_rotated_out"
@@ -388,15 +385,7 @@ def test_a_reversal_after_finalizing_is_credited_exactly_once_by_racing_closers(
     _audit_clean(parts)
 
 
-def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "adapters.cli", *args],
-        env=settings_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+_cli = run_cli
 
 
 def test_the_cli_closes_a_period_early_lists_invoices_and_credits_a_reversal(

@@ -119,6 +119,7 @@ def test_migrate_on_an_empty_database_applies_each_migration_once_and_records_it
                 schema.CONSUMER_POSITIONS, schema.RELAY_POSITION, schema.PROJECTION_POSITIONS,
                 schema.DEAD_LETTERS, schema.WORKERS, schema.CONSUMER_LAG, schema.HEALTH_SETTINGS,
                 schema.SCHEMA_MIGRATIONS, "queue_health", "stuck_transactions",
+                schema.WEBHOOK_ENDPOINTS, schema.WEBHOOK_DELIVERIES,
                 *(p.name for p in PROJECTIONS),
             )
         ),

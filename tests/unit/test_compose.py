@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
-WORKERS = ("ingest", "relay", "project", "charge", "reconcile")
+WORKERS = ("ingest", "relay", "project", "charge", "reconcile", "alerts")
 
 
 def _compose() -> dict[str, Any]:
@@ -79,10 +79,11 @@ def test_kafka_takes_sasl_only_with_acls_and_only_the_relay_writes_billing_event
         for line in (INFRA / "kafka-acls.sh").read_text().splitlines()
         if line.startswith("acl ") and "--operation Write" in line
     ]
-    events = [w for w in writes if w.endswith("--topic billing.events")]
+    events = [w for w in writes if w.endswith(("--topic billing.events", "--topic billing.alerts"))]
     usage = [w for w in writes if w.endswith("--topic usage")]
     assert events == [w for w in writes if "User:billing-relay" in w]
-    assert len(events) == 1 and len(usage) == 1 and "User:billing-producer" in usage[0]
+    assert len(events) == 2
+    assert len(usage) == 1 and "User:billing-producer" in usage[0]
 
 
 def test_the_webhook_listener_runs_alone_with_its_secret_from_a_file_on_loopback() -> None:

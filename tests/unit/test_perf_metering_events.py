@@ -214,3 +214,52 @@ def test_both_forms_price_each_record_by_the_version_in_force_when_it_occurred()
     ]
     (line,) = fast.lines
     assert line.exact_total == Decimal("30.00")  # one line: the same meter and period
+
+
+def _alerted(
+    customer_id: str, currency: str, limit: int | None, reserved: int, *thresholds: str
+) -> CustomerAccount:
+    account = CustomerAccount.open(customer_id, currency, limit)
+    account.set_alerts(list(thresholds))
+    if reserved:
+        account.reserve_all([(transaction_id(customer_id, "earlier"), reserved)])
+    account.collect_events()
+    return account
+
+
+def test_both_forms_record_the_same_alert_crossings() -> None:
+    accounts = [
+        _alerted("acme", "USD", 100, 10, "percent_of_limit:50", "percent_of_limit:100", "spend:60"),
+        _alerted("globex", "USD", None, 0, "spend:5"),
+    ]
+    reference, fast = _both(MIXED, accounts, RECORDED)
+    crossed = [
+        e for a in fast.accounts for e in a.pending_events
+        if isinstance(e, CustomerAccount.AlertCrossed)
+    ]  # fmt: skip
+    # a-1 (10 + 60) reaches 50% and the period's 60; a-2 is refused at 120: 100%.
+    assert [(e.customer_id, e.threshold, e.usage_id) for e in crossed] == [
+        ("acme", "percent_of_limit:50", "a-1"),
+        ("acme", "spend:60", "a-1"),
+        ("acme", "percent_of_limit:100", "a-2"),
+        ("globex", "spend:5", "g-1"),
+    ]
+    for ours, theirs in zip(fast.accounts, reference.accounts, strict=True):
+        assert [_fields(e) for e in ours.pending_events] == [
+            _fields(e) for e in theirs.pending_events
+        ]
+
+
+def test_both_forms_record_no_crossing_again_on_redelivery() -> None:
+    accounts = [_alerted("acme", "USD", 100, 10, "percent_of_limit:50")]
+    _, first = _both(MIXED, accounts, RECORDED)
+    saved = next(a for a in first.accounts if a.id == accounts[0].id)
+    assert [type(e) for e in saved.collect_events()].count(CustomerAccount.AlertCrossed) == 1
+    recorded = RECORDED | {t.id for t in first.transactions}
+    # Every record again, and a new one that asks for more: 50% was crossed already.
+    redelivered = [*MIXED, _usage("a-9", 1, offset=13)]
+    reference, fast = _both(redelivered, [saved], recorded)
+    assert [t.fields["usage_id"] for t in fast.transactions] == ["a-9"]
+    for decision in (reference, fast):
+        events = [e for a in decision.accounts for e in a.pending_events]
+        assert not [e for e in events if isinstance(e, CustomerAccount.AlertCrossed)]

@@ -1,0 +1,237 @@
+"""``python -m tools.bench_alerts``: how long from a usage record on the topic to its
+spend alert at a webhook receiver.
+
+The embedded default (a private PostgreSQL and the Tansu broker), the roles in worker
+processes (``ingest``; ``relay``; ``alerts``), and a receiver on 127.0.0.1
+(``http.server``, verifying each signature). One record in ``--alert-every`` (every one
+by default) goes round ``ceil(rate * seconds / every / 20)`` alerting customers, 100
+minor units each, whose accounts have the 20 thresholds ``spend:100`` to ``spend:2000``,
+so each such record crosses one and is one alert; the others go to 100 customers
+without thresholds. Accounts, lines and invoices are reused, as with real traffic. Records
+are produced at ``--rate`` a second for ``--seconds``; a record's time starts when the
+broker acknowledged it (the producer's flush) and ends when the receiver has verified
+its alert. Printed: how many alerts arrived, and the latencies' p50, p90, p99 and max,
+whole and by stage. Numbers, no verdict: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from datetime import UTC, datetime
+from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from adapters.alerts import deliveries
+from adapters.bootstrap import database, migrate, open_ledger, prepare
+from adapters.ingest.producer import UsageProducer
+from adapters.observability.logs import configure_logging
+from adapters.settings import Settings
+from billing_ledger_webhooks import SIGNATURE_HEADER, verify
+from domain.account import CustomerAccount
+from domain.usage import UsageRecord
+from infra.embedded import EmbeddedPostgres, TansuBroker
+from tools.bench_charge import _worker
+
+__all__ = ["main", "run_alerts"]
+
+ROLE_PROCESSES = (("ingest",), ("relay",), ("alerts",))
+
+
+class _Receiver:
+    """Verifies each alert and notes when it arrived, by usage id."""
+
+    def __init__(self) -> None:
+        self.secret = ""
+        self.arrived: dict[str, float] = {}
+        self.recorded: dict[str, float] = {}  # the crossing's event time (the ingest save)
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                event = verify(body, self.headers[SIGNATURE_HEADER], receiver.secret)
+                with receiver.lock:
+                    receiver.arrived.setdefault(event["usage_id"], time.time())
+                    recorded = datetime.fromisoformat(event["created_at"]).timestamp()
+                    receiver.recorded[event["usage_id"]] = recorded
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+THRESHOLDS = [f"spend:{100 * k}" for k in range(1, 21)]
+
+
+def _record(i: int, customers: int, every: int = 1) -> UsageRecord:
+    """Record ``i``: every ``every``-th one goes round the alerting customers (and
+    crosses a threshold), the others to 100 customers without thresholds."""
+    alerting = i % every == 0
+    customer = f"alert-{i // every % customers:06d}" if alerting else f"quiet-{i % 100:03d}"
+    return UsageRecord(
+        usage_id=f"a-{i}" if alerting else f"q-{i}",
+        customer_id=customer,
+        meter="api.requests",
+        quantity=Decimal(1000),  # 100 minor units: past spend:1
+        occurred_at=datetime.now(UTC),
+    )
+
+
+def _accounts(settings: Settings, customers: int) -> None:
+    """The accounts, each with the 20 thresholds (saved 500 at a time)."""
+    with open_ledger(settings) as ledger:
+        for start in range(0, customers, 500):
+            accounts = []
+            for i in range(start, min(start + 500, customers)):
+                account = CustomerAccount.open(_record(i, customers).customer_id, "USD")
+                account.set_alerts(THRESHOLDS)
+                accounts.append(account)
+            ledger.save(*accounts)
+
+
+def _produce(
+    settings: Settings, rate: float, seconds: float, customers: int, every: int
+) -> dict[str, float]:
+    """Records at ``rate`` a second; when the broker acknowledged each."""
+    acked: dict[str, float] = {}
+    usage = UsageProducer(settings.kafka_bootstrap, settings.usage_topic, check=False)
+    start, i = time.monotonic(), 0
+    while (elapsed := time.monotonic() - start) < seconds:
+        sent = []
+        while i < int(elapsed * rate):
+            record = _record(i, customers, every)
+            usage.send(record)
+            if record.usage_id.startswith("a-"):
+                sent.append(record.usage_id)
+            i += 1
+        usage.flush()
+        now = time.time()
+        acked.update(dict.fromkeys(sent, now))
+        time.sleep(0.005)
+    usage.close()
+    return acked
+
+
+@contextmanager
+def _stack(concurrency: int) -> Iterator[tuple[Settings, _Receiver]]:
+    with ExitStack() as stack:
+        pg = stack.enter_context(EmbeddedPostgres())
+        broker = stack.enter_context(TansuBroker())
+        settings = Settings(
+            database_url=pg.url,
+            kafka_bootstrap=broker.bootstrap,
+            batch_max_records=2000,
+            poll_timeout_ms=50,
+            alert_webhook_allow_private=True,  # the receiver is on 127.0.0.1
+            alert_webhook_concurrency=concurrency,
+        )
+        migrate(settings)
+        prepare(settings)
+        receiver = _Receiver()
+        stack.callback(receiver.server.shutdown)
+        with database(settings, pool_size=0).connection() as conn:
+            _, receiver.secret = deliveries.add_endpoint(conn, receiver.url, ["alert.crossed"])
+        yield settings, receiver
+
+
+def run_alerts(rate: float, seconds: float, concurrency: int, every: int = 1) -> dict[str, Any]:
+    """The measurement (see the module docstring)."""
+    customers = -(-int(rate * seconds / every + 1) // len(THRESHOLDS))
+    with _stack(concurrency) as (settings, receiver), ExitStack() as workers:
+        _accounts(settings, customers)
+        for roles in ROLE_PROCESSES:
+            workers.enter_context(_worker(settings, roles))
+        # one record through everything first, so the groups' joins are not measured
+        warm = UsageProducer(settings.kafka_bootstrap, settings.usage_topic, check=False)
+        warm.send(_record(-1, customers))
+        warm.close()
+        _await(lambda: "a--1" in receiver.arrived, 120)
+        acked = _produce(settings, rate, seconds, customers, every)
+        _await(lambda: len(receiver.arrived) > len(acked), 60 + seconds)
+        with database(settings, pool_size=0).connection() as conn:
+            stages = conn.execute(_STAGES).fetchall()
+    got = [u for u in acked if u in receiver.arrived]
+    return {
+        "rate_per_s": rate,
+        "seconds": seconds,
+        "alerting_customers": customers,
+        "records": int(rate * seconds),
+        "alerting_records": len(acked),
+        "alerts_received": len(got),
+        "produced_to_received_ms": _percentiles([receiver.arrived[u] - acked[u] for u in got]),
+        # the two stages: the ingest save that crossed it; the relay, topic and webhook
+        "produced_to_recorded_ms": _percentiles([receiver.recorded[u] - acked[u] for u in got]),
+        "recorded_to_received_ms": _percentiles(
+            [receiver.arrived[u] - receiver.recorded[u] for u in got]
+        ),
+        # within the last stage: relay, topic, the role's consumer; then the sending
+        "recorded_to_fanned_out_ms": _percentiles([r[0] for r in stages]),
+        "fanned_out_to_delivered_ms": _percentiles([r[1] for r in stages]),
+    }
+
+
+# Per delivery: crossing recorded -> delivery row made -> delivered (seconds).
+_STAGES = """
+SELECT extract(epoch FROM d.created_at - (convert_from(e.state, 'UTF8')::jsonb
+               -> 'timestamp' ->> '_data_')::timestamptz)::float8,
+       extract(epoch FROM d.delivered_at - d.created_at)::float8
+FROM billing.webhook_deliveries d
+JOIN billingledger_events e
+  ON e.topic = 'domain.account:CustomerAccount.AlertCrossed'
+ AND convert_from(e.state, 'UTF8')::jsonb ->> 'alert_id' = d.event_id::text
+WHERE d.delivered_at IS NOT NULL
+"""
+
+
+def _percentiles(seconds: list[float]) -> dict[str, float]:
+    if not seconds:
+        return {}
+    ms = sorted(s * 1000 for s in seconds)
+    cuts = statistics.quantiles(ms, n=100) if len(ms) > 1 else ms * 99
+    return {
+        "p50": round(cuts[49], 1),
+        "p90": round(cuts[89], 1),
+        "p99": round(cuts[98], 1),
+        "max": round(ms[-1], 1),
+    }
+
+
+def _await(condition: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_alerts", description=__doc__)
+    parser.add_argument("--rate", type=float, default=1000, help="records (alerts) a second")
+    parser.add_argument("--seconds", type=float, default=10, help="how long the load runs")
+    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    parser.add_argument(
+        "--alert-every", type=int, default=1, help="one record in N crosses a threshold"
+    )
+    args = parser.parse_args(argv)
+    configure_logging("ERROR")
+    report = run_alerts(args.rate, args.seconds, args.concurrency, args.alert_every)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
