@@ -81,7 +81,7 @@ class PriceSchedule:
     """A book's versions as a worker holds them (immutable): which version prices a
     moment, and each version by its number."""
 
-    __slots__ = ("_order", "_starts", "book_id", "versions")
+    __slots__ = ("_by_line", "_order", "_starts", "book_id", "versions")
 
     def __init__(self, book_id: UUID, versions: Sequence[PriceVersion]) -> None:
         if not versions:
@@ -90,6 +90,7 @@ class PriceSchedule:
         self.versions = tuple(versions)  # in publication order: number 1, 2, ...
         self._order = sorted(self.versions, key=lambda v: (v.effective_from, v.number))
         self._starts = [v.effective_from for v in self._order]
+        self._by_line: frozenset[str] | None = None
 
     @classmethod
     def initial(cls, prices: PriceList) -> PriceSchedule:
@@ -107,6 +108,16 @@ class PriceSchedule:
         if 1 <= number <= len(self.versions):
             return self.versions[number - 1]
         return None
+
+    @property
+    def by_line_meters(self) -> frozenset[str]:
+        """The meters some version prices by line quantity (``Price.by_line``): a record
+        of any other meter is priced alone, by the version of its moment, as always."""
+        if self._by_line is None:
+            self._by_line = frozenset(
+                m for v in self.versions for m, p in v.prices.prices.items() if p.by_line
+            )
+        return self._by_line
 
     def price_at(self, moment: datetime) -> PriceVersion:
         """The version in force at ``moment`` (see the module docstring): the latest
@@ -188,12 +199,17 @@ class PriceBook(Aggregate):
 def _price(spec: dict[str, Any], before: Price | None) -> Price:
     """The price a version's ``spec`` holds; ``before`` itself, the version before's price
     of the meter, when it is written the same: a book's versions share the prices they do
-    not change (a book of 10,000 meters holds each unchanged price once, not per version)."""
-    if before is not None and (str(before.unit_price), before.currency, before.per) == (
-        spec["unit_price"], spec["currency"], spec["per"],
-    ):  # fmt: skip
-        return before
-    return Price(Decimal(spec["unit_price"]), spec["currency"], spec["per"])
+    not change (a book of 10,000 meters holds each unchanged price once, not per version).
+    A per-unit spec (no ``model``, the common case) is compared field by field."""
+    if before is None:
+        return Price.from_spec(spec)
+    if "model" not in spec and "flat_fee" not in spec and not before.by_line:
+        if (str(before.unit_price), before.currency, before.per) == (
+            spec["unit_price"], spec["currency"], spec["per"],
+        ):  # fmt: skip
+            return before
+        return Price(Decimal(spec["unit_price"]), spec["currency"], spec["per"])
+    return before if before.to_spec() == spec else Price.from_spec(spec)
 
 
 def _checked(

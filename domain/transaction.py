@@ -35,6 +35,7 @@ from eventsourcing.domain import Aggregate, event
 
 from domain.errors import IllegalTransition, InvalidUsage
 from domain.ids import transaction_id
+from domain.money import add_quantity
 from domain.price_book import (
     INITIAL_VERSION,
     PRICE_BOOK_ID,
@@ -92,14 +93,29 @@ class Source:
 
 
 def price_of_record(
-    record: UsageRecord, prices: PriceList | PriceSchedule
+    record: UsageRecord,
+    prices: PriceList | PriceSchedule,
+    period_start: datetime | None = None,
 ) -> tuple[PriceVersion, Price]:
-    """The version in force when ``record`` occurred and its price of the record's meter;
-    InvalidUsage (the dead letter's reason) when that version has no price for the meter
-    or prices it in another currency than the record names. The ingest's rule, and the
-    producer's local check of it."""
-    version = as_schedule(prices).price_at(record.occurred_at)
+    """The version that prices ``record`` and its price of the record's meter; InvalidUsage
+    (the dead letter's reason) when that version has no price for the meter or prices it
+    in another currency than the record names. The ingest's rule (the one call site that
+    looks a price up), and the producer's local check of it.
+
+    The version is the one in force when the record occurred, but for a meter priced by
+    line quantity (``Price.by_line``): when the version in force at ``period_start`` (the
+    start of the period the usage occurred in) or the one of its moment prices the meter
+    by line quantity, the version at ``period_start`` prices it. Tiers in force at the
+    start of a period apply to the whole period, and a change of model takes effect at
+    the next period; per-unit prices keep changing at their own moment."""
+    schedule = as_schedule(prices)
+    version = schedule.price_at(record.occurred_at)
     price = version.prices.price_of(record.meter)
+    if period_start is not None and record.meter in schedule.by_line_meters:
+        start = schedule.price_at(period_start)
+        first = start.prices.prices.get(record.meter)
+        if first is not None and (first.by_line or price.by_line):
+            version, price = start, first
     if record.currency is not None and record.currency.upper() != price.currency:
         raise InvalidUsage(
             f"currency {record.currency!r} does not match meter {record.meter!r} "
@@ -183,31 +199,52 @@ class BillingTransaction(Aggregate):
     def from_usage(
         cls, record: UsageRecord, prices: PriceList | PriceSchedule, source: Source
     ) -> BillingTransaction:
-        """Price a valid usage record (raises InvalidUsage for an unknown meter/currency)."""
-        return cls(**cls.metered_fields(record, prices, source))
+        """Price a valid usage record (raises InvalidUsage for an unknown meter/currency);
+        a price by line quantity prices it as its line's first record."""
+        fields = cls.metered_fields(record, prices, source)
+        if fields["amount"] is None:
+            cls.priced_on_line(fields, price_of_record(record, prices)[1], Decimal(0))
+        return cls(**fields)
 
     @staticmethod
     def metered_fields(
-        record: UsageRecord, prices: PriceList | PriceSchedule, source: Source
+        record: UsageRecord,
+        prices: PriceList | PriceSchedule,
+        source: Source,
+        period_start: datetime | None = None,
     ) -> dict[str, Any]:
         """The Metered event's fields for ``record``: the one place usage is priced, by
-        the price book version in force when it occurred (a bare price list: the
-        initial version)."""
-        version, price = price_of_record(record, prices)
+        the price book version ``price_of_record`` chooses (a bare price list: the
+        initial version). A price by line quantity leaves ``amount`` and ``unit_price``
+        None: they depend on the line the record joins (``priced_on_line``)."""
+        version, price = price_of_record(record, prices, period_start)
+        by_line = price.by_line
         return {
             "customer_id": record.customer_id,
             "usage_id": record.usage_id,
             "meter": record.meter,
             "quantity": record.quantity,
-            "unit_price": price.unit_price,
+            "unit_price": None if by_line else price.unit_price,
             "per": price.per,
-            "amount": price.exact_amount(record.quantity),
+            "amount": None if by_line else price.exact_amount(record.quantity),
             "currency": price.currency,
             "occurred_at": record.occurred_at,
             "source": str(source),
             "price_book_id": version.book_id,
             "price_version": version.number,
         }
+
+    @staticmethod
+    def priced_on_line(fields: dict[str, Any], price: Price, before: Decimal) -> Decimal:
+        """Complete ``fields`` of a record priced by line quantity, settled into a line
+        holding ``before`` of its meter: its amount is what it adds to the line's total
+        (``Price.increment``), its unit price the rate of the tier the line reaches. The
+        line's quantity after it."""
+        quantity: Decimal = fields["quantity"]
+        fields["amount"] = price.increment(before, quantity)
+        after = add_quantity(before, quantity)
+        fields["unit_price"] = price.rate_at(after)
+        return after
 
     @event(Metered)
     def __init__(  # noqa: PLR0917 (the Metered event's fields, applied on every load)
