@@ -46,7 +46,7 @@ from domain.audit_invoices import (
     credited_transactions,
 )
 from domain.audit_lines import check_line_items, check_lines
-from domain.audit_prices import check_prices
+from domain.audit_prices import check_line_prices, check_prices
 from domain.money import format_money
 from store.connections import Database
 from store.eventlog import copy_log
@@ -123,6 +123,7 @@ def audit(
             if not scope.partial:
                 credited = credited_transactions(result.invoices)
                 findings += check_lines(result.lines, result.pushes, result.transactions, credited)
+                findings += check_line_prices(result.lines, result.transactions, result.prices)
                 findings += check_invoices(
                     result.invoices, result.lines, result.transactions, webhook_ids(conn)
                 )

@@ -412,3 +412,34 @@ def test_an_increment_with_too_many_digits_is_refused() -> None:
     price = Price(Decimal("0.1"), "USD", model="graduated", tiers=(Tier(None, Decimal("0.1")),))
     with pytest.raises(InvalidUsage, match="amount_not_exact"):
         price.increment(Decimal(0), Decimal("0." + "1" * 40))
+
+
+def test_tiers_in_force_at_the_start_of_a_period_apply_to_the_whole_period() -> None:
+    period = PERIODS.period_of(AT)
+    cheaper = Price(Decimal(1), "USD", model="volume", tiers=(Tier(None, Decimal(1)),))
+    book = PriceBook.start(PriceList({"m": VOLUME}))
+    book.publish(PriceList({"m": cheaper}), AT)  # mid-period: from the next period
+    store = _Store()
+    first = store.run(book.schedule, _records([5, 5]))  # occurred at AT and just after
+    assert [t.fields["price_version"] for t in first.transactions] == [1, 1]
+    [line] = store.lines.values()
+    assert (line.price_version, line.exact_total) == (1, VOLUME.total(Decimal(10)))
+    # A version published later for the period's very start is the period's from then
+    # on: its records start a line of their own, never mixing two tier functions.
+    book.publish(PriceList({"m": cheaper}), period.start)
+    later = [Metering(m.record.model_copy(update={"usage_id": "late"}), m.source)
+             for m in _records([3])]  # fmt: skip
+    store.run(book.schedule, later)
+    assert sorted((ln.price_version, ln.quantity) for ln in store.lines.values()) == [
+        (1, 10), (3, 3),
+    ]  # fmt: skip
+
+
+def test_a_change_of_model_mid_period_takes_effect_at_the_next_period() -> None:
+    book = PriceBook.start(PriceList({"m": Price(Decimal(2), "USD")}))
+    book.publish(PriceList({"m": VOLUME}), AT)
+    result = _Store().run(book.schedule, _records([5]))
+    [txn] = result.transactions
+    assert (txn.fields["price_version"], txn.amount) == (1, Decimal(1000))  # 5 at 2.00, per unit
+    [line] = result.lines
+    assert line.price_version is None  # a per-unit line, as the period started
