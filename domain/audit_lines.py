@@ -78,6 +78,8 @@ class LineAudit:
                 self.settled.append((txn_id, q, amount))
                 self.quantity += q
         recorded = data.get("quantity")
+        if isinstance(recorded, dict):  # as stored: a registered type's encoded text
+            recorded = recorded["_data_"]
         if recorded is None or Decimal(recorded) != self.quantity:
             self.problems.append(f"records quantity {recorded}; its records make {self.quantity}")
 

@@ -70,10 +70,12 @@ class InvoiceLine(Aggregate):
         period_end: datetime
         late_of_start: datetime | None  # a late line: the start of the period it occurred in
         price_version: int | None  # priced by line quantity by this version (v1: none)
+        model: str | None  # and that version's model of the meter (for the read models)
 
         @staticmethod
         def upcast_v1_v2(state: dict[str, Any]) -> None:
             state["price_version"] = None
+            state["model"] = None
 
     class Settled(Aggregate.Event):
         class_version = 2
@@ -84,11 +86,13 @@ class InvoiceLine(Aggregate):
         transactions: int
         quantities: list[str] | None  # a line priced by quantity: each record's (v1: none)
         quantity: Decimal | None  # and the line's total quantity after them
+        tier: int | None  # the tier (1, 2, ...) that quantity reaches, if priced by tiers
 
         @staticmethod
         def upcast_v1_v2(state: dict[str, Any]) -> None:
             state["quantities"] = None
             state["quantity"] = None
+            state["tier"] = None
 
     class Removed(Aggregate.Event):
         transaction_ids: list[str]
@@ -106,7 +110,9 @@ class InvoiceLine(Aggregate):
 
     # State added after the first lines: class defaults, so an older snapshot loads.
     price_version: int | None = None
+    model: str | None = None
     quantity: Decimal | None = None
+    tier: int | None = None
 
     @staticmethod
     def create_id(
@@ -136,10 +142,12 @@ class InvoiceLine(Aggregate):
         late_of: Period | None = None,
         *,
         price_version: int | None = None,
+        model: str | None = None,
     ) -> InvoiceLine:
         """The line of ``meter`` on ``period``'s invoice; ``late_of``: a late line, of usage
         that occurred in that earlier period after its invoice had closed;
-        ``price_version``: the version pricing it by line quantity (None: per unit)."""
+        ``price_version``: the version pricing it by line quantity (None: per unit), and
+        its ``model`` of the meter."""
         return cls(
             customer_id=customer_id,
             currency=currency,
@@ -148,6 +156,7 @@ class InvoiceLine(Aggregate):
             period_end=period.end,
             late_of_start=late_of.start if late_of is not None else None,
             price_version=price_version,
+            model=model,
         )
 
     @event(Opened)
@@ -160,6 +169,7 @@ class InvoiceLine(Aggregate):
         period_end: datetime,
         late_of_start: datetime | None,
         price_version: int | None = None,
+        model: str | None = None,
     ) -> None:
         self.customer_id = customer_id
         self.currency = currency
@@ -168,6 +178,8 @@ class InvoiceLine(Aggregate):
         self.period_end = period_end
         self.late_of_start = late_of_start
         self.price_version = price_version
+        self.model = model
+        self.tier: int | None = None
         self.quantity: Decimal | None = Decimal(0) if price_version is not None else None
         self.exact_total = Decimal(0)
         self.billed = 0
@@ -201,10 +213,12 @@ class InvoiceLine(Aggregate):
         self,
         entries: Sequence[tuple[UUID, Decimal]],
         quantities: Sequence[Decimal] | None = None,
+        tier: int | None = None,
     ) -> None:
         """Add transactions (id, exact amount) to the line, in one event; a line priced by
         quantity needs each one's ``quantities`` (its amounts are increments, possibly
-        negative, and its total never drops below 0), a per-unit line takes none."""
+        negative, and its total never drops below 0) and the ``tier`` its quantity then
+        reaches (if its price has tiers); a per-unit line takes neither."""
         if not entries:
             return
         if self.frozen:
@@ -227,6 +241,7 @@ class InvoiceLine(Aggregate):
             self.transactions + len(entries),
             counted,
             quantity,
+            tier if quantities is not None else None,
         )
 
     def _counted(
@@ -251,12 +266,14 @@ class InvoiceLine(Aggregate):
         transactions: int,
         quantities: list[str] | None = None,
         quantity: Decimal | None = None,
+        tier: int | None = None,
     ) -> None:
         self.exact_total = exact_total
         self.billed = billed
         self.transactions = transactions
         if quantity is not None:
             self.quantity = quantity
+            self.tier = tier
 
     def remove(self, entries: Sequence[tuple[UUID, Decimal]], reason: str) -> None:
         """Take transactions out of the line (a reversal or a compensation)."""

@@ -189,10 +189,13 @@ class Pending:
 
 @dataclass
 class SettledLine:
-    """A line and the records a batch settles into it, in order."""
+    """A line and the records a batch settles into it, in order (and, for a line priced
+    by quantity, its price and its quantity after them)."""
 
     line: InvoiceLine
     members: list[Pending] = field(default_factory=list)
+    price: Price | None = None
+    quantity: Decimal = Decimal(0)
 
 
 def settle_account(
@@ -225,17 +228,22 @@ def settle_account(
     else:
         _settle_by_line(account, book, items, schedule, lines)
     for settled in lines.values():
-        line, members = settled.line, settled.members
-        quantities = None if line.price_version is None else [m.fields["quantity"] for m in members]
-        line.settle([(m.metering.transaction_id, m.fields["amount"]) for m in members], quantities)
+        line, members, price = settled.line, settled.members, settled.price
+        entries = [(m.metering.transaction_id, m.fields["amount"]) for m in members]
+        if price is None:
+            line.settle(entries)
+        else:
+            tier = price.tier_reached(settled.quantity)
+            line.settle(entries, [m.fields["quantity"] for m in members], tier)
     return list(lines.values())
 
 
-def _join(lines: dict[UUID, SettledLine], line: InvoiceLine, item: Pending) -> None:
+def _join(lines: dict[UUID, SettledLine], line: InvoiceLine, item: Pending) -> SettledLine:
     settled = lines.get(line.id)
     if settled is None:
         settled = lines[line.id] = SettledLine(line)
     settled.members.append(item)
+    return settled
 
 
 def _settle_by_line(
@@ -251,10 +259,11 @@ def _settle_by_line(
     for item in items:
         fields = item.fields
         after: Decimal | None = None
+        price: Price | None = None
         if fields["amount"] is None:
             version = fields["price_version"]
-            line = book.line_for(fields["meter"], item.period, version)
             price = _version_price(schedule, version, fields["meter"])
+            line = book.line_for(fields["meter"], item.period, version, price.model)
             before = running.get(line.id, line.quantity)
             try:
                 after = BillingTransaction.priced_on_line(fields, price, before or Decimal(0))
@@ -264,11 +273,12 @@ def _settle_by_line(
         if not hold.take(item.metering.transaction_id, fields["amount"]):
             item.refused = refusal(account, fields["amount"])
             continue
-        if after is None:
-            line = book.line_for(fields["meter"], item.period)
+        if price is None or after is None:
+            _join(lines, book.line_for(fields["meter"], item.period), item)
         else:
             running[line.id] = after
-        _join(lines, line, item)
+            settled = _join(lines, line, item)
+            settled.price, settled.quantity = price, after
     hold.record()
 
 
@@ -303,25 +313,33 @@ class LineBook:
         self._chosen: dict[tuple[str, Period, int | None], InvoiceLine] = {}
 
     def line_for(
-        self, meter: str, occurred: Period, price_version: int | None = None
+        self,
+        meter: str,
+        occurred: Period,
+        price_version: int | None = None,
+        model: str | None = None,
     ) -> InvoiceLine:
         """The line usage of ``meter`` that occurred in ``occurred`` joins (the same line
         for the rest of the batch: nothing in a batch freezes a line or closes an invoice,
         so the answer is kept rather than its id derived again per record);
-        ``price_version``: the version pricing it by line quantity (its own line)."""
+        ``price_version``: the version pricing it by line quantity (its own line), whose
+        ``model`` of the meter a new line records."""
         key = (meter, occurred, price_version)
         found = self._chosen.get(key)
         if found is None:
-            found = self._chosen[key] = self._line_for(meter, occurred, price_version)
+            priced = None if price_version is None else (price_version, model)
+            found = self._chosen[key] = self._line_for(meter, occurred, priced)
         return found
 
-    def _line_for(self, meter: str, occurred: Period, price_version: int | None) -> InvoiceLine:
-        found = self._usable(meter, occurred, None, price_version)
+    def _line_for(
+        self, meter: str, occurred: Period, priced: tuple[int, str | None] | None
+    ) -> InvoiceLine:
+        found = self._usable(meter, occurred, None, priced)
         if found is not None:
             return found
         period = max(self.periods.period_of(self.now), self.periods.next(occurred))
         for _ in range(MAX_LATE_HOPS):
-            found = self._usable(meter, period, occurred, price_version)
+            found = self._usable(meter, period, occurred, priced)
             if found is not None:
                 return found
             period = self.periods.next(period)
@@ -335,13 +353,18 @@ class LineBook:
         return [i for i in self.invoices.values() if i is not None and i.pending_events]
 
     def _usable(
-        self, meter: str, period: Period, late_of: Period | None, price_version: int | None
+        self,
+        meter: str,
+        period: Period,
+        late_of: Period | None,
+        priced: tuple[int, str | None] | None,
     ) -> InvoiceLine | None:
         """The line of ``meter`` on ``period``'s invoice if it takes usage, opened (and
         added to its invoice) when new; None when that invoice has closed."""
         line_id = InvoiceLine.create_id(
             self.customer_id, self.currency, meter, period.start,
-            late_of.start if late_of is not None else None, price_version=price_version,
+            late_of.start if late_of is not None else None,
+            price_version=None if priced is None else priced[0],
         )  # fmt: skip
         if line_id not in self.lines:
             loaded = self.load_line(line_id)
@@ -354,8 +377,10 @@ class LineBook:
         if invoice is not None and invoice.is_closed:
             return None
         line = InvoiceLine.open(
-            self.customer_id, self.currency, meter, period, late_of, price_version=price_version
-        )
+            self.customer_id, self.currency, meter, period, late_of,
+            price_version=None if priced is None else priced[0],
+            model=None if priced is None else priced[1],
+        )  # fmt: skip
         if invoice is None:
             self.invoices[line.invoice_id] = Invoice.open(
                 self.customer_id, self.currency, period, line.id

@@ -341,11 +341,22 @@ def _preview_invoice(args: argparse.Namespace) -> int:
             f" {first['period_start'].isoformat()} to {first['period_end'].isoformat()}"
             f" (closes after {first['close_deadline'].isoformat()})"
         )
-        print_table(lines, ["meter", "late", "transactions", "exact_total", "billed"])
+        print_table(
+            [{**line, "quantity": _quantity(line)} for line in lines],
+            ["meter", "late", "model", "quantity", "tier", "transactions", "exact_total", "billed"],
+        )
         print(f"total so far: {format_money(first['invoice_total'], first['currency'])}"
               f" ({first['invoice_lines']} line(s))\n")  # fmt: skip
     print(ROUNDING_NOTE)
     return 0
+
+
+def _quantity(line: dict[str, Any]) -> str:
+    """A line's quantity as a person reads it (counted only on lines priced by quantity)."""
+    from domain.money import canonical
+
+    quantity = line["quantity"]
+    return "" if quantity is None else f"{canonical(quantity):f}"
 
 
 def _close_invoices(args: argparse.Namespace) -> int:

@@ -351,7 +351,8 @@ def test_a_lines_total_is_f_of_its_quantity_whatever_the_order_and_batching(
     assert line.quantity == total
     assert line.exact_total == price.total(total) == sum(amounts)
     assert line.billed == math.floor(Fraction(price.total(total)) + Fraction(1, 2))  # half up
-    assert line.price_version == 1
+    assert (line.price_version, line.model) == (1, price.model)
+    assert line.tier == (price.tier_reached(total) if any(quantities) else None)
 
 
 def test_a_record_refused_by_the_limit_adds_nothing_to_its_line() -> None:
