@@ -67,7 +67,8 @@ AccountLoader = Callable[[str, str], CustomerAccount | None]
 LineLoader = Callable[[UUID], InvoiceLine | None]
 InvoiceLoader = Callable[[UUID], Invoice | None]
 
-MAX_LATE_HOPS = 1000  # periods tried after a closed one (each closed early by hand)
+MAX_LATE_HOPS = 1000
+_0 = Decimal(0)  # periods tried after a closed one (each closed early by hand)
 
 
 @dataclass(frozen=True)
@@ -255,18 +256,21 @@ def _settle_by_line(
 ) -> None:
     """``settle_account`` for a batch holding records priced by line quantity."""
     hold = account.hold()
-    running: dict[UUID, Decimal] = {}  # a line's quantity so far in this batch
+    running: dict[UUID, tuple[Decimal, Decimal]] = {}  # a line's quantity and f so far
     for item in items:
         fields = item.fields
-        after: Decimal | None = None
+        after: tuple[Decimal, Decimal] | None = None
         price: Price | None = None
         if fields["amount"] is None:
             version = fields["price_version"]
             price = _version_price(schedule, version, fields["meter"])
             line = book.line_for(fields["meter"], item.period, version, price.model)
-            before = running.get(line.id, line.quantity)
+            before = running.get(line.id)
             try:
-                after = BillingTransaction.priced_on_line(fields, price, before or Decimal(0))
+                if before is None:
+                    after = BillingTransaction.priced_on_line(fields, price, line.quantity or _0)
+                else:
+                    after = BillingTransaction.priced_on_line(fields, price, *before)
             except InvalidUsage as exc:
                 item.rejected = str(exc)
                 continue
@@ -278,7 +282,7 @@ def _settle_by_line(
         else:
             running[line.id] = after
             settled = _join(lines, line, item)
-            settled.price, settled.quantity = price, after
+            settled.price, settled.quantity = price, after[0]
     hold.record()
 
 

@@ -54,7 +54,9 @@ __all__ = [
     "exact_arithmetic",
     "exact_minor",
     "format_money",
+    "line_add",
     "line_minor",
+    "line_product",
     "parse_exact_amount",
     "round_minor",
     "split_for_items",
@@ -179,6 +181,23 @@ def line_minor(quantity: Decimal, unit_price: Decimal, per: int, currency: str) 
     return amount
 
 
+def line_product(quantity: Decimal, rate: Decimal) -> Decimal:
+    """``quantity x rate`` (a rate in minor units per unit) in a line's 60-digit context:
+    exact or InvalidUsage, not canonical (a pricing model's inner step)."""
+    try:
+        return _SUM.multiply(quantity, rate)
+    except (Inexact, InvalidOperation, Overflow):
+        raise InvalidUsage(f"amount_not_exact: {quantity} x {rate} is not exact") from None
+
+
+def line_add(a: Decimal, b: Decimal) -> Decimal:
+    """``a + b`` in a line's 60-digit context: exact or InvalidUsage, not canonical."""
+    try:
+        return _SUM.add(a, b)
+    except (Inexact, InvalidOperation, Overflow):
+        raise InvalidUsage(f"amount_not_exact: {a} + {b} is not exact") from None
+
+
 def _product(
     context: Context, quantity: Decimal, unit_price: Decimal, per: int, currency: str
 ) -> Decimal:
@@ -228,10 +247,7 @@ def add_exact(total: Decimal, amount: Decimal) -> Decimal:
 def add_quantity(total: Decimal, quantity: Decimal) -> Decimal:
     """A line's total quantity plus a record's, exactly (InvalidUsage if it ever needed
     more than 60 digits: 10^30 records of the largest quantity)."""
-    try:
-        return _SUM.add(total, quantity)
-    except (Inexact, Overflow):
-        raise InvalidUsage(f"quantity_too_large: {total} + {quantity} is not exact") from None
+    return line_add(total, quantity)
 
 
 def round_minor(exact: Decimal) -> int:

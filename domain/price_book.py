@@ -19,6 +19,11 @@ correction): it prices the usage at or after its moment that is *recorded after 
 published*; usage already recorded keeps the version its ``Metered`` names (re-pricing
 recorded usage is not supported yet).
 
+**Prices by line quantity** (tiers, packages, a flat fee: ``domain.pricing``): a record
+of such a meter is priced by the version in force at the start of the period its usage
+occurred in, for the whole period (``domain.transaction.price_of_record``), and its line
+is keyed by that version (``domain.invoice_line``).
+
 **Usage from before the earliest version** is priced by the version in force at the
 earliest ``effective_from`` (as if it had occurred then), not set aside: the ledger
 starts its book with the configured price file effective from the epoch (``billing-ledger

@@ -41,18 +41,21 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation, localcontext
 from typing import Any
 
 from domain.errors import InvalidUsage, PriceListError, UnknownMeter
 from domain.money import (
     CURRENCY_EXPONENTS,
-    add_exact,
+    MAX_LINE_MINOR,
     add_quantity,
+    canonical,
     check_currency,
     check_increment,
     exact_minor,
+    line_add,
     line_minor,
+    line_product,
 )
 
 __all__ = ["MAX_TIERS", "MAX_TIER_BOUND", "MODELS", "Price", "PriceList", "Tier"]
@@ -87,9 +90,13 @@ class Price:
     # Whether a record's amount depends on what its line holds (every model but a
     # per-unit price without a fee): an attribute, read once per record by ingest.
     by_line: bool = field(init=False, repr=False, compare=False)
+    # f's pieces in minor units, computed once (``_Plan``); None when a rate does not
+    # terminate (a price file refuses it: ``_unpriceable``).
+    _plan: _Plan | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_line", self.model != "per_unit" or bool(self.flat_fee))
+        object.__setattr__(self, "_plan", _Plan.of(self))
 
     def exact_amount(self, quantity: Decimal) -> Decimal:
         """The exact amount, in minor units, of ``quantity`` of this meter priced alone
@@ -101,16 +108,37 @@ class Price:
         minor units (InvalidUsage when it is not exact or beyond a line's bound)."""
         if quantity <= 0:
             return _ZERO
-        base = self._base(quantity)
-        if self.flat_fee:
-            base = add_exact(base, line_minor(Decimal(1), self.flat_fee, 1, self.currency))
-        return base
+        plan = self._plan
+        if plan is None:  # a rate that does not terminate: say so as a record would
+            raise InvalidUsage(f"amount_not_exact: {self.model} price of {quantity}")
+        total = plan.base(quantity)
+        if plan.fee:
+            total = line_add(total, plan.fee)
+        if total >= MAX_LINE_MINOR:
+            raise InvalidUsage(
+                f"amount_too_large: a line total of {canonical(total):f} minor units of"
+                f" {self.currency} is not below {MAX_LINE_MINOR:f}"
+            )
+        return total
 
     def increment(self, before: Decimal, quantity: Decimal) -> Decimal:
         """What ``quantity`` adds to a line holding ``before``: the record's exact amount
         (negative when a volume price drops to a cheaper tier)."""
+        return self.step(before, self.total(before), quantity)[2]
+
+    def step(
+        self, before: Decimal, before_total: Decimal, quantity: Decimal
+    ) -> tuple[Decimal, Decimal, Decimal]:
+        """A line holding ``before`` (whose ``f`` is ``before_total``) takes ``quantity``:
+        its quantity and total after, and the record's exact amount (``increment``
+        without computing ``f(before)`` again: ingest keeps each line's running total)."""
         after = add_quantity(before, quantity)
-        return check_increment(add_exact(self.total(after), -self.total(before)), self.currency)
+        after_total = self.total(after)
+        return (
+            after,
+            after_total,
+            check_increment(line_add(after_total, -before_total), self.currency),
+        )
 
     def tier_reached(self, quantity: Decimal) -> int | None:
         """The tier (1, 2, ...) a line holding ``quantity`` has reached; None without tiers
@@ -127,27 +155,6 @@ class Price:
         tiers): what a tiered record's ``Metered`` names as its unit price."""
         reached = self.tier_reached(quantity)
         return self.unit_price if reached is None else self.tiers[reached - 1].unit_price
-
-    def _base(self, quantity: Decimal) -> Decimal:
-        if self.model == "graduated":
-            total, lower = _ZERO, _ZERO
-            for tier in self.tiers:
-                upper = quantity if tier.up_to is None else min(quantity, Decimal(tier.up_to))
-                if upper > lower:
-                    units = add_exact(upper, -lower)
-                    total = add_exact(
-                        total, line_minor(units, tier.unit_price, self.per, self.currency)
-                    )
-                if tier.up_to is None or quantity <= tier.up_to:
-                    return total
-                lower = Decimal(tier.up_to)
-            return total  # pragma: no cover (the last tier is unbounded)
-        if self.model == "volume":
-            return line_minor(quantity, self.rate_at(quantity), self.per, self.currency)
-        if self.model == "package":
-            blocks, rest = divmod(quantity, self.package_size)
-            return line_minor(blocks + (1 if rest else 0), self.unit_price, 1, self.currency)
-        return line_minor(quantity, self.unit_price, self.per, self.currency)
 
     def to_spec(self) -> dict[str, Any]:
         """The price as a ``[meters.NAME]`` table (prices as decimal text); a per-unit
@@ -229,6 +236,61 @@ class PriceList:
     def to_meters(self) -> dict[str, dict[str, Any]]:
         """The prices as a ``[meters]`` table: prices as decimal text."""
         return {name: p.to_spec() for name, p in self.prices.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """``f`` of one price as numbers in minor units, computed once: per tier its upper
+    bound (None: unbounded), its lower bound, its rate per unit and (graduated) the cost
+    of every unit below it; the fee. ``f(Q)`` is then one multiplication."""
+
+    model: str
+    tiers: tuple[tuple[Decimal | None, Decimal, Decimal, Decimal], ...]
+    fee: Decimal
+    package_size: int
+
+    @classmethod
+    def of(cls, price: Price) -> _Plan | None:
+        try:
+            fee = line_minor(Decimal(1), price.flat_fee, 1, price.currency)
+            if price.model == "package":
+                block = line_minor(Decimal(1), price.unit_price, 1, price.currency)
+                return cls(price.model, ((None, _ZERO, block, _ZERO),), fee, price.package_size)
+            tiers = price.tiers or (Tier(None, price.unit_price),)
+            rows: list[tuple[Decimal | None, Decimal, Decimal, Decimal]] = []
+            lower, cost = _ZERO, _ZERO
+            for tier in tiers:
+                rate = line_minor(Decimal(1), tier.unit_price, price.per, price.currency)
+                upper = None if tier.up_to is None else Decimal(tier.up_to)
+                rows.append((upper, lower, rate, cost))
+                if upper is not None:
+                    cost = line_add(cost, line_product(line_add(upper, -lower), rate))
+                    lower = upper
+            return cls(price.model, tuple(rows), fee, price.package_size)
+        except (InvalidUsage, KeyError):  # a rate that does not terminate, a currency unknown
+            return None
+
+    def base(self, quantity: Decimal) -> Decimal:
+        """``f(quantity)`` without the fee (``quantity`` > 0)."""
+        if self.model == "package":
+            blocks = _blocks(quantity, self.package_size)
+            return line_product(blocks, self.tiers[0][2])
+        for upper, lower, rate, cost in self.tiers:
+            if upper is None or quantity <= upper:
+                if self.model == "graduated":
+                    return line_add(cost, line_product(line_add(quantity, -lower), rate))
+                return line_product(quantity, rate)  # volume, per unit: every unit at it
+        raise AssertionError("the last tier is unbounded")  # pragma: no cover
+
+
+def _blocks(quantity: Decimal, size: int) -> Decimal:
+    """How many blocks of ``size`` hold ``quantity`` (a started one counts whole)."""
+    try:
+        with localcontext(prec=60):  # a line's quantity has up to 60 digits
+            blocks, rest = divmod(quantity, size)
+    except InvalidOperation:
+        raise InvalidUsage(f"quantity_too_large: {quantity} in blocks of {size}") from None
+    return blocks + 1 if rest else blocks
 
 
 def _parse_price(name: str, spec: Any) -> tuple[Price | None, list[str]]:

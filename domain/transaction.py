@@ -35,7 +35,6 @@ from eventsourcing.domain import Aggregate, event
 
 from domain.errors import IllegalTransition, InvalidUsage
 from domain.ids import transaction_id
-from domain.money import add_quantity
 from domain.price_book import (
     INITIAL_VERSION,
     PRICE_BOOK_ID,
@@ -235,16 +234,19 @@ class BillingTransaction(Aggregate):
         }
 
     @staticmethod
-    def priced_on_line(fields: dict[str, Any], price: Price, before: Decimal) -> Decimal:
+    def priced_on_line(
+        fields: dict[str, Any], price: Price, before: Decimal, before_total: Decimal | None = None
+    ) -> tuple[Decimal, Decimal]:
         """Complete ``fields`` of a record priced by line quantity, settled into a line
-        holding ``before`` of its meter: its amount is what it adds to the line's total
-        (``Price.increment``), its unit price the rate of the tier the line reaches. The
-        line's quantity after it."""
-        quantity: Decimal = fields["quantity"]
-        fields["amount"] = price.increment(before, quantity)
-        after = add_quantity(before, quantity)
+        holding ``before`` of its meter (``before_total``: ``f(before)``, computed when
+        not given): its amount is what it adds to the line's total (``Price.step``), its
+        unit price the rate of the tier the line reaches. The line's quantity and ``f``
+        after it."""
+        if before_total is None:
+            before_total = price.total(before)
+        after, after_total, fields["amount"] = price.step(before, before_total, fields["quantity"])
         fields["unit_price"] = price.rate_at(after)
-        return after
+        return after, after_total
 
     @event(Metered)
     def __init__(  # noqa: PLR0917 (the Metered event's fields, applied on every load)
