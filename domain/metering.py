@@ -129,7 +129,7 @@ def meter_batch(
             continue
         period = periods.period_of(metering.record.occurred_at)
         try:
-            fields = BillingTransaction.metered_fields(
+            fields, price = BillingTransaction.priced(
                 metering.record, schedule, metering.source, period.start
             )
         except InvalidUsage as exc:
@@ -137,15 +137,17 @@ def meter_batch(
             continue
         seen.add(txn_id)
         key = (fields["customer_id"], fields["currency"])
-        by_account.setdefault(key, []).append(Pending(metering, fields, period))
         if fields["amount"] is None:
             by_line.add(key)
+            by_account.setdefault(key, []).append(Pending(metering, fields, period, price=price))
+        else:
+            by_account.setdefault(key, []).append(Pending(metering, fields, period))
 
     for key, items in by_account.items():
         customer_id, currency = key
         account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
         book = LineBook(customer_id, currency, load_line, load_invoice, periods, now)
-        settled = settle_account(account, book, items, schedule, by_line=key in by_line)
+        settled = settle_account(account, book, items, by_line=key in by_line)
         for item in items:
             if item.rejected is not None:
                 decision.rejected.append((item.metering, item.rejected))
@@ -186,6 +188,7 @@ class Pending:
     refused: str | None = None
     rejected: str | None = None
     transaction: Any = None  # the form's own transaction, for its caller
+    price: Price | None = None  # the price that prices it on its line (by line quantity)
 
 
 @dataclass
@@ -203,7 +206,6 @@ def settle_account(
     account: CustomerAccount,
     book: LineBook,
     items: Sequence[Pending],
-    schedule: PriceSchedule,
     *,
     by_line: bool,
 ) -> list[SettledLine]:
@@ -227,7 +229,7 @@ def settle_account(
             else:
                 item.refused = refusal(account, item.fields["amount"])
     else:
-        _settle_by_line(account, book, items, schedule, lines)
+        _settle_by_line(account, book, items, lines)
     for settled in lines.values():
         line, members, price = settled.line, settled.members, settled.price
         entries = [(m.metering.transaction_id, m.fields["amount"]) for m in members]
@@ -251,7 +253,6 @@ def _settle_by_line(
     account: CustomerAccount,
     book: LineBook,
     items: Sequence[Pending],
-    schedule: PriceSchedule,
     lines: dict[UUID, SettledLine],
 ) -> None:
     """``settle_account`` for a batch holding records priced by line quantity."""
@@ -260,11 +261,9 @@ def _settle_by_line(
     for item in items:
         fields = item.fields
         after: tuple[Decimal, Decimal] | None = None
-        price: Price | None = None
-        if fields["amount"] is None:
-            version = fields["price_version"]
-            price = _version_price(schedule, version, fields["meter"])
-            line = book.line_for(fields["meter"], item.period, version, price.model)
+        price = item.price
+        if price is not None:
+            line = book.line_for(fields["meter"], item.period, fields["price_version"], price.model)
             before = running.get(line.id)
             try:
                 if before is None:
@@ -284,12 +283,6 @@ def _settle_by_line(
             settled = _join(lines, line, item)
             settled.price, settled.quantity = price, after[0]
     hold.record()
-
-
-def _version_price(schedule: PriceSchedule, number: int, meter: str) -> Price:
-    version = schedule.version(number)
-    assert version is not None  # it priced the record's fields a moment ago
-    return version.prices.price_of(meter)
 
 
 class LineBook:

@@ -194,7 +194,7 @@ def meter_batch_events(
         if last is None or not last.start <= occurred_at < last.end:
             last = periods.period_of(occurred_at)
         try:
-            fields = BillingTransaction.metered_fields(
+            fields, price = BillingTransaction.priced(
                 metering.record, schedule, metering.source, last.start
             )
         except InvalidUsage as exc:
@@ -206,6 +206,7 @@ def meter_batch_events(
         key = (fields["customer_id"], fields["currency"])
         by_account.setdefault(key, []).append(new)
         if fields["amount"] is None:
+            new.price = price
             by_line.add(key)
 
     if expect is not None:
@@ -214,7 +215,7 @@ def meter_batch_events(
         customer_id, currency = key
         account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
         book = LineBook(customer_id, currency, load_line, load_invoice, periods, now)
-        for settled in settle_account(account, book, txns, schedule, by_line=key in by_line):
+        for settled in settle_account(account, book, txns, by_line=key in by_line):
             line = settled.line
             reservation = Reservation(account.id, line.id, line.sequence)
             for txn in cast("list[NewTransaction]", settled.members):

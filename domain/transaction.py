@@ -200,9 +200,9 @@ class BillingTransaction(Aggregate):
     ) -> BillingTransaction:
         """Price a valid usage record (raises InvalidUsage for an unknown meter/currency);
         a price by line quantity prices it as its line's first record."""
-        fields = cls.metered_fields(record, prices, source)
+        fields, price = cls.priced(record, prices, source)
         if fields["amount"] is None:
-            cls.priced_on_line(fields, price_of_record(record, prices)[1], Decimal(0))
+            cls.priced_on_line(fields, price, Decimal(0))
         return cls(**fields)
 
     @staticmethod
@@ -212,10 +212,21 @@ class BillingTransaction(Aggregate):
         source: Source,
         period_start: datetime | None = None,
     ) -> dict[str, Any]:
-        """The Metered event's fields for ``record``: the one place usage is priced, by
-        the price book version ``price_of_record`` chooses (a bare price list: the
-        initial version). A price by line quantity leaves ``amount`` and ``unit_price``
-        None: they depend on the line the record joins (``priced_on_line``)."""
+        """The Metered event's fields for ``record`` (``priced``, without its price)."""
+        return BillingTransaction.priced(record, prices, source, period_start)[0]
+
+    @staticmethod
+    def priced(
+        record: UsageRecord,
+        prices: PriceList | PriceSchedule,
+        source: Source,
+        period_start: datetime | None = None,
+    ) -> tuple[dict[str, Any], Price]:
+        """The Metered event's fields for ``record`` and the price that priced it: the one
+        place usage is priced, by the price ``price_of_record`` chooses (a bare price
+        list: the initial version). A price by line quantity leaves ``amount`` and
+        ``unit_price`` None: they depend on the line the record joins, priced by this
+        price (``priced_on_line``)."""
         version, price = price_of_record(record, prices, period_start)
         by_line = price.by_line
         return {
@@ -231,7 +242,7 @@ class BillingTransaction(Aggregate):
             "source": str(source),
             "price_book_id": version.book_id,
             "price_version": version.number,
-        }
+        }, price
 
     @staticmethod
     def priced_on_line(
