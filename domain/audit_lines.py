@@ -48,6 +48,8 @@ class LineAudit:
     # A line priced by quantity: the version its key names, its quantity, and its records
     # in settlement order (id, quantity, amount), and what removals took back.
     price_version: int | None = None
+    model: str | None = None
+    tier: int | None = None
     quantity: Decimal = Decimal(0)
     settled: list[tuple[str, Decimal, Decimal]] = field(default_factory=list)
     removed: Decimal = Decimal(0)
@@ -61,6 +63,7 @@ class LineAudit:
             data["meter"],
             str(data["period_start"]),
             price_version=data.get("price_version"),  # none before lines priced by quantity
+            model=data.get("model"),
         )
 
     def _count(self, data: Mapping[str, Any], ids: list[str], amounts: list[Decimal]) -> None:
@@ -77,6 +80,7 @@ class LineAudit:
             for txn_id, q, amount in zip(ids, quantities, amounts, strict=False):
                 self.settled.append((txn_id, q, amount))
                 self.quantity += q
+        self.tier = data.get("tier")
         recorded = data.get("quantity")
         if isinstance(recorded, dict):  # as stored: a registered type's encoded text
             recorded = recorded["_data_"]

@@ -160,6 +160,13 @@ def _walk(line: LineAudit, price: Price, txns: Mapping[str, TxnAudit]) -> list[F
         expected_total = price.total(line.quantity) - line.removed
     except InvalidUsage as exc:
         return [*found, Finding("price", line.line_id, f"cannot be priced: {exc}")]
+    shown = (line.model, line.tier)
+    if shown != (price.model, price.tier_reached(line.quantity)):
+        why = (
+            f"records model {line.model}, tier {line.tier}; its version prices it"
+            f" {price.model}, tier {price.tier_reached(line.quantity)} at {line.quantity}"
+        )
+        found.append(Finding("price", line.line_id, why))
     if expected_total != line.exact_total:
         why = (
             f"totals {_money(line.exact_total, line)}; f({line.quantity}) less removals is"

@@ -128,9 +128,11 @@ def test_a_record_priced_by_quantity_on_a_per_unit_line_is_found() -> None:
 
 
 def test_removals_are_taken_from_f_of_the_quantity() -> None:
-    line = InvoiceLine.open("acme", "USD", "m", PeriodPolicy().period_of(AT), price_version=1)
+    period = PeriodPolicy().period_of(AT)
+    line = InvoiceLine.open("acme", "USD", "m", period, price_version=1, model="graduated")
     ids = [t.id for t in _batch([4, 8]).transactions]
-    line.settle([(ids[0], Decimal(1250)), (ids[1], Decimal(2000))], [Decimal(4), Decimal(8)])
+    entries = [(ids[0], Decimal(1250)), (ids[1], Decimal(2000))]
+    line.settle(entries, [Decimal(4), Decimal(8)], tier=2)
     line.remove([(ids[1], Decimal(2000))], "reversed")
     opened, *changes = line.collect_events()
     audit = LineAudit.opened(str(line.id), vars(opened))
@@ -138,3 +140,14 @@ def test_removals_are_taken_from_f_of_the_quantity() -> None:
         audit.apply(type(event).__name__, vars(event), event.originator_version)
     assert (audit.quantity, audit.removed, audit.exact_total) == (12, 2000, 1250)
     assert check_line_prices({audit.line_id: audit}, {}, VERSIONS) == []
+
+
+def test_a_line_recording_another_model_or_tier_is_found() -> None:
+    def tamper(data: dict[str, Any]) -> None:
+        data["tier"] = 1  # 15 units reach tier 2
+
+    lines, txns = _audit(_batch([4, 8, 3]), tamper)
+    [finding] = check_line_prices(lines, txns, VERSIONS)
+    assert finding.detail == (
+        "records model graduated, tier 1; its version prices it graduated, tier 2 at 15"
+    )
