@@ -263,11 +263,12 @@ def _settle_by_line(
         after: tuple[Decimal, Decimal] | None = None
         price = item.price
         if price is not None:
-            line = book.line_for(fields["meter"], item.period, fields["price_version"], price.model)
-            before = running.get(line.id)
+            version = fields["price_version"]
+            line_id, held = book.peek(fields["meter"], item.period, version)
+            before = running.get(line_id)
             try:
                 if before is None:
-                    after = BillingTransaction.priced_on_line(fields, price, line.quantity or _0)
+                    after = BillingTransaction.priced_on_line(fields, price, held)
                 else:
                     after = BillingTransaction.priced_on_line(fields, price, *before)
             except InvalidUsage as exc:
@@ -279,6 +280,7 @@ def _settle_by_line(
         if price is None or after is None:
             _join(lines, book.line_for(fields["meter"], item.period), item)
         else:
+            line = book.line_for(fields["meter"], item.period, version, price.model)
             running[line.id] = after
             settled = _join(lines, line, item)
             settled.price, settled.quantity = price, after[0]
@@ -325,18 +327,35 @@ class LineBook:
         found = self._chosen.get(key)
         if found is None:
             priced = None if price_version is None else (price_version, model)
-            found = self._chosen[key] = self._line_for(meter, occurred, priced)
+            _, line = self._line_for(meter, occurred, priced, create=True)
+            assert line is not None  # created when new
+            found = self._chosen[key] = line
         return found
 
+    def peek(self, meter: str, occurred: Period, price_version: int) -> tuple[UUID, Decimal]:
+        """The id of the line ``line_for`` would choose, and its quantity (0 when it would
+        be a new line), without opening it: a record priced by line quantity is priced
+        before the limit decides whether it joins (a refused one opens no line)."""
+        found = self._chosen.get((meter, occurred, price_version))
+        if found is not None:
+            return found.id, found.quantity or _0
+        line_id, line = self._line_for(meter, occurred, (price_version, None), create=False)
+        return line_id, (line.quantity or _0) if line is not None else _0
+
     def _line_for(
-        self, meter: str, occurred: Period, priced: tuple[int, str | None] | None
-    ) -> InvoiceLine:
-        found = self._usable(meter, occurred, None, priced)
+        self,
+        meter: str,
+        occurred: Period,
+        priced: tuple[int, str | None] | None,
+        *,
+        create: bool,
+    ) -> tuple[UUID, InvoiceLine | None]:
+        found = self._usable(meter, occurred, None, priced, create=create)
         if found is not None:
             return found
         period = max(self.periods.period_of(self.now), self.periods.next(occurred))
         for _ in range(MAX_LATE_HOPS):
-            found = self._usable(meter, period, occurred, priced)
+            found = self._usable(meter, period, occurred, priced, create=create)
             if found is not None:
                 return found
             period = self.periods.next(period)
@@ -355,9 +374,12 @@ class LineBook:
         period: Period,
         late_of: Period | None,
         priced: tuple[int, str | None] | None,
-    ) -> InvoiceLine | None:
+        *,
+        create: bool,
+    ) -> tuple[UUID, InvoiceLine | None] | None:
         """The line of ``meter`` on ``period``'s invoice if it takes usage, opened (and
-        added to its invoice) when new; None when that invoice has closed."""
+        added to its invoice) when new (with ``create``; else its id and None); None when
+        that invoice has closed."""
         line_id = InvoiceLine.create_id(
             self.customer_id, self.currency, meter, period.start,
             late_of.start if late_of is not None else None,
@@ -369,10 +391,12 @@ class LineBook:
                 self.lines[line_id] = loaded
         line = self.lines.get(line_id)
         if line is not None:
-            return None if line.frozen else line
+            return None if line.frozen else (line_id, line)
         invoice = self._invoice(period)
         if invoice is not None and invoice.is_closed:
             return None
+        if not create:
+            return line_id, None
         line = InvoiceLine.open(
             self.customer_id, self.currency, meter, period, late_of,
             price_version=None if priced is None else priced[0],
@@ -385,7 +409,7 @@ class LineBook:
         else:
             invoice.add_line(line.id)
         self.lines[line_id] = line
-        return line
+        return line_id, line
 
     def _invoice(self, period: Period) -> Invoice | None:
         key = Invoice.create_id(self.customer_id, self.currency, period.start)

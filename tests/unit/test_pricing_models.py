@@ -444,3 +444,21 @@ def test_a_change_of_model_mid_period_takes_effect_at_the_next_period() -> None:
     assert (txn.fields["price_version"], txn.amount) == (1, Decimal(1000))  # 5 at 2.00, per unit
     [line] = result.lines
     assert line.price_version is None  # a per-unit line, as the period started
+
+
+def test_a_refused_record_priced_by_quantity_opens_no_line_and_no_invoice() -> None:
+    prices = PriceList({"m": VOLUME})
+    store = _Store(limit=0)
+    result = store.run(prices, _records([1, 2]))
+    assert len(result.refused) == 2
+    assert (result.lines, result.invoices) == ([], [])  # nothing names a line never saved
+    # A later record the limit lets through (it costs nothing) opens the line, and its
+    # invoice names exactly the lines saved.
+    free = PriceList({"m": Price(Decimal(0), "USD", model="volume", tiers=(Tier(None, _0),))})
+    later = store.run(free, _records([3]))
+    [line] = later.lines
+    [invoice] = later.invoices
+    assert invoice.lines == [line.id]
+
+
+_0 = Decimal(0)
