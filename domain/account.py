@@ -38,7 +38,7 @@ from domain.alerts import Spend, Threshold, Watch, alert_id, crossings, parse_th
 from domain.ids import account_id
 from domain.money import add_exact, canonical, check_spend_limit, format_money
 
-__all__ = ["CustomerAccount"]
+__all__ = ["CustomerAccount", "Hold"]
 
 
 class CustomerAccount(Aggregate):
@@ -181,6 +181,12 @@ class CustomerAccount(Aggregate):
             self._amounts_reserved(ids, amounts)
         return granted
 
+    def hold(self) -> Hold:
+        """Reserve amounts one at a time (``Hold.take``), decided in order against the
+        limit, then recorded as one event (``Hold.record``): for a batch whose amounts
+        depend on which earlier ones were granted (records priced by line quantity)."""
+        return Hold(self)
+
     @event(AmountsReserved)
     def _amounts_reserved(self, transaction_ids: list[str], amounts: list[str]) -> None:
         total = self.reserved
@@ -189,8 +195,8 @@ class CustomerAccount(Aggregate):
         self.reserved = total
 
     def release(self, transaction_id: UUID, amount: Decimal) -> None:
-        """Give back a reservation whose transaction was compensated."""
-        _check_amount(amount)
+        """Give back a reservation whose transaction was compensated (a negative amount,
+        a volume tier's drop, takes its release back: the hold grows by it)."""
         if amount > self.reserved:
             raise ValueError(
                 f"cannot release {self._money(amount)}: only {self._money(self.reserved)} reserved"
@@ -305,3 +311,39 @@ def _check_limit(spend_limit: int | None, currency: str) -> None:
 def _check_amount(amount: Decimal) -> None:
     if amount < 0:
         raise ValueError(f"an amount cannot be negative: {amount}")
+
+
+class Hold:
+    """Reservations on one account decided one at a time (``CustomerAccount.hold``).
+
+    A negative amount (a record that moved its line to a cheaper volume tier: its line's
+    total dropped) is always granted and gives its headroom back: it is a release of
+    what the line's earlier records held, recorded in the same ``AmountsReserved``. The
+    account's reserved total stays >= 0: per line, the amounts granted in order add up
+    to the line's total, ``f(quantity) >= 0``.
+    """
+
+    __slots__ = ("_account", "_amounts", "_headroom", "_ids")
+
+    def __init__(self, account: CustomerAccount) -> None:
+        self._account = account
+        self._headroom = account.available
+        self._ids: list[str] = []
+        self._amounts: list[str] = []
+
+    def take(self, transaction_id: UUID, amount: Decimal) -> bool:
+        """Reserve ``amount`` if the limit allows it; whether it was reserved."""
+        headroom = self._headroom
+        if headroom is not None:
+            if amount > headroom:
+                return False
+            self._headroom = add_exact(headroom, -amount)
+        self._ids.append(str(transaction_id))
+        self._amounts.append(f"{canonical(amount):f}")
+        return True
+
+    def record(self) -> None:
+        """Record what was taken, as one event (nothing when nothing was)."""
+        if self._ids:
+            self._account._amounts_reserved(self._ids, self._amounts)
+            self._ids, self._amounts = [], []

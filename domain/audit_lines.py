@@ -46,6 +46,14 @@ class LineAudit:
     members: dict[str, tuple[Decimal, int]] = field(default_factory=dict)  # id: amount, version
     billed_at: dict[int, int] = field(default_factory=lambda: {1: 0})  # version: billed
     problems: list[str] = field(default_factory=list)
+    # A line priced by quantity: the version its key names, its quantity, and its records
+    # in settlement order (id, quantity, amount), and what removals took back.
+    price_version: int | None = None
+    model: str | None = None
+    tier: int | None = None
+    quantity: Decimal = Decimal(0)
+    settled: list[tuple[str, Decimal, Decimal]] = field(default_factory=list)
+    removed: Decimal = Decimal(0)
 
     @classmethod
     def opened(cls, line_id: str, data: Mapping[str, Any]) -> LineAudit:
@@ -55,7 +63,30 @@ class LineAudit:
             data["currency"],
             data["meter"],
             str(data["period_start"]),
+            price_version=data.get("price_version"),  # none before lines priced by quantity
+            model=data.get("model"),
         )
+
+    def _count(self, data: Mapping[str, Any], ids: list[str], amounts: list[Decimal]) -> None:
+        """A Settled of a line priced by quantity: its records in order, and the line's
+        quantity it records."""
+        quantities = [Decimal(q) for q in data.get("quantities") or ()]
+        if self.price_version is None:
+            if quantities:
+                self.problems.append("a per-unit line records quantities")
+            return
+        if len(quantities) != len(ids):
+            self.problems.append(f"{len(ids)} transactions, {len(quantities)} quantities")
+        with localcontext(prec=80):
+            for txn_id, q, amount in zip(ids, quantities, amounts, strict=False):
+                self.settled.append((txn_id, q, amount))
+                self.quantity += q
+        self.tier = data.get("tier")
+        recorded = data.get("quantity")
+        if isinstance(recorded, dict):  # as stored: a registered type's encoded text
+            recorded = recorded["_data_"]
+        if recorded is None or Decimal(recorded) != self.quantity:
+            self.problems.append(f"records quantity {recorded}; its records make {self.quantity}")
 
     def apply(self, name: str, data: Mapping[str, Any], version: int) -> None:
         if name == "Frozen":  # its invoice closed: a new sequence, the same total
@@ -65,6 +96,11 @@ class LineAudit:
         ids, amounts = data["transaction_ids"], [Decimal(a) for a in data["amounts"]]
         if len(ids) != len(amounts):
             self.problems.append(f"v{version}: {len(ids)} transactions, {len(amounts)} amounts")
+        if name == "Settled":
+            self._count(data, ids, amounts)
+        elif self.price_version is not None:
+            with localcontext(prec=80):
+                self.removed += sum(amounts, Decimal(0))
         with localcontext(prec=80):
             for txn_id, amount in zip(ids, amounts, strict=False):
                 if name == "Settled":

@@ -19,6 +19,13 @@ naming no contract version is checked against the list price: a worker that had 
 read a contract set moments before prices by the list, as it would for a price book
 version, so naming none is not a finding.
 
+**Prices by line quantity** (``domain.pricing``: tiers, packages, a flat fee) are checked
+on their lines (``check_line_prices``): each such line's key names the version that
+prices it; every record on it names that version; each record's amount is what it
+added to ``f(quantity)`` in settlement order (``Price.increment``); and the line's total
+is ``f`` of its total quantity, less what removals took back. Their transactions are
+not checked one by one as a per-unit amount (their amount is not ``quantity x price``).
+
 Metered events recorded before price books existed (stored ``class_version`` 1 or 2)
 name no version in what was stored; they load naming the initial version, but the
 audit does not check them against it: they were priced by the price file configured
@@ -28,19 +35,20 @@ configured when the book was started (the same one unless it was changed in betw
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from decimal import Decimal
+from collections.abc import Container, Iterable, Mapping
+from decimal import Decimal, localcontext
 from typing import Any
 
 from domain.audit import Finding, TxnAudit
+from domain.audit_lines import LineAudit
 from domain.contract import stored_overrides
 from domain.errors import InvalidUsage
 from domain.ids import contract_id
 from domain.money import format_money
-from domain.price_book import INITIAL_VERSION
+from domain.price_book import INITIAL_VERSION, PRICE_BOOK_ID
 from domain.pricing import Price
 
-__all__ = ["ContractVersions", "PriceVersions", "check_prices"]
+__all__ = ["ContractVersions", "PriceVersions", "check_line_prices", "check_prices"]
 
 PriceVersions = Mapping[tuple[str | None, int], Mapping[str, Any]]
 """The book's versions as stored: (book id, version number) -> its ``[meters]`` table."""
@@ -54,7 +62,7 @@ def check_prices(
     """A finding for each transaction whose amount is not what the version (and contract
     version) it names prices (see the module docstring)."""
     prices = {
-        (number, meter): Price(Decimal(spec["unit_price"]), spec["currency"], spec["per"])
+        (number, meter): Price.from_spec(spec)
         for number, meters in versions.items()
         for meter, spec in meters.items()
     }  # each price parsed once: an audit checks millions of transactions
@@ -70,6 +78,8 @@ def check_prices(
             problem = f"priced by {_named(txn.priced_by)}, published after it was recorded"
         elif txn.contract_version is not None:
             problem = _contract_problem(txn, txn.priced_by, price, contracts or {})
+        elif price.by_line:  # checked on its line: check_line_prices
+            problem = _currency_problem(txn, txn.priced_by, price)
         else:
             problem = _amount_problem(txn, txn.priced_by, price)
         if problem is not None:
@@ -107,12 +117,22 @@ def _unpriced(txn: TxnAudit, priced_by: tuple[str | None, int], versions: PriceV
     return f"priced by {_named(priced_by)}, which has no price for meter {txn.meter!r}"
 
 
-def _amount_problem(
+def _currency_problem(
     txn: TxnAudit, priced_by: tuple[str | None, int], price: Price, named: str | None = None
 ) -> str | None:
     named = named or _named(priced_by)
     if price.currency != txn.currency:
         return f"in {txn.currency}, but {named} prices {txn.meter!r} in {price.currency}"
+    return None
+
+
+def _amount_problem(
+    txn: TxnAudit, priced_by: tuple[str | None, int], price: Price, named: str | None = None
+) -> str | None:
+    named = named or _named(priced_by)
+    problem = _currency_problem(txn, priced_by, price, named)
+    if problem is not None:
+        return problem
     try:
         expected = price.exact_amount(Decimal(txn.quantity))
     except InvalidUsage as exc:
@@ -123,3 +143,91 @@ def _amount_problem(
             f" {txn.quantity} of {txn.meter!r} at {format_money(expected, txn.currency)}"
         )
     return None
+
+
+def check_line_prices(
+    lines: Mapping[str, LineAudit], txns: Mapping[str, TxnAudit], versions: PriceVersions
+) -> list[Finding]:
+    """A finding (kind ``price``) for each record of a line priced by quantity whose
+    amount is not its increment in settlement order, each record naming another version
+    than its line, and each such line whose total is not ``f`` of its quantity (less
+    what removals took back); and for a record priced by quantity on a per-unit line."""
+    book = str(PRICE_BOOK_ID)
+    by_line = {
+        (number, meter)
+        for number, meters in versions.items()
+        for meter, spec in meters.items()
+        if Price.from_spec(spec).by_line
+    }
+    findings: list[Finding] = []
+    for line in lines.values():
+        if line.price_version is None:
+            if by_line:
+                findings += _by_line_on_per_unit(line, txns, by_line)
+            continue
+        spec = versions.get((book, line.price_version), {}).get(line.meter)
+        if spec is None:
+            named = _named((book, line.price_version))
+            why = f"priced by {named}, which has no price for meter {line.meter!r}"
+            findings.append(Finding("price", line.line_id, why))
+            continue
+        findings += _line_problems(line, Price.from_spec(spec), txns)
+    return findings
+
+
+def _line_problems(line: LineAudit, price: Price, txns: Mapping[str, TxnAudit]) -> list[Finding]:
+    with localcontext(prec=80):  # a line's quantity has up to 60 digits
+        return _walk(line, price, txns)
+
+
+def _walk(line: LineAudit, price: Price, txns: Mapping[str, TxnAudit]) -> list[Finding]:
+    found: list[Finding] = []
+    before = Decimal(0)
+    try:
+        for txn_id, quantity, amount in line.settled:
+            txn = txns.get(txn_id)
+            named = txn.priced_by[1] if txn is not None and txn.priced_by else None
+            if named is not None and named != line.price_version:
+                why = f"priced by version {named}, on a line of version {line.price_version}"
+                found.append(Finding("price", txn_id, why))
+            expected = price.increment(before, quantity)
+            if expected != amount:
+                why = (
+                    f"added {_money(amount, line)} to line {line.line_id} at quantity"
+                    f" {before}; its increment there is {_money(expected, line)}"
+                )
+                found.append(Finding("price", txn_id, why))
+            before += quantity
+        expected_total = price.total(line.quantity) - line.removed
+    except InvalidUsage as exc:
+        return [*found, Finding("price", line.line_id, f"cannot be priced: {exc}")]
+    shown = (line.model, line.tier)
+    if shown != (price.model, price.tier_reached(line.quantity)):
+        why = (
+            f"records model {line.model}, tier {line.tier}; its version prices it"
+            f" {price.model}, tier {price.tier_reached(line.quantity)} at {line.quantity}"
+        )
+        found.append(Finding("price", line.line_id, why))
+    if expected_total != line.exact_total:
+        why = (
+            f"totals {_money(line.exact_total, line)}; f({line.quantity}) less removals is"
+            f" {_money(expected_total, line)}"
+        )
+        found.append(Finding("price", line.line_id, why))
+    return found
+
+
+def _money(amount: Decimal, line: LineAudit) -> str:
+    return format_money(amount, line.currency)
+
+
+def _by_line_on_per_unit(
+    line: LineAudit, txns: Mapping[str, TxnAudit], by_line: Container[tuple[Any, str]]
+) -> list[Finding]:
+    found: list[Finding] = []
+    for txn_id in line.members:
+        txn = txns.get(txn_id)
+        if txn is not None and (txn.priced_by, txn.meter) in by_line:
+            why = f"priced by quantity, on per-unit line {line.line_id}"
+            found.append(Finding("price", txn_id, why))
+    return found

@@ -96,13 +96,21 @@ def discounted(price: Price, percent: Decimal) -> Price:
     """``price`` less ``percent`` percent, exactly (InvalidUsage when the result cannot be
     written in a price's digits). The one place a discount touches a price: a pricing
     model with more amounts than a unit price discounts each of them here."""
-    try:
-        unit = _EXACT.divide(_EXACT.multiply(price.unit_price, _HUNDRED - percent), _HUNDRED)
-    except (Inexact, InvalidOperation):
-        raise InvalidUsage(
-            f"{percent} percent off {price.unit_price} is not exact in 38 digits"
-        ) from None
-    return replace(price, unit_price=unit)
+
+    def off(amount: Decimal) -> Decimal:
+        try:
+            return _EXACT.divide(_EXACT.multiply(amount, _HUNDRED - percent), _HUNDRED)
+        except (Inexact, InvalidOperation):
+            raise InvalidUsage(
+                f"{percent} percent off {amount} is not exact in 38 digits"
+            ) from None
+
+    return replace(
+        price,
+        unit_price=off(price.unit_price),
+        tiers=tuple(replace(t, unit_price=off(t.unit_price)) for t in price.tiers),
+        flat_fee=off(price.flat_fee),
+    )
 
 
 @dataclass(frozen=True)
@@ -442,7 +450,5 @@ def stored_overrides(meters: Mapping[str, Mapping[str, Any]]) -> dict[str, Overr
         if "discount" in spec:
             out[name] = Override(discount=Decimal(spec["discount"]))
         else:
-            out[name] = Override(
-                price=Price(Decimal(spec["unit_price"]), spec["currency"], spec["per"])
-            )
+            out[name] = Override(price=Price.from_spec(spec))
     return out

@@ -23,6 +23,20 @@ Two aggregates, because two writers keep them and must not contend:
 A transaction joins exactly one line: ingest records its ``Reserved`` (naming the
 line and the line's version) and the line's ``Settled`` in one atomic save, so the
 event store's version check settles any race.
+
+**Lines priced by quantity.** Usage of a meter priced by line quantity (a tiered,
+package or flat-fee price: ``domain.pricing``) joins a line whose key names the price
+book version that prices it (``price_version``): a line never mixes two versions' tier
+functions, even when a version published later takes effect at the period's start
+(its records then start a line of their own). Such a line counts its quantity: each
+``Settled`` lists the quantities with the amounts, and the line's total ``quantity``
+after it; each amount is what its record added to ``f(quantity)``, so it may be
+negative (a volume tier) while the line's total never is. A per-unit line (no
+``price_version``) counts no quantity (``quantity`` None: nothing per record beyond
+today's), nor do lines settled before quantities were recorded (``Settled`` v1, upcast
+with ``quantities`` and ``quantity`` None): their amounts are per unit and complete.
+``Removed`` takes a record's amount back and leaves the quantity counted (see
+``docs/concepts/money.md``).
 """
 
 from __future__ import annotations
@@ -37,7 +51,7 @@ from eventsourcing.domain import Aggregate, event
 
 from domain.errors import IllegalTransition, StaleOwner
 from domain.ids import invoice_id, line_id, line_push_id
-from domain.money import add_exact, canonical, round_minor
+from domain.money import add_exact, add_quantity, canonical, round_minor
 from domain.ownership import Claim
 from domain.periods import Period
 
@@ -48,19 +62,37 @@ class InvoiceLine(Aggregate):
     """The exact total of one customer's usage of one meter in one period."""
 
     class Opened(Aggregate.Created):
+        class_version = 2
         customer_id: str
         currency: str
         meter: str
         period_start: datetime
         period_end: datetime
         late_of_start: datetime | None  # a late line: the start of the period it occurred in
+        price_version: int | None  # priced by line quantity by this version (v1: none)
+        model: str | None  # and that version's model of the meter (for the read models)
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["price_version"] = None
+            state["model"] = None
 
     class Settled(Aggregate.Event):
+        class_version = 2
         transaction_ids: list[str]
         amounts: list[str]  # exact minor units, canonical decimal text
         exact_total: Decimal
         billed: int
         transactions: int
+        quantities: list[str] | None  # a line priced by quantity: each record's (v1: none)
+        quantity: Decimal | None  # and the line's total quantity after them
+        tier: int | None  # the tier (1, 2, ...) that quantity reaches, if priced by tiers
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["quantities"] = None
+            state["quantity"] = None
+            state["tier"] = None
 
     class Removed(Aggregate.Event):
         transaction_ids: list[str]
@@ -76,6 +108,12 @@ class InvoiceLine(Aggregate):
 
         invoice_id: UUID
 
+    # State added after the first lines: class defaults, so an older snapshot loads.
+    price_version: int | None = None
+    model: str | None = None
+    quantity: Decimal | None = None
+    tier: int | None = None
+
     @staticmethod
     def create_id(
         customer_id: str,
@@ -83,11 +121,15 @@ class InvoiceLine(Aggregate):
         meter: str,
         period_start: datetime,
         late_of_start: datetime | None = None,
+        *,
+        price_version: int | None = None,
         **_: Any,
     ) -> UUID:
         key = Period(period_start, period_start).key
         if late_of_start is not None:
             key += "~late~" + Period(late_of_start, late_of_start).key
+        if price_version is not None:  # priced by quantity: one version per line
+            key += f"~v{price_version}"
         return line_id(customer_id, currency, meter, key)
 
     @classmethod
@@ -98,9 +140,14 @@ class InvoiceLine(Aggregate):
         meter: str,
         period: Period,
         late_of: Period | None = None,
+        *,
+        price_version: int | None = None,
+        model: str | None = None,
     ) -> InvoiceLine:
         """The line of ``meter`` on ``period``'s invoice; ``late_of``: a late line, of usage
-        that occurred in that earlier period after its invoice had closed."""
+        that occurred in that earlier period after its invoice had closed;
+        ``price_version``: the version pricing it by line quantity (None: per unit), and
+        its ``model`` of the meter."""
         return cls(
             customer_id=customer_id,
             currency=currency,
@@ -108,6 +155,8 @@ class InvoiceLine(Aggregate):
             period_start=period.start,
             period_end=period.end,
             late_of_start=late_of.start if late_of is not None else None,
+            price_version=price_version,
+            model=model,
         )
 
     @event(Opened)
@@ -119,6 +168,8 @@ class InvoiceLine(Aggregate):
         period_start: datetime,
         period_end: datetime,
         late_of_start: datetime | None,
+        price_version: int | None = None,
+        model: str | None = None,
     ) -> None:
         self.customer_id = customer_id
         self.currency = currency
@@ -126,6 +177,10 @@ class InvoiceLine(Aggregate):
         self.period_start = period_start
         self.period_end = period_end
         self.late_of_start = late_of_start
+        self.price_version = price_version
+        self.model = model
+        self.tier: int | None = None
+        self.quantity: Decimal | None = Decimal(0) if price_version is not None else None
         self.exact_total = Decimal(0)
         self.billed = 0
         self.transactions = 0
@@ -154,37 +209,71 @@ class InvoiceLine(Aggregate):
     def _frozen(self, invoice_id: UUID) -> None:
         self.frozen = True
 
-    def settle(self, entries: Sequence[tuple[UUID, Decimal]]) -> None:
-        """Add transactions (id, exact amount) to the line, in one event."""
+    def settle(
+        self,
+        entries: Sequence[tuple[UUID, Decimal]],
+        quantities: Sequence[Decimal] | None = None,
+        tier: int | None = None,
+    ) -> None:
+        """Add transactions (id, exact amount) to the line, in one event; a line priced by
+        quantity needs each one's ``quantities`` (its amounts are increments, possibly
+        negative, and its total never drops below 0) and the ``tier`` its quantity then
+        reaches (if its price has tiers); a per-unit line takes neither."""
         if not entries:
             return
         if self.frozen:
             raise IllegalTransition(f"line {self.id} is frozen: its invoice has closed")
+        if (quantities is None) != (self.price_version is None):
+            raise ValueError(f"line {self.id}: quantities go with a line priced by quantity")
         total = self.exact_total
         for _, amount in entries:
-            if amount < 0:
+            if amount < 0 and quantities is None:
                 raise ValueError(f"a settled amount cannot be negative: {amount}")
             total = add_exact(total, amount)
+        counted, quantity = self._counted(len(entries), quantities)
+        if total < 0:
+            raise ValueError(f"line {self.id}: a total cannot be negative: {total}")
         self._settled(
             [str(i) for i, _ in entries],
             [f"{canonical(a):f}" for _, a in entries],
             total,
             round_minor(total),
             self.transactions + len(entries),
+            counted,
+            quantity,
+            tier if quantities is not None else None,
         )
 
+    def _counted(
+        self, entries: int, quantities: Sequence[Decimal] | None
+    ) -> tuple[list[str] | None, Decimal | None]:
+        if quantities is None or self.quantity is None:
+            return None, None
+        if len(quantities) != entries:
+            raise ValueError(f"{entries} transactions, {len(quantities)} quantities")
+        quantity = self.quantity
+        for q in quantities:
+            quantity = add_quantity(quantity, q)
+        return [f"{canonical(q):f}" for q in quantities], quantity
+
     @event(Settled)
-    def _settled(
+    def _settled(  # noqa: PLR0917 (the event's fields, applied on every load)
         self,
         transaction_ids: list[str],
         amounts: list[str],
         exact_total: Decimal,
         billed: int,
         transactions: int,
+        quantities: list[str] | None = None,
+        quantity: Decimal | None = None,
+        tier: int | None = None,
     ) -> None:
         self.exact_total = exact_total
         self.billed = billed
         self.transactions = transactions
+        if quantity is not None:
+            self.quantity = quantity
+            self.tier = tier
 
     def remove(self, entries: Sequence[tuple[UUID, Decimal]], reason: str) -> None:
         """Take transactions out of the line (a reversal or a compensation)."""

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from functools import cached_property
+from typing import Any
 from uuid import UUID
 
 from domain.account import CustomerAccount
@@ -46,18 +47,29 @@ from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine
 from domain.money import format_money
 from domain.periods import Period, PeriodPolicy
-from domain.price_book import PriceSchedule
-from domain.pricing import PriceList
+from domain.price_book import PriceSchedule, as_schedule
+from domain.pricing import Price, PriceList
 from domain.transaction import BillingTransaction, Source
 from domain.usage import UsageRecord
 
-__all__ = ["LineBook", "Metering", "MeteringDecision", "meter_batch", "refusal"]
+__all__ = [
+    "LineBook",
+    "Metering",
+    "MeteringDecision",
+    "Pending",
+    "SettledLine",
+    "batch_order",
+    "meter_batch",
+    "refusal",
+    "settle_account",
+]
 
 AccountLoader = Callable[[str, str], CustomerAccount | None]
 LineLoader = Callable[[UUID], InvoiceLine | None]
 InvoiceLoader = Callable[[UUID], Invoice | None]
 
-MAX_LATE_HOPS = 1000  # periods tried after a closed one (each closed early by hand)
+MAX_LATE_HOPS = 1000
+_0 = Decimal(0)  # periods tried after a closed one (each closed early by hand)
 
 
 @dataclass(frozen=True)
@@ -107,48 +119,183 @@ def meter_batch(
 ) -> MeteringDecision:
     """Decide the events for ``batch`` (see the module docstring)."""
     decision = MeteringDecision()
+    schedule = as_schedule(prices)
     seen: set[UUID] = set(already_recorded)
-    by_account: dict[tuple[str, str], list[BillingTransaction]] = {}
+    by_account: dict[tuple[str, str], list[Pending]] = {}
+    by_line: set[tuple[str, str]] = set()  # accounts with records priced by line quantity
     for metering in batch:
         txn_id = metering.transaction_id
         if txn_id in seen:
             decision.duplicates.append(metering)
             continue
+        period = periods.period_of(metering.record.occurred_at)
         try:
-            txn = BillingTransaction.from_usage(metering.record, prices, metering.source)
+            fields, price = BillingTransaction.priced(
+                metering.record, schedule, metering.source, period.start
+            )
         except InvalidUsage as exc:
             decision.rejected.append((metering, str(exc)))
             continue
         seen.add(txn_id)
-        decision.transactions.append(txn)
-        by_account.setdefault((txn.customer_id, txn.currency), []).append(txn)
+        key = (fields["customer_id"], fields["currency"])
+        if fields["amount"] is None:
+            by_line.add(key)
+            by_account.setdefault(key, []).append(Pending(metering, fields, period, price=price))
+        else:
+            by_account.setdefault(key, []).append(Pending(metering, fields, period))
 
-    for (customer_id, currency), txns in by_account.items():
+    for key, items in by_account.items():
+        customer_id, currency = key
         account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
-        granted = account.reserve_all([(t.id, t.amount) for t in txns])
-        if account.alert_thresholds:  # spend alerts: one call, right after the reservation
-            account.check_alerts([_spend(t, periods) for t in txns], granted)
         book = LineBook(customer_id, currency, load_line, load_invoice, periods, now)
-        by_line: dict[UUID, list[BillingTransaction]] = {}
-        for txn, ok in zip(txns, granted, strict=True):
-            if ok:
-                line = book.line_for(txn.meter, periods.period_of(txn.occurred_at))
-                by_line.setdefault(line.id, []).append(txn)
-            else:
-                txn.compensate(refusal(account, txn.amount))
-        for line_id, members in by_line.items():
-            line = book.lines[line_id]
-            line.settle([(t.id, t.amount) for t in members])
-            for txn in members:
-                txn.reserve(account.id, line.id, line.sequence)
-            decision.lines.append(line)
+        settled = settle_account(account, book, items, by_line=key in by_line)
+        for item in items:
+            if item.rejected is not None:
+                decision.rejected.append((item.metering, item.rejected))
+                continue
+            txn = BillingTransaction(**item.fields)
+            if item.refused is not None:
+                txn.compensate(item.refused)
+            decision.transactions.append(txn)
+            item.transaction = txn
+        for line in settled:
+            for item in line.members:
+                assert item.transaction is not None
+                item.transaction.reserve(account.id, line.line.id, line.line.sequence)
+            decision.lines.append(line.line)
         decision.invoices.extend(book.touched_invoices())
         decision.accounts.append(account)
+    decision.transactions.sort(key=batch_order(batch))
     return decision
 
 
-def _spend(txn: BillingTransaction, periods: PeriodPolicy) -> Spend:
-    return Spend(txn.usage_id, txn.id, txn.amount, periods.period_of(txn.occurred_at).key)
+def batch_order(batch: Sequence[Metering]) -> Callable[[Any], int]:
+    """A sort key putting a batch's transactions (anything with an ``id``) in batch order."""
+    order: dict[UUID, int] = {}
+    for n, metering in enumerate(batch):
+        order.setdefault(metering.transaction_id, n)  # a duplicate's first place
+    return lambda txn: order[txn.id]
+
+
+@dataclass(eq=False)
+class Pending:
+    """A priced record of a batch, before its account decides it: its ``Metered`` fields
+    (``amount`` None until its line prices it, for a price by line quantity), the period
+    it occurred in, and then the limit's refusal or a reason it cannot be priced."""
+
+    metering: Metering
+    fields: dict[str, Any]
+    period: Period
+    refused: str | None = None
+    rejected: str | None = None
+    transaction: Any = None  # the form's own transaction, for its caller
+    price: Price | None = None  # the price that prices it on its line (by line quantity)
+
+
+@dataclass
+class SettledLine:
+    """A line and the records a batch settles into it, in order (and, for a line priced
+    by quantity, its price and its quantity after them)."""
+
+    line: InvoiceLine
+    members: list[Pending] = field(default_factory=list)
+    price: Price | None = None
+    quantity: Decimal = Decimal(0)
+
+
+def settle_account(
+    account: CustomerAccount,
+    book: LineBook,
+    items: Sequence[Pending],
+    *,
+    by_line: bool,
+) -> list[SettledLine]:
+    """Decide one account's records of a batch, in order: reserve each against the limit,
+    settle each reserved one into its line (one ``Settled`` per line), mark the refused
+    (``Pending.refused``) and those that cannot be priced on their line
+    (``Pending.rejected``: a dead letter). Shared by both forms of the decision.
+
+    A record priced by line quantity is priced when its line is chosen, *before* the
+    account reserves it: its amount is what it adds to the line's quantity so far in
+    settlement order (``BillingTransaction.priced_on_line``); a refused one adds nothing.
+    A batch with no such record (``by_line`` False) reserves as it always has, at once."""
+    lines: dict[UUID, SettledLine] = {}
+    if not by_line:
+        granted = account.reserve_all(
+            [(i.metering.transaction_id, i.fields["amount"]) for i in items]
+        )
+        for item, ok in zip(items, granted, strict=True):
+            if ok:
+                _join(lines, book.line_for(item.fields["meter"], item.period), item)
+            else:
+                item.refused = refusal(account, item.fields["amount"])
+    else:
+        _settle_by_line(account, book, items, lines)
+    if account.alert_thresholds:  # spend alerts: one call, right after the reservation
+        decided = [i for i in items if i.rejected is None]
+        account.check_alerts([_spend(i) for i in decided], [i.refused is None for i in decided])
+    for settled in lines.values():
+        line, members, price = settled.line, settled.members, settled.price
+        entries = [(m.metering.transaction_id, m.fields["amount"]) for m in members]
+        if price is None:
+            line.settle(entries)
+        else:
+            tier = price.tier_reached(settled.quantity)
+            line.settle(entries, [m.fields["quantity"] for m in members], tier)
+    return list(lines.values())
+
+
+def _spend(item: Pending) -> Spend:
+    fields = item.fields
+    return Spend(
+        fields["usage_id"], item.metering.transaction_id, fields["amount"], item.period.key
+    )
+
+
+def _join(lines: dict[UUID, SettledLine], line: InvoiceLine, item: Pending) -> SettledLine:
+    settled = lines.get(line.id)
+    if settled is None:
+        settled = lines[line.id] = SettledLine(line)
+    settled.members.append(item)
+    return settled
+
+
+def _settle_by_line(
+    account: CustomerAccount,
+    book: LineBook,
+    items: Sequence[Pending],
+    lines: dict[UUID, SettledLine],
+) -> None:
+    """``settle_account`` for a batch holding records priced by line quantity."""
+    hold = account.hold()
+    running: dict[UUID, tuple[Decimal, Decimal]] = {}  # a line's quantity and f so far
+    for item in items:
+        fields = item.fields
+        after: tuple[Decimal, Decimal] | None = None
+        price = item.price
+        if price is not None:
+            version = fields["price_version"]
+            line_id, held = book.peek(fields["meter"], item.period, version)
+            before = running.get(line_id)
+            try:
+                if before is None:
+                    after = BillingTransaction.priced_on_line(fields, price, held)
+                else:
+                    after = BillingTransaction.priced_on_line(fields, price, *before)
+            except InvalidUsage as exc:
+                item.rejected = str(exc)
+                continue
+        if not hold.take(item.metering.transaction_id, fields["amount"]):
+            item.refused = refusal(account, fields["amount"])
+            continue
+        if price is None or after is None:
+            _join(lines, book.line_for(fields["meter"], item.period), item)
+        else:
+            line = book.line_for(fields["meter"], item.period, version, price.model)
+            running[line.id] = after
+            settled = _join(lines, line, item)
+            settled.price, settled.quantity = price, after[0]
+    hold.record()
 
 
 class LineBook:
@@ -173,25 +320,53 @@ class LineBook:
         self.now = now
         self.lines: dict[UUID, InvoiceLine] = {}
         self.invoices: dict[UUID, Invoice | None] = {}
-        self._chosen: dict[tuple[str, Period], InvoiceLine] = {}
+        self._chosen: dict[tuple[str, Period, int | None], InvoiceLine] = {}
 
-    def line_for(self, meter: str, occurred: Period) -> InvoiceLine:
+    def line_for(
+        self,
+        meter: str,
+        occurred: Period,
+        price_version: int | None = None,
+        model: str | None = None,
+    ) -> InvoiceLine:
         """The line usage of ``meter`` that occurred in ``occurred`` joins (the same line
         for the rest of the batch: nothing in a batch freezes a line or closes an invoice,
-        so the answer is kept rather than its id derived again per record)."""
-        key = (meter, occurred)
+        so the answer is kept rather than its id derived again per record);
+        ``price_version``: the version pricing it by line quantity (its own line), whose
+        ``model`` of the meter a new line records."""
+        key = (meter, occurred, price_version)
         found = self._chosen.get(key)
         if found is None:
-            found = self._chosen[key] = self._line_for(meter, occurred)
+            priced = None if price_version is None else (price_version, model)
+            _, line = self._line_for(meter, occurred, priced, create=True)
+            assert line is not None  # created when new
+            found = self._chosen[key] = line
         return found
 
-    def _line_for(self, meter: str, occurred: Period) -> InvoiceLine:
-        found = self._usable(meter, occurred, None)
+    def peek(self, meter: str, occurred: Period, price_version: int) -> tuple[UUID, Decimal]:
+        """The id of the line ``line_for`` would choose, and its quantity (0 when it would
+        be a new line), without opening it: a record priced by line quantity is priced
+        before the limit decides whether it joins (a refused one opens no line)."""
+        found = self._chosen.get((meter, occurred, price_version))
+        if found is not None:
+            return found.id, found.quantity or _0
+        line_id, line = self._line_for(meter, occurred, (price_version, None), create=False)
+        return line_id, (line.quantity or _0) if line is not None else _0
+
+    def _line_for(
+        self,
+        meter: str,
+        occurred: Period,
+        priced: tuple[int, str | None] | None,
+        *,
+        create: bool,
+    ) -> tuple[UUID, InvoiceLine | None]:
+        found = self._usable(meter, occurred, None, priced, create=create)
         if found is not None:
             return found
         period = max(self.periods.period_of(self.now), self.periods.next(occurred))
         for _ in range(MAX_LATE_HOPS):
-            found = self._usable(meter, period, occurred)
+            found = self._usable(meter, period, occurred, priced, create=create)
             if found is not None:
                 return found
             period = self.periods.next(period)
@@ -204,12 +379,22 @@ class LineBook:
     def touched_invoices(self) -> list[Invoice]:
         return [i for i in self.invoices.values() if i is not None and i.pending_events]
 
-    def _usable(self, meter: str, period: Period, late_of: Period | None) -> InvoiceLine | None:
+    def _usable(
+        self,
+        meter: str,
+        period: Period,
+        late_of: Period | None,
+        priced: tuple[int, str | None] | None,
+        *,
+        create: bool,
+    ) -> tuple[UUID, InvoiceLine | None] | None:
         """The line of ``meter`` on ``period``'s invoice if it takes usage, opened (and
-        added to its invoice) when new; None when that invoice has closed."""
+        added to its invoice) when new (with ``create``; else its id and None); None when
+        that invoice has closed."""
         line_id = InvoiceLine.create_id(
             self.customer_id, self.currency, meter, period.start,
             late_of.start if late_of is not None else None,
+            price_version=None if priced is None else priced[0],
         )  # fmt: skip
         if line_id not in self.lines:
             loaded = self.load_line(line_id)
@@ -217,11 +402,17 @@ class LineBook:
                 self.lines[line_id] = loaded
         line = self.lines.get(line_id)
         if line is not None:
-            return None if line.frozen else line
+            return None if line.frozen else (line_id, line)
         invoice = self._invoice(period)
         if invoice is not None and invoice.is_closed:
             return None
-        line = InvoiceLine.open(self.customer_id, self.currency, meter, period, late_of)
+        if not create:
+            return line_id, None
+        line = InvoiceLine.open(
+            self.customer_id, self.currency, meter, period, late_of,
+            price_version=None if priced is None else priced[0],
+            model=None if priced is None else priced[1],
+        )  # fmt: skip
         if invoice is None:
             self.invoices[line.invoice_id] = Invoice.open(
                 self.customer_id, self.currency, period, line.id
@@ -229,7 +420,7 @@ class LineBook:
         else:
             invoice.add_line(line.id)
         self.lines[line_id] = line
-        return line
+        return line_id, line
 
     def _invoice(self, period: Period) -> Invoice | None:
         key = Invoice.create_id(self.customer_id, self.currency, period.start)

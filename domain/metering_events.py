@@ -25,13 +25,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from functools import cached_property
-from typing import Any
+from typing import cast
 from uuid import UUID
 
 from eventsourcing.utils import get_topic
 
 from domain.account import CustomerAccount
-from domain.alerts import Spend
 from domain.errors import InvalidUsage
 from domain.ids import account_id
 from domain.invoice import Invoice
@@ -42,10 +41,11 @@ from domain.metering import (
     LineBook,
     LineLoader,
     Metering,
-    refusal,
+    Pending,
+    settle_account,
 )
 from domain.periods import Period, PeriodPolicy
-from domain.price_book import PriceSchedule
+from domain.price_book import PriceSchedule, as_schedule
 from domain.pricing import PriceList
 from domain.transaction import BillingTransaction, TxnState
 
@@ -65,14 +65,17 @@ class Reservation:
 
 
 @dataclass(eq=False)
-class NewTransaction:
-    """A transaction a batch creates: its Metered fields, then its reservation or the
-    limit's refusal (exactly one of the two once the batch is decided)."""
+class NewTransaction(Pending):
+    """A transaction a batch creates: its Metered fields (``BillingTransaction.
+    metered_fields``, in the event's order), then its reservation or the limit's refusal
+    (exactly one of the two once the batch is decided)."""
 
-    metering: Metering
-    fields: dict[str, Any]  # BillingTransaction.metered_fields, in the event's order
     reservation: Reservation | None = None
-    refusal: str | None = None
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the limit refused it, or None when it is reserved."""
+        return self.refused
 
     @property
     def id(self) -> UUID:
@@ -176,71 +179,73 @@ def meter_batch_events(
     caller can read them all in one query instead of one by one. It decides nothing.
     """
     result = MeteredBatch()
+    schedule = as_schedule(prices)
     seen: set[UUID] = set(already_recorded)
     by_account: dict[tuple[str, str], list[NewTransaction]] = {}
-    periods_of: dict[NewTransaction, Period] = {}
+    by_line: set[tuple[str, str]] = set()  # accounts with records priced by line quantity
     last: Period | None = None
     for metering in batch:
         txn_id = metering.transaction_id
         if txn_id in seen:
             result.duplicates.append(metering)
             continue
+        occurred_at = metering.record.occurred_at
+        # A batch's usage mostly falls in one period: reuse it rather than cut it again.
+        if last is None or not last.start <= occurred_at < last.end:
+            last = periods.period_of(occurred_at)
         try:
-            fields = BillingTransaction.metered_fields(metering.record, prices, metering.source)
+            fields, price = BillingTransaction.priced(
+                metering.record, schedule, metering.source, last.start
+            )
         except InvalidUsage as exc:
             result.rejected.append((metering, str(exc)))
             continue
         seen.add(txn_id)
-        new = NewTransaction(metering, fields)
+        new = NewTransaction(metering, fields, last)
         result.transactions.append(new)
-        by_account.setdefault((fields["customer_id"], fields["currency"]), []).append(new)
-        occurred_at = fields["occurred_at"]
-        # A batch's usage mostly falls in one period: reuse it rather than cut it again.
-        if last is None or not last.start <= occurred_at < last.end:
-            last = periods.period_of(occurred_at)
-        periods_of[new] = last
+        key = (fields["customer_id"], fields["currency"])
+        by_account.setdefault(key, []).append(new)
+        if fields["amount"] is None:
+            new.price = price
+            by_line.add(key)
 
     if expect is not None:
-        expect(_expected(by_account, periods_of))
-    for (customer_id, currency), txns in by_account.items():
+        expect(_expected(by_account))
+    for key, txns in by_account.items():
+        customer_id, currency = key
         account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
-        granted = account.reserve_all([(t.id, t.amount) for t in txns])
-        if account.alert_thresholds:  # spend alerts: one call, right after the reservation
-            account.check_alerts([_spend(t, periods_of[t]) for t in txns], granted)
         book = LineBook(customer_id, currency, load_line, load_invoice, periods, now)
-        by_line: dict[UUID, list[NewTransaction]] = {}
-        for txn, ok in zip(txns, granted, strict=True):
-            if ok:
-                line = book.line_for(txn.fields["meter"], periods_of[txn])
-                by_line.setdefault(line.id, []).append(txn)
-            else:
-                txn.refusal = refusal(account, txn.amount)
-        for line_id, members in by_line.items():
-            line = book.lines[line_id]
-            line.settle([(t.id, t.amount) for t in members])
-            for txn in members:
-                txn.reservation = Reservation(account.id, line.id, line.sequence)
+        for settled in settle_account(account, book, txns, by_line=key in by_line):
+            line = settled.line
+            reservation = Reservation(account.id, line.id, line.sequence)
+            for txn in cast("list[NewTransaction]", settled.members):
+                txn.reservation = reservation
             result.lines.append(line)
         result.invoices.extend(book.touched_invoices())
         result.accounts.append(account)
+    if by_line:  # a record priced on its line may yet be rejected (its amount is too large)
+        result.rejected += [(t.metering, t.rejected) for t in result.transactions if t.rejected]
+        result.transactions = [t for t in result.transactions if t.rejected is None]
     return result
 
 
-def _spend(txn: NewTransaction, period: Period) -> Spend:
-    return Spend(txn.fields["usage_id"], txn.id, txn.amount, period.key)
-
-
-def _expected(
-    by_account: dict[tuple[str, str], list[NewTransaction]],
-    periods_of: dict[NewTransaction, Period],
-) -> list[UUID]:
+def _expected(by_account: dict[tuple[str, str], list[NewTransaction]]) -> list[UUID]:
     """The accounts, and each meter and period's own line, a decision loads first."""
     ids: list[UUID] = []
     for (customer_id, currency), txns in by_account.items():
         ids.append(account_id(customer_id, currency))
-        pairs = {(t.fields["meter"], periods_of[t]) for t in txns}
+        keys = {
+            (
+                t.fields["meter"],
+                t.period,
+                t.fields["price_version"] if t.fields["amount"] is None else None,
+            )
+            for t in txns
+        }
         ids.extend(
-            InvoiceLine.create_id(customer_id, currency, meter, period.start)
-            for meter, period in pairs
+            InvoiceLine.create_id(
+                customer_id, currency, meter, period.start, None, price_version=version
+            )
+            for meter, period, version in keys
         )
     return ids

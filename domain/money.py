@@ -46,12 +46,17 @@ __all__ = [
     "MAX_TRANSACTION_MINOR",
     "ROUNDING",
     "add_exact",
+    "add_quantity",
     "canonical",
     "check_currency",
+    "check_increment",
     "check_spend_limit",
     "exact_arithmetic",
     "exact_minor",
     "format_money",
+    "line_add",
+    "line_minor",
+    "line_product",
     "parse_exact_amount",
     "round_minor",
     "split_for_items",
@@ -153,16 +158,7 @@ def exact_minor(quantity: Decimal, unit_price: Decimal, per: int, currency: str)
     """The exact amount, in minor units, of ``quantity`` at ``unit_price`` (major units)
     per ``per`` units; raises InvalidUsage when it needs more than AMOUNT_DIGITS digits
     or is not below MAX_TRANSACTION_MINOR (never rounds)."""
-    scale = _SCALES[CURRENCY_EXPONENTS[currency]]
-    try:
-        amount = _EXACT.divide(_EXACT.multiply(_EXACT.multiply(quantity, unit_price), scale), per)
-    except Inexact:
-        raise InvalidUsage(
-            f"amount_not_exact: {quantity} x {unit_price} / {per} {currency} needs more than"
-            f" {AMOUNT_DIGITS} significant digits"
-        ) from None
-    except (InvalidOperation, Overflow):
-        raise InvalidUsage(f"amount_too_large: {quantity} x {unit_price} / {per}") from None
+    amount = _product(_EXACT, quantity, unit_price, per, currency)
     if amount >= MAX_TRANSACTION_MINOR:
         raise InvalidUsage(
             f"amount_too_large: {canonical(amount):f} minor units of {currency} is not below"
@@ -171,7 +167,73 @@ def exact_minor(quantity: Decimal, unit_price: Decimal, per: int, currency: str)
     return canonical(amount)
 
 
+def line_minor(quantity: Decimal, unit_price: Decimal, per: int, currency: str) -> Decimal:
+    """``quantity * unit_price / per`` in minor units for a *line's* total quantity (a
+    pricing model's ``f(Q)``: ``domain.pricing``): exact in the 60-digit context a line's
+    total is summed in; InvalidUsage when it is not exact there or not below
+    MAX_LINE_MINOR (never rounds)."""
+    amount = _product(_SUM, quantity, unit_price, per, currency)
+    if amount >= MAX_LINE_MINOR:
+        raise InvalidUsage(
+            f"amount_too_large: a line total of {canonical(amount):f} minor units of"
+            f" {currency} is not below {MAX_LINE_MINOR:f}"
+        )
+    return amount
+
+
+def line_product(quantity: Decimal, rate: Decimal) -> Decimal:
+    """``quantity x rate`` (a rate in minor units per unit) in a line's 60-digit context:
+    exact or InvalidUsage, not canonical (a pricing model's inner step)."""
+    try:
+        return _SUM.multiply(quantity, rate)
+    except (Inexact, InvalidOperation, Overflow):
+        raise InvalidUsage(f"amount_not_exact: {quantity} x {rate} is not exact") from None
+
+
+def line_add(a: Decimal, b: Decimal) -> Decimal:
+    """``a + b`` in a line's 60-digit context: exact or InvalidUsage, not canonical."""
+    try:
+        return _SUM.add(a, b)
+    except (Inexact, InvalidOperation, Overflow):
+        raise InvalidUsage(f"amount_not_exact: {a} + {b} is not exact") from None
+
+
+def _product(
+    context: Context, quantity: Decimal, unit_price: Decimal, per: int, currency: str
+) -> Decimal:
+    """``quantity * unit_price / per`` in minor units, exact in ``context`` or InvalidUsage."""
+    scale = _SCALES[CURRENCY_EXPONENTS[currency]]
+    try:
+        return context.divide(context.multiply(context.multiply(quantity, unit_price), scale), per)
+    except Inexact:
+        raise InvalidUsage(
+            f"amount_not_exact: {quantity} x {unit_price} / {per} {currency} needs more than"
+            f" {context.prec} significant digits"
+        ) from None
+    except (InvalidOperation, Overflow):
+        raise InvalidUsage(f"amount_too_large: {quantity} x {unit_price} / {per}") from None
+
+
 _SCALES = {e: Decimal(10) ** e for e in range(5)}
+
+
+def check_increment(amount: Decimal, currency: str) -> Decimal:
+    """A record's exact amount computed as what it adds to its line (``domain.pricing``):
+    canonical, or InvalidUsage when its magnitude is not below MAX_TRANSACTION_MINOR or
+    it needs more than AMOUNT_DIGITS significant digits. It may be negative (a volume
+    tier: the line's total drops to a cheaper tier)."""
+    amount = canonical(amount)
+    if abs(amount) >= MAX_TRANSACTION_MINOR:
+        raise InvalidUsage(
+            f"amount_too_large: {amount:f} minor units of {currency} is not within the"
+            f" ceiling of {MAX_TRANSACTION_MINOR:f} per transaction"
+        )
+    if len(amount.as_tuple().digits) > AMOUNT_DIGITS:
+        raise InvalidUsage(
+            f"amount_not_exact: {amount:f} {currency} needs more than {AMOUNT_DIGITS}"
+            " significant digits"
+        )
+    return amount
 
 
 def add_exact(total: Decimal, amount: Decimal) -> Decimal:
@@ -180,6 +242,12 @@ def add_exact(total: Decimal, amount: Decimal) -> Decimal:
     if abs(result) >= MAX_LINE_MINOR:
         raise ValueError(f"a line total of {result} minor units is beyond {MAX_LINE_MINOR:f}")
     return canonical(result)
+
+
+def add_quantity(total: Decimal, quantity: Decimal) -> Decimal:
+    """A line's total quantity plus a record's, exactly (InvalidUsage if it ever needed
+    more than 60 digits: 10^30 records of the largest quantity)."""
+    return line_add(total, quantity)
 
 
 def round_minor(exact: Decimal) -> int:

@@ -19,6 +19,11 @@ correction): it prices the usage at or after its moment that is *recorded after 
 published*; usage already recorded keeps the version its ``Metered`` names (re-pricing
 recorded usage is not supported yet).
 
+**Prices by line quantity** (tiers, packages, a flat fee: ``domain.pricing``): a record
+of such a meter is priced by the version in force at the start of the period its usage
+occurred in, for the whole period (``domain.transaction.price_of_record``), and its line
+is keyed by that version (``domain.invoice_line``).
+
 **Usage from before the earliest version** is priced by the version in force at the
 earliest ``effective_from`` (as if it had occurred then), not set aside: the ledger
 starts its book with the configured price file effective from the epoch (``billing-ledger
@@ -85,7 +90,7 @@ class PriceSchedule:
     moment, and each version by its number; with the contracts (``domain.contract``) of
     the customers the worker prices now, by customer id (``with_contracts``)."""
 
-    __slots__ = ("_order", "_starts", "book_id", "contracts", "versions")
+    __slots__ = ("_by_line", "_order", "_starts", "book_id", "contracts", "versions")
 
     def __init__(self, book_id: UUID, versions: Sequence[PriceVersion]) -> None:
         if not versions:
@@ -95,12 +100,13 @@ class PriceSchedule:
         self._order = sorted(self.versions, key=lambda v: (v.effective_from, v.number))
         self._starts = [v.effective_from for v in self._order]
         self.contracts: Mapping[str, ContractSchedule] = {}
+        self._by_line: frozenset[str] | None = None
 
     def with_contracts(self, contracts: Mapping[str, ContractSchedule]) -> PriceSchedule:
         """The same versions, with these customers' contracts (shared, not copied)."""
         out = object.__new__(PriceSchedule)
-        out.book_id, out.versions, out._order, out._starts = (
-            self.book_id, self.versions, self._order, self._starts,
+        out.book_id, out.versions, out._order, out._starts, out._by_line = (
+            self.book_id, self.versions, self._order, self._starts, self._by_line,
         )  # fmt: skip
         out.contracts = contracts
         return out
@@ -121,6 +127,16 @@ class PriceSchedule:
         if 1 <= number <= len(self.versions):
             return self.versions[number - 1]
         return None
+
+    @property
+    def by_line_meters(self) -> frozenset[str]:
+        """The meters some version prices by line quantity (``Price.by_line``): a record
+        of any other meter is priced alone, by the version of its moment, as always."""
+        if self._by_line is None:
+            self._by_line = frozenset(
+                m for v in self.versions for m, p in v.prices.prices.items() if p.by_line
+            )
+        return self._by_line
 
     def price_at(self, moment: datetime) -> PriceVersion:
         """The version in force at ``moment`` (see the module docstring): the latest
@@ -202,12 +218,17 @@ class PriceBook(Aggregate):
 def _price(spec: dict[str, Any], before: Price | None) -> Price:
     """The price a version's ``spec`` holds; ``before`` itself, the version before's price
     of the meter, when it is written the same: a book's versions share the prices they do
-    not change (a book of 10,000 meters holds each unchanged price once, not per version)."""
-    if before is not None and (str(before.unit_price), before.currency, before.per) == (
-        spec["unit_price"], spec["currency"], spec["per"],
-    ):  # fmt: skip
-        return before
-    return Price(Decimal(spec["unit_price"]), spec["currency"], spec["per"])
+    not change (a book of 10,000 meters holds each unchanged price once, not per version).
+    A per-unit spec (no ``model``, the common case) is compared field by field."""
+    if before is None:
+        return Price.from_spec(spec)
+    if "model" not in spec and "flat_fee" not in spec and not before.by_line:
+        if (str(before.unit_price), before.currency, before.per) == (
+            spec["unit_price"], spec["currency"], spec["per"],
+        ):  # fmt: skip
+            return before
+        return Price(Decimal(spec["unit_price"]), spec["currency"], spec["per"])
+    return before if before.to_spec() == spec else Price.from_spec(spec)
 
 
 def _checked(

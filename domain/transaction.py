@@ -102,30 +102,47 @@ class Source:
 
 @dataclass(frozen=True)
 class Priced:
-    """Which price applies to a record: the price book version in force when it occurred,
-    the customer's contract version when it overrides the meter (else None), the price."""
+    """Which price applies to a record: the price book version that prices it, the
+    customer's contract version when it overrides the meter (else None), the price."""
 
     version: PriceVersion
     contract_version: int | None
     price: Price
 
 
-def price_of_record(record: UsageRecord, prices: PriceList | PriceSchedule) -> Priced:
+def price_of_record(
+    record: UsageRecord,
+    prices: PriceList | PriceSchedule,
+    period_start: datetime | None = None,
+) -> Priced:
     """Which price applies to (customer, meter, moment): the one function that decides it.
+    InvalidUsage (the dead letter's reason) when the book has no price for the meter, or
+    the price is in another currency than the record names. The ingest's rule, and the
+    producer's local check of it (which knows no contracts: the list decides the currency).
 
-    The price book version in force when ``record`` occurred prices its meter (the list
-    price), unless the customer's contract version in force then overrides the meter
-    (``domain.contract``: a replacement, or a discount off that list price). InvalidUsage
-    (the dead letter's reason) when the book has no price for the meter, or the price is
-    in another currency than the record names. The ingest's rule, and the producer's
-    local check of it (which knows no contracts: the list decides the currency)."""
+    The list price is the book version's in force when the record occurred, but for a
+    meter priced by line quantity (``Price.by_line``): when the version in force at
+    ``period_start`` (the start of the period the usage occurred in) or the one of its
+    moment prices the meter by line quantity, the version at ``period_start`` prices it.
+    Tiers in force at the start of a period apply to the whole period, and a change of
+    model takes effect at the next period; per-unit prices change at their own moment.
+
+    The customer's contract version in force at that same moment (``domain.contract``)
+    overrides the list price when it names the meter (a replacement, or a discount off
+    that list price)."""
     schedule = as_schedule(prices)
-    version = schedule.price_at(record.occurred_at)
+    moment = record.occurred_at
+    version = schedule.price_at(moment)
     price = version.prices.price_of(record.meter)
+    if period_start is not None and record.meter in schedule.by_line_meters:
+        start = schedule.price_at(period_start)
+        first = start.prices.prices.get(record.meter)
+        if first is not None and (first.by_line or price.by_line):
+            version, price, moment = start, first, period_start
     contract_version: int | None = None
     contract = schedule.contracts.get(record.customer_id) if schedule.contracts else None
     if contract is not None:
-        terms = contract.at(record.occurred_at)
+        terms = contract.at(moment)
         if terms is not None:
             special = terms.price_of(record.meter, price)
             if special is not None:
@@ -218,33 +235,68 @@ class BillingTransaction(Aggregate):
     def from_usage(
         cls, record: UsageRecord, prices: PriceList | PriceSchedule, source: Source
     ) -> BillingTransaction:
-        """Price a valid usage record (raises InvalidUsage for an unknown meter/currency)."""
-        return cls(**cls.metered_fields(record, prices, source))
+        """Price a valid usage record (raises InvalidUsage for an unknown meter/currency);
+        a price by line quantity prices it as its line's first record."""
+        fields, price = cls.priced(record, prices, source)
+        if fields["amount"] is None:
+            cls.priced_on_line(fields, price, Decimal(0))
+        return cls(**fields)
 
     @staticmethod
     def metered_fields(
-        record: UsageRecord, prices: PriceList | PriceSchedule, source: Source
+        record: UsageRecord,
+        prices: PriceList | PriceSchedule,
+        source: Source,
+        period_start: datetime | None = None,
     ) -> dict[str, Any]:
-        """The Metered event's fields for ``record``: the one place usage is priced, by
-        the price book version in force when it occurred (a bare price list: the
-        initial version)."""
-        priced = price_of_record(record, prices)
+        """The Metered event's fields for ``record`` (``priced``, without its price)."""
+        return BillingTransaction.priced(record, prices, source, period_start)[0]
+
+    @staticmethod
+    def priced(
+        record: UsageRecord,
+        prices: PriceList | PriceSchedule,
+        source: Source,
+        period_start: datetime | None = None,
+    ) -> tuple[dict[str, Any], Price]:
+        """The Metered event's fields for ``record`` and the price that priced it: the one
+        place usage is priced, by the price ``price_of_record`` chooses (a bare price
+        list: the initial version). A price by line quantity leaves ``amount`` and
+        ``unit_price`` None: they depend on the line the record joins, priced by this
+        price (``priced_on_line``)."""
+        priced = price_of_record(record, prices, period_start)
         version, price = priced.version, priced.price
+        by_line = price.by_line
         return {
             "customer_id": record.customer_id,
             "usage_id": record.usage_id,
             "meter": record.meter,
             "quantity": record.quantity,
-            "unit_price": price.unit_price,
+            "unit_price": None if by_line else price.unit_price,
             "per": price.per,
-            "amount": price.exact_amount(record.quantity),
+            "amount": None if by_line else price.exact_amount(record.quantity),
             "currency": price.currency,
             "occurred_at": record.occurred_at,
             "source": str(source),
             "price_book_id": version.book_id,
             "price_version": version.number,
             "contract_version": priced.contract_version,
-        }
+        }, price
+
+    @staticmethod
+    def priced_on_line(
+        fields: dict[str, Any], price: Price, before: Decimal, before_total: Decimal | None = None
+    ) -> tuple[Decimal, Decimal]:
+        """Complete ``fields`` of a record priced by line quantity, settled into a line
+        holding ``before`` of its meter (``before_total``: ``f(before)``, computed when
+        not given): its amount is what it adds to the line's total (``Price.step``), its
+        unit price the rate of the tier the line reaches. The line's quantity and ``f``
+        after it."""
+        if before_total is None:
+            before_total = price.total(before)
+        after, after_total, fields["amount"] = price.step(before, before_total, fields["quantity"])
+        fields["unit_price"] = price.rate_at(after)
+        return after, after_total
 
     @event(Metered)
     def __init__(  # noqa: PLR0917 (the Metered event's fields, applied on every load)

@@ -66,6 +66,9 @@ LINE_COLUMNS = (
     "updated_at",
     "frozen",
     "late_of_start",
+    "model",
+    "quantity",
+    "tier",
 )
 
 _LINE_EVENTS = (InvoiceLine.Opened, InvoiceLine.Settled, InvoiceLine.Removed, InvoiceLine.Frozen)
@@ -138,6 +141,9 @@ def _fold(rows: dict[UUID, dict[str, Any]], event: Any, line: UUID) -> None:
             "updated_at": at,
             "frozen": False,
             "late_of_start": event.late_of_start,
+            "model": event.model if event.price_version is not None else "per_unit",
+            "quantity": None if event.price_version is None else Decimal(0),
+            "tier": None,
             "_new": True,
             "_unsent_lookup": False,
         }
@@ -151,6 +157,8 @@ def _fold(rows: dict[UUID, dict[str, Any]], event: Any, line: UUID) -> None:
             transactions=event.transactions,
             sequence=event.originator_version,
         )
+        if isinstance(event, InvoiceLine.Settled) and event.quantity is not None:
+            row.update(quantity=event.quantity, tier=event.tier)
         if row["oldest_unsent_at"] is None and not row["_unsent_lookup"]:
             row["oldest_unsent_at"] = at
     elif isinstance(event, LinePush.Pushed):

@@ -260,6 +260,7 @@ PREVIEW_VIEW = "invoice_preview"
 PREVIEW_COLUMNS = (
     "invoice_id", "customer_id", "currency", "period_start", "period_end", "close_deadline",
     "meter", "late", "transactions", "exact_total", "billed", "invoice_total", "invoice_lines",
+    "model", "quantity", "tier",
 )  # fmt: skip
 
 

@@ -23,6 +23,11 @@ with each other rather than with another machine:
     500 on a 50,000-record run): the stock recorder (LOCK TABLE + NOTIFY +
     composite-array insert), ours, and ours with the stock LOCK TABLE + NOTIFY
     added, which isolates what the lock and the NOTIFY cost;
+* with ``prices="tiered"``, end to end again by one process on a database of its own
+  whose price book prices every meter by graduated tiers (``tiered_prices``: each
+  record's amount is what it adds to its line, priced when its line is chosen), then
+  flat once more on another: tiered is set against the mean of the flat runs before
+  and after it (a run second pays for the first one's writes);
 * raw PostgreSQL: binary ``COPY`` of the very rows the ledger wrote, 2,000 rows per
   transaction, into a table of the same columns and primary key; and single-row
   INSERT commits against single-transaction appends.
@@ -34,6 +39,7 @@ import multiprocessing
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from adapters.bootstrap import (
@@ -48,7 +54,9 @@ from adapters.progress import Progress, step
 from adapters.runtime import tune_gc, tune_switching
 from adapters.settings import Settings
 from domain.contract import check_terms
+from domain.ids import transaction_id
 from domain.price_book import EPOCH
+from domain.pricing import Price, PriceList, Tier
 from domain.usage import UsageRecord
 from infra.embedded import EmbeddedPostgres, TansuBroker
 from tools.bench_store import (
@@ -64,9 +72,10 @@ from tools.bench_store import (
 from tools.measure import cores, percentile
 from tools.synthetic import bench_usage
 
-__all__ = ["render", "run_ingest_bench"]
+__all__ = ["PRICES", "render", "run_ingest_bench", "tiered_prices"]
 
 CUSTOMERS = 50
+PRICES = ("flat", "tiered")
 
 
 def run_ingest_bench(
@@ -78,9 +87,11 @@ def run_ingest_bench(
     end_to_end_only: bool = False,
     saves_inline: bool = False,
     contracts: bool = False,
+    prices: str = "flat",
 ) -> dict[str, Any]:
     """The figures above; ``end_to_end_only`` measures end to end and the raw ``COPY``
-    of its rows only (no store appends: a third of the time)."""
+    of its rows only (no store appends: a third of the time); ``prices="tiered"`` also
+    measures end to end with every meter priced by graduated tiers."""
     with ExitStack() as stack:
         if database_url is None:
             step("starting embedded PostgreSQL")
@@ -94,6 +105,7 @@ def run_ingest_bench(
             *(("e2e_workers",) if workers > 1 else ()),
             *(("e2e_inline",) if saves_inline else ()),
             *(("e2e_contracts", "e2e_again") if contracts else ()),
+            *(("e2e_tiered", "e2e_flat_again") if prices == "tiered" else ()),
             *(() if end_to_end_only else RECORDERS),
         )
         urls = {name: fresh_database(admin_url, f"bench_{name}") for name in names}
@@ -141,6 +153,16 @@ def run_ingest_bench(
             migrate(again)
             prepare(again, topics=False)
             result["end_to_end_again"] = _end_to_end(again, records, 1)
+        if prices == "tiered":
+            result["end_to_end_tiered"] = _end_to_end_tiered(settings, urls["e2e_tiered"], records)
+            # Flat again after it, on a database of its own: a run second pays for the
+            # first one's writes (checkpoints, vacuum), so tiered is set against both.
+            again = settings.model_copy(
+                update={"database_url": urls["e2e_flat_again"], "ingest_group": "bench-flat"}
+            )
+            migrate(again)
+            prepare(again, topics=False)
+            result["end_to_end_flat_again"] = _end_to_end(again, records, 1)
         if end_to_end_only:
             result["raw_copy"] = raw_copy(urls["e2e"])
             result["ratios"] = _ratios(result, 0)
@@ -169,6 +191,11 @@ def _ratios(r: dict[str, Any], small: int) -> dict[str, float]:
                 many["records_per_s"] / r["end_to_end"]["records_per_s"], 2
             ),
         }
+    if "end_to_end_tiered" in r:  # against the mean of the flat runs before and after it
+        flat = (r["end_to_end"]["records_per_s"] + r["end_to_end_flat_again"]["records_per_s"]) / 2
+        scaling["end_to_end_tiered_vs_flat"] = round(
+            r["end_to_end_tiered"]["records_per_s"] / flat, 2
+        )
     if "end_to_end_inline" in r:
         scaling["end_to_end_behind_vs_inline"] = round(
             r["end_to_end"]["records_per_s"] / r["end_to_end_inline"]["records_per_s"], 2
@@ -221,6 +248,41 @@ def _with_contracts(settings: Settings, url: str, usage: list[UsageRecord]) -> d
     figures = _end_to_end(this, len(usage), 1)
     figures["customers_with_contracts"] = len(customers)
     return figures
+
+
+def tiered_prices(prices: PriceList) -> PriceList:
+    """Every meter of ``prices`` by graduated tiers: its own price up to 100,000 units, 90%
+    of it up to 1,000,000, 80% above (the bench's lines cross all three)."""
+    return PriceList({name: _tiered(p) for name, p in prices.prices.items()})
+
+
+def _tiered(price: Price) -> Price:
+    rate = price.unit_price
+    tiers = (
+        Tier(100_000, rate),
+        Tier(1_000_000, rate * Decimal("0.9")),
+        Tier(None, rate * Decimal("0.8")),
+    )
+    return Price(rate, price.currency, price.per, "graduated", tiers)
+
+
+def _end_to_end_tiered(settings: Settings, url: str, records: int) -> dict[str, Any]:
+    """End to end by one process on ``url``, whose book prices every meter by tiers from
+    the epoch (so from the start of every period the usage falls in)."""
+    tiered = settings.model_copy(update={"database_url": url, "ingest_group": "bench-tiered"})
+    migrate(tiered)
+    prepare(tiered, topics=False)
+    with open_ledger(tiered) as ledger:
+        ledger.publish_prices(tiered_prices(ledger.configured.latest.prices), EPOCH)
+    step("  (every meter priced by graduated tiers)")
+    result = _end_to_end(tiered, records, 1)
+    with open_ledger(tiered) as ledger:  # what priced the first record, and its line
+        first = bench_usage(1, customers=CUSTOMERS)[0]
+        txn = ledger.transaction(transaction_id(first.customer_id, first.usage_id))
+        assert txn.line_id is not None
+        line = ledger.line_by_id(txn.line_id)
+        result["first_record"] = {"price_version": txn.price_version, "line_model": line.model}
+    return result
 
 
 def _produce(settings: Settings, usage: list[UsageRecord]) -> dict[str, float]:
@@ -389,16 +451,22 @@ def render(r: dict[str, Any]) -> str:
                 f" {ratios['end_to_end_workers_vs_1']}",
             ),
         ]
-    inline = r.get("end_to_end_inline")
-    if inline is not None:
-        rows += [
-            ("end to end, 1 process, saves in line", _RATE(inline["records_per_s"], "records/s")),
-            (
-                "  batch commit p50 / p99",
-                f"{inline['batch_commit_ms_p50']} / {inline['batch_commit_ms_p99']} ms",
-            ),
-            ("  saving behind / in line", f"{ratios['end_to_end_behind_vs_inline']:>10}"),
-        ]
+    for key, label, ratio, ratio_label in _ONE_PROCESS_AGAIN:
+        again = r.get(key)
+        if again is not None:
+            rows += [
+                (f"end to end, 1 process, {label}", _RATE(again["records_per_s"], "records/s")),
+                (
+                    "  batch commit p50 / p99",
+                    f"{again['batch_commit_ms_p50']} / {again['batch_commit_ms_p99']} ms",
+                ),
+                (f"  {ratio_label}", f"{ratios[ratio]:>10}"),
+            ]
+    flat_again = r.get("end_to_end_flat_again")
+    if flat_again is not None:
+        rows.insert(
+            -1, ("  flat prices again, after it", _RATE(flat_again["records_per_s"], "records/s"))
+        )
     priced = r.get("end_to_end_contracts")
     if priced is not None:
         rows += [
@@ -427,6 +495,17 @@ def render(r: dict[str, Any]) -> str:
 
 
 _RATE = "{:>10,} {}".format
+# One process again, another way: its result's key, its label, its ratio and that's label.
+_ONE_PROCESS_AGAIN = (
+    (
+        "end_to_end_inline",
+        "saves in line",
+        "end_to_end_behind_vs_inline",
+        "saving behind / in line",
+    ),
+    ("end_to_end_tiered", "tiered prices", "end_to_end_tiered_vs_flat",
+     "tiered / flat (mean of before and after)"),
+)  # fmt: skip
 
 
 def _appends(label: str, figures: dict[str, Any]) -> list[tuple[str, str]]:

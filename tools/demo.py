@@ -40,6 +40,7 @@ from adapters.observability.logs import configure_logging
 from adapters.roles import run_roles
 from adapters.settings import Settings
 from domain.health import Thresholds
+from domain.price_book import EPOCH
 from infra.embedded import EmbeddedPostgres, TansuBroker
 from infra.stripe_emulator import StripeEmulator
 from projections.invoice_lines import lines
@@ -49,7 +50,7 @@ from projections.transactions import open_transactions
 from store.ledger import BillingLedger
 from store.roles import AUDITOR, WRITER
 from tools.demo_report import summarize
-from tools.synthetic import DEMO_LIMITS, Produced, synthetic_usage
+from tools.synthetic import DEMO_LIMITS, Produced, demo_prices, synthetic_usage
 
 __all__ = ["run_demo"]
 
@@ -79,6 +80,8 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
         prepare(settings)
         prices = settings.load_prices()
         with open_ledger(settings) as ledger:
+            # One meter priced by graduated tiers, from the start of every period.
+            ledger.publish_prices(demo_prices(prices), EPOCH)
             for (customer, currency), limit in DEMO_LIMITS.items():
                 ledger.set_spend_limit(customer, currency, limit)
             step(f"producing {records:,} usage records to '{settings.usage_topic}'")
@@ -278,6 +281,7 @@ def _lines(settings: Settings) -> list[dict[str, Any]]:
                 "customer_id": r["customer_id"],
                 "currency": r["currency"].strip(),
                 "meter": r["meter"],
+                "model": r["model"] if r["tier"] is None else f"{r['model']} t{r['tier']}",
                 "period_start": f"{r['period_start']:%Y-%m-%d %H:%M}",
                 "transactions": r["transactions"],
                 "exact": str(r["exact_total"]),

@@ -106,20 +106,22 @@ def render_summary(summary: dict[str, Any]) -> str:
     if summary.get("lines"):
         lines += [
             "",
-            f"{'customer':<10} {'period (UTC)':<17} {'meter':<26} {'records':>8}"
+            f"{'customer':<10} {'period (UTC)':<17} {'meter':<26} {'model':<14} {'records':>8}"
             f" {'exact':>20} {'billed':>14} {'in Stripe':>14} {'requests':>8}",
         ]
         for ln in summary["lines"]:
             cur = ln["currency"]
             lines.append(
                 f"{ln['customer_id']:<10} {ln.get('period_start', ''):<17} {ln['meter']:<26}"
-                f" {ln['transactions']:>8,} {_money(ln['exact'], cur):>20}"
+                f" {ln.get('model', ''):<14} {ln['transactions']:>8,}"
+                f" {_money(ln['exact'], cur):>20}"
                 f" {format_money(ln['billed'], cur):>14}"
                 f" {format_money(ln['stripe'], cur):>14} {ln['requests']:>8}"
             )
         lines.append(
             "billed = the line's exact total rounded once, half up (records keep fractions"
-            " of a cent); in Stripe = what Stripe's draft holds, read back"
+            " of a cent); in Stripe = what Stripe's draft holds, read back; model: how the"
+            " line is priced (graduated tN: by tiers of its quantity, tier N reached)"
         )
     if summary.get("invoices"):
         lines += [

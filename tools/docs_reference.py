@@ -427,6 +427,12 @@ _COLUMNS: dict[str, str] = {
     " recorded Charged",
     "billing.invoice_lines.late_of_start": "for a late line, the period its usage occurred in",
     "billing.invoice_lines.failing_since": "since when its pushes fail",
+    "billing.invoice_lines.model": "its pricing model: `per_unit`, `graduated`, `volume`,"
+    " `package` (a per-unit price with a flat fee: `per_unit`, counted)",
+    "billing.invoice_lines.quantity": "its total quantity, counted on lines priced by"
+    " quantity only (NULL: per unit)",
+    "billing.invoice_lines.tier": "the tier (1, 2, ...) that quantity reaches, if its price"
+    " has tiers",
     "billing.invoice_lines.oldest_unsent_at": "the oldest change Stripe has not seen",
     "billing.invoices.expected_total": "the sum of its lines' billed totals at finalizing",
     "billing.invoices.total": "Stripe's total",

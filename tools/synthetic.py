@@ -14,16 +14,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from domain.pricing import PriceList
+from domain.pricing import Price, PriceList, Tier
 from domain.usage import UsageRecord
 
 __all__ = [
     "DEMO_CUSTOMERS",
     "DEMO_LIMITS",
+    "DEMO_TIERED_METER",
     "MALFORMED",
     "Produced",
     "base_time",
     "bench_usage",
+    "demo_prices",
     "synthetic_usage",
 ]
 
@@ -39,6 +41,10 @@ def base_time() -> datetime:
     today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     return today - timedelta(days=1)
 
+
+# The demo prices this meter by graduated tiers (``demo_prices``): the first hour of GPU
+# time in a period at its listed price, the rest at 80% of it.
+DEMO_TIERED_METER = "gpu.a100.seconds"
 
 MALFORMED = (
     "bad_json",
@@ -144,3 +150,15 @@ def bench_usage(n: int, *, customers: int = 50) -> list[UsageRecord]:
         )
         for i in range(n)
     ]
+
+
+def demo_prices(prices: PriceList) -> PriceList:
+    """``prices`` with ``DEMO_TIERED_METER`` priced by graduated tiers: its listed price
+    for the first 3,600 seconds of a line's period, 80% of it above."""
+    price = prices.price_of(DEMO_TIERED_METER)
+    tiers = (
+        Tier(3600, price.unit_price),
+        Tier(None, price.unit_price * Decimal("0.8")),
+    )
+    tiered = Price(price.unit_price, price.currency, price.per, "graduated", tiers)
+    return PriceList({**prices.prices, DEMO_TIERED_METER: tiered})

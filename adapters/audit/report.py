@@ -47,7 +47,7 @@ from domain.audit_invoices import (
 )
 from domain.audit_lines import check_line_items, check_lines
 from domain.audit_minimums import check_true_ups
-from domain.audit_prices import check_prices
+from domain.audit_prices import check_line_prices, check_prices
 from domain.money import format_money
 from store.connections import Database
 from store.eventlog import copy_log
@@ -125,6 +125,7 @@ def audit(
                 credited = credited_transactions(result.invoices)
                 findings += check_lines(result.lines, result.pushes, result.transactions, credited)
                 findings += check_true_ups(result.invoices.values(), result.lines, result.contracts)
+                findings += check_line_prices(result.lines, result.transactions, result.prices)
                 findings += check_invoices(
                     result.invoices, result.lines, result.transactions, webhook_ids(conn)
                 )

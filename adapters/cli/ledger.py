@@ -354,7 +354,10 @@ def _preview_invoice(args: argparse.Namespace) -> int:
             f" {first['period_start'].isoformat()} to {first['period_end'].isoformat()}"
             f" (closes after {first['close_deadline'].isoformat()})"
         )
-        print_table(lines, ["meter", "late", "transactions", "exact_total", "billed"])
+        print_table(
+            [{**line, "quantity": _quantity(line)} for line in lines],
+            ["meter", "late", "model", "quantity", "tier", "transactions", "exact_total", "billed"],
+        )
         print(f"total so far: {format_money(first['invoice_total'], first['currency'])}"
               f" ({first['invoice_lines']} line(s))\n")  # fmt: skip
     print(ROUNDING_NOTE)
@@ -390,10 +393,18 @@ def _with_true_ups(customer: str, rows: list[dict[str, Any]]) -> list[dict[str, 
         out.extend({**r, "invoice_total": total, "invoice_lines": count} for r in lines)
         out.extend(
             {**out[-1], "meter": meter, "late": False, "transactions": 0, "exact_total": amount,
-             "billed": amount}
+             "billed": amount, "quantity": None, "tier": None, "model": None}
             for meter, amount in owed.items()
         )  # fmt: skip
     return out
+
+
+def _quantity(line: dict[str, Any]) -> str:
+    """A line's quantity as a person reads it (counted only on lines priced by quantity)."""
+    from domain.money import canonical
+
+    quantity = line["quantity"]
+    return "" if quantity is None else f"{canonical(quantity):f}"
 
 
 def _close_invoices(args: argparse.Namespace) -> int:

@@ -21,9 +21,12 @@ from adapters.cli.contracts import customer_arg, customer_price_rows
 from adapters.cli.output import print_table
 
 if TYPE_CHECKING:
-    from domain.price_book import PriceSchedule, PriceVersion
+    from decimal import Decimal
 
-__all__ = ["add_commands"]
+    from domain.price_book import PriceSchedule, PriceVersion
+    from domain.pricing import Price
+
+__all__ = ["add_commands", "price_rows"]
 
 _PUBLISH_HELP = (
     "publish a price file (the format of infra/prices.example.toml) as the price book's"
@@ -114,7 +117,6 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from domain.money import format_money
 
     if args.version is not None and args.at is not None:
         raise CliError("give --at or --version, not both", EXIT_USAGE)
@@ -144,16 +146,11 @@ def _show(args: argparse.Namespace) -> int:
         f"price book version {version.number}, in force from {version.effective_from.isoformat()}"
     )
     rows = [
-        {
-            "meter": name,
-            "price": format_money(
-                price.unit_price.scaleb(_exponent(price.currency)), price.currency
-            ),
-            "per": f"{price.per:,}",
-        }
+        row
         for name, price in sorted(version.prices.prices.items())
+        for row in price_rows(name, price)
     ]
-    print_table(rows, ["meter", "price", "per"])
+    print_table(rows, ["meter", "model", "price", "per"])
     return 0
 
 
@@ -189,6 +186,44 @@ def _exponent(currency: str) -> int:
     from domain.money import CURRENCY_EXPONENTS
 
     return CURRENCY_EXPONENTS.get(currency, 2)
+
+
+def price_rows(name: str, price: Price) -> list[dict[str, str]]:
+    """A meter's price as table rows: one per-unit row, or the meter's row and, indented
+    under it, one row per tier and the flat fee (every amount in the money format)."""
+    from domain.money import CURRENCY_EXPONENTS, format_money
+
+    def money(major: Decimal) -> str:
+        return format_money(major.scaleb(CURRENCY_EXPONENTS.get(price.currency, 2)), price.currency)
+
+    per = f"{price.per:,}"
+    if price.model == "package":
+        head = {"price": money(price.unit_price), "per": f"block of {price.package_size:,}"}
+    elif price.tiers:
+        head = {"price": "", "per": ""}
+    else:
+        head = {"price": money(price.unit_price), "per": per}
+    rows = [{"meter": name, "model": price.model, **head}]
+    below = 0
+    for number, tier in enumerate(price.tiers, 1):
+        span = (
+            f"above {below:,}" if tier.up_to is None
+            else f"{below + 1:,} to {tier.up_to:,}"
+        )  # fmt: skip
+        rows.append(
+            {
+                "meter": f"  tier {number}: {span}",
+                "model": "",
+                "price": money(tier.unit_price),
+                "per": per,
+            }
+        )
+        below = tier.up_to or below
+    if price.flat_fee:
+        rows.append(
+            {"meter": "  flat fee", "model": "", "price": money(price.flat_fee), "per": "period"}
+        )
+    return rows
 
 
 def _schedule() -> PriceSchedule:

@@ -61,6 +61,13 @@ def add_commands(sub: Any) -> None:
         action="store_true",
         help="also measure 1 process with contracts for half the customers (beside none)",
     )
+    b_ingest.add_argument(
+        "--prices",
+        choices=("flat", "tiered"),
+        default="flat",
+        help="tiered: also measure 1 process with every meter priced by graduated tiers"
+        " (against the flat prices of the same run)",
+    )
     b_ingest.add_argument("--json", action="store_true")
     b_ingest.set_defaults(handler=_bench_ingest)
     _add_pipeline_benches(bench_sub)
@@ -181,6 +188,7 @@ def _bench_ingest(args: argparse.Namespace) -> int:
         end_to_end_only=args.end_to_end_only,
         saves_inline=args.saves_inline,
         contracts=args.contracts,
+        prices=args.prices,
     )
     print(json.dumps(result, indent=2) if args.json else bench.render(result))
     return 0

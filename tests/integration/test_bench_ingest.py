@@ -1,7 +1,8 @@
 """``billing-ledger bench ingest`` at a small size: every record produced is ingested by
 one process and again by two, the same rows are copied raw, and the report has every
 figure (or, with ``--end-to-end-only``, no store appends; with ``--saves-inline``, one
-process again saving in line). Only what it counts is asserted, never its rates."""
+process again saving in line; with ``--prices tiered``, one process again pricing every
+meter by tiers). Only what it counts is asserted, never its rates."""
 
 from __future__ import annotations
 
@@ -51,3 +52,13 @@ def test_bench_ingest_end_to_end_only_skips_the_store_appends() -> None:
     assert "raw binary COPY of the same rows" in text
     assert "end-to-end records / COPY" in text
     assert "store append" not in text
+
+
+def test_bench_ingest_with_tiered_prices_ingests_every_record_by_tiers_too() -> None:
+    result = json.loads(_bench("--end-to-end-only", "--prices", "tiered", "--json").stdout)
+    tiered = result["end_to_end_tiered"]
+    # The same records, and each line's events besides: Metered + Reserved per record.
+    assert tiered["events"] > 2 * RECORDS
+    assert tiered["records_per_s"] > 0
+    assert result["ratios"]["end_to_end_tiered_vs_flat"] > 0
+    assert tiered["first_record"] == {"price_version": 2, "line_model": "graduated"}

@@ -16,7 +16,7 @@ from domain.ids import transaction_id
 from domain.money import round_minor
 from domain.pricing import PriceList
 from tests.conftest import settings_env
-from tools.synthetic import DEMO_LIMITS, synthetic_usage
+from tools.synthetic import DEMO_LIMITS, DEMO_TIERED_METER, demo_prices, synthetic_usage
 
 pytestmark = pytest.mark.integration
 
@@ -37,9 +37,11 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
 
-    # Recompute independently from the same deterministic stream and the price list.
-    prices = PriceList.from_toml(DEFAULT_PRICE_LIST.read_text())
+    # Recompute independently from the same deterministic stream and the price list (with
+    # the demo's one meter priced by graduated tiers: what a record adds to its line).
+    prices = demo_prices(PriceList.from_toml(DEFAULT_PRICE_LIST.read_text()))
     produced = list(synthetic_usage(records, prices, seed=seed))
+    held: dict[tuple[str, str, str], Decimal] = defaultdict(Decimal)  # a line's quantity
     seen: set[str] = set()
     zero = {"transactions": 0, "metered": 0, "in_flight": 0, "charged": 0, "compensated": 0}
     expected: dict[str, dict[str, dict[str, Decimal]]] = defaultdict(dict)
@@ -55,7 +57,12 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
             continue
         seen.add(p.record.usage_id)
         price = prices.price_of(p.record.meter)
-        amount = price.exact_amount(p.record.quantity)
+        line = (p.record.customer_id, p.record.meter, f"{p.record.occurred_at:%Y%m%d%H}")
+        if price.by_line:
+            q = held[line]
+            amount = price.total(q + p.record.quantity) - price.total(q)
+        else:
+            amount = price.exact_amount(p.record.quantity)
         key = (p.record.customer_id, price.currency)
         bal = expected[key[0]].setdefault(price.currency, {k: Decimal(v) for k, v in zero.items()})
         bal["transactions"] += 1
@@ -66,6 +73,7 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
             refused += 1
         else:
             committed[key] += amount
+            held[line] += p.record.quantity  # a refused record adds nothing to its line
             bal["charged"] += amount  # the demo charges everything it reserved
             lines[key[0], key[1], p.record.meter] += amount
 
@@ -93,6 +101,9 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
         exact = lines[line["customer_id"], line["currency"], line["meter"]]
         assert Decimal(line["exact"]) == exact and line["billed"] == line["stripe"]
         assert abs(line["billed"] - exact) <= Decimal("0.5")
+    tiered = {ln["model"] for ln in summary["lines"] if ln["meter"] == DEMO_TIERED_METER}
+    assert tiered and all(m.startswith("graduated t") for m in tiered)
+    assert "graduated t2" in tiered  # some customer's hour went past its first tier
     # Stripe calls grow with lines and customers, not records.
     assert summary["stripe"]["requests"] < len(seen) / 10
     assert "ingested" in proc.stderr  # progress was shown

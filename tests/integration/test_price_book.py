@@ -87,11 +87,11 @@ def test_prices_publish_list_and_show_through_the_command_line(
         "price book version 1, in force from 1970-01-01T00:00:00+00:00"
     )
     header, *rows = before.stdout.splitlines()[1:]
-    assert header.split() == ["meter", "price", "per"]
+    assert header.split() == ["meter", "model", "price", "per"]
     table = {row.split()[0]: row.split()[1:] for row in rows}
-    assert table["api.requests"] == ["0.001", "USD", "1"]  # format_money, in major units
-    assert table["gpt-4o.input_tokens"] == ["2.50", "USD", "1,000,000"]
-    assert table["eu.gpu.h100.seconds"] == ["0.0025", "EUR", "1"]
+    assert table["api.requests"] == ["per_unit", "0.001", "USD", "1"]  # format_money, major
+    assert table["gpt-4o.input_tokens"] == ["per_unit", "2.50", "USD", "1,000,000"]
+    assert table["eu.gpu.h100.seconds"] == ["per_unit", "0.0025", "EUR", "1"]
     assert len(table) == 8
     at = _cli(env, "prices", "show", "--at", "2027-01-01T00:00:00Z", "--json")
     shown = json.loads(at.stdout)

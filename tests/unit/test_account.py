@@ -261,12 +261,40 @@ def test_cannot_reverse_more_than_was_charged() -> None:
     assert (account.reserved, account.charged) == (4, 6)
 
 
-@pytest.mark.parametrize("method", ["release", "settle", "reverse_charge"])
-def test_release_settle_and_reverse_charge_refuse_a_negative_amount(method: str) -> None:
+@pytest.mark.parametrize("method", ["settle", "reverse_charge"])
+def test_settle_and_reverse_charge_refuse_a_negative_amount(method: str) -> None:
     account = _reserved_account(10)
     account.settle(A, 5)  # reserved 5, charged 5
     with pytest.raises(ValueError, match="negative"):
         getattr(account, method)(A, -5)
+
+
+def test_releasing_a_negative_amount_takes_its_release_back() -> None:
+    # A volume tier's record added -5 to its line (the line's total dropped): compensating
+    # it gives the line's earlier records their hold back.
+    account = _reserved_account(10, spend_limit=20)
+    account.release(A, Decimal(-5))
+    assert (account.reserved, account.available) == (15, 5)
+
+
+def test_a_hold_grants_a_negative_amount_and_gives_its_headroom_back() -> None:
+    account = _account(spend_limit=10)
+    hold = account.hold()
+    assert [hold.take(A, Decimal(8)), hold.take(B, Decimal(3))] == [True, False]
+    assert [hold.take(C, Decimal(-4)), hold.take(D, Decimal(6))] == [True, True]
+    hold.record()
+    assert account.reserved == 10
+    [event] = account.collect_events()
+    assert isinstance(event, CustomerAccount.AmountsReserved)
+    assert (event.transaction_ids, event.amounts) == ([str(A), str(C), str(D)], ["8", "-4", "6"])
+
+
+def test_a_hold_that_took_nothing_records_nothing() -> None:
+    account = _account(spend_limit=1)
+    hold = account.hold()
+    assert not hold.take(A, Decimal(2))
+    hold.record()
+    assert account.collect_events() == []
 
 
 # ---------------------------------------------------------------------------------------------

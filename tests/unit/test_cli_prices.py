@@ -87,3 +87,20 @@ def test_a_configured_price_file_gone_or_broken_is_a_setting_named_with_status_2
         f"billing-ledger: error: the configured price file (BILLING_LEDGER_PRICE_LIST="
         f"{configured}){reason}\n"
     )
+
+
+def test_show_prints_tiers_packages_and_fees_readably() -> None:
+    from adapters.cli.prices import price_rows
+    from domain.pricing import PriceList
+    from tests.unit.test_pricing_models import TIERED_TOML
+
+    prices = PriceList.from_toml(TIERED_TOML)
+    rows = [r for name, p in prices.prices.items() for r in price_rows(name, p)]
+    assert [tuple(r.values()) for r in rows] == [
+        ("tokens", "graduated", "", ""),
+        ("  tier 1: 1 to 1,000,000", "", "2.50 USD", "1,000,000"),
+        ("  tier 2: above 1,000,000", "", "2.00 USD", "1,000,000"),
+        ("  flat fee", "", "10.00 USD", "period"),
+        ("seats", "package", "40.00 EUR", "block of 5"),
+        ("calls", "per_unit", "0.001 USD", "1"),
+    ]

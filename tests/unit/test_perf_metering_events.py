@@ -21,7 +21,7 @@ from domain.metering import Metering, meter_batch
 from domain.metering_events import meter_batch_events
 from domain.periods import PeriodPolicy
 from domain.price_book import PriceBook
-from domain.pricing import Price, PriceList
+from domain.pricing import Price, PriceList, Tier
 from domain.transaction import BillingTransaction, Source, TxnState
 from domain.usage import UsageRecord
 
@@ -77,7 +77,12 @@ def _fields(event: DomainEventProtocol[Any]) -> tuple[type, dict[str, Any]]:
     return type(event), {k: v for k, v in vars(event).items() if k != "timestamp"}
 
 
-def _both(batch: list[Metering], accounts: list[CustomerAccount], recorded: set[Any]) -> Any:
+def _both(
+    batch: list[Metering],
+    accounts: list[CustomerAccount],
+    recorded: set[Any],
+    prices: PriceList = PRICES,
+) -> Any:
     """Run both forms, each on its own copy of the stored accounts."""
 
     def loader() -> Any:
@@ -85,10 +90,10 @@ def _both(batch: list[Metering], accounts: list[CustomerAccount], recorded: set[
         return lambda customer_id, currency: by_key.get((customer_id, currency))
 
     reference = meter_batch(
-        batch, PRICES, load_account=loader(), **LINES, already_recorded=recorded
+        batch, prices, load_account=loader(), **LINES, already_recorded=recorded
     )
     fast = meter_batch_events(
-        batch, PRICES, load_account=loader(), **LINES, already_recorded=recorded
+        batch, prices, load_account=loader(), **LINES, already_recorded=recorded
     )
     return reference, fast
 
@@ -263,3 +268,40 @@ def test_both_forms_record_no_crossing_again_on_redelivery() -> None:
     for decision in (reference, fast):
         events = [e for a in decision.accounts for e in a.pending_events]
         assert not [e for e in events if isinstance(e, CustomerAccount.AlertCrossed)]
+
+
+TIERED = PriceList(
+    {
+        **PRICES.prices,
+        "api.requests": Price(
+            Decimal("0.02"), "USD", model="volume",
+            tiers=(Tier(50, Decimal("0.02")), Tier(None, Decimal("0.01"))),
+        ),
+        "gpt.tokens": Price(
+            Decimal("2.50"), "USD", 1_000_000, "graduated",
+            (Tier(1000, Decimal("2.50")), Tier(None, Decimal("1"))), flat_fee=Decimal("0.001"),
+        ),
+    }
+)  # fmt: skip
+
+
+def test_both_forms_record_the_same_events_with_prices_by_line_quantity() -> None:
+    reference, fast = _both(MIXED, ACCOUNTS, RECORDED, TIERED)
+    assert [_fields(e) for e in fast.transaction_events] == [
+        _fields(e) for t in reference.transactions for e in t.pending_events
+    ]
+    for ours, theirs in [*zip(fast.lines, reference.lines, strict=True),
+                         *zip(fast.accounts, reference.accounts, strict=True)]:  # fmt: skip
+        assert [_fields(e) for e in ours.pending_events] == [
+            _fields(e) for e in theirs.pending_events
+        ]
+    assert fast.rejected == reference.rejected
+    assert [t.id for t in fast.refused] == [t.id for t in reference.refused]
+    # a-1 60 at 0.01 (volume past 50) = 60; a-2 +50 past the limit; a-3 90 at 0.01 = +30
+    assert [(t.usage_id, t.amount) for t in reference.transactions][:3] == [
+        ("a-1", Decimal(60)), ("a-2", Decimal(50)), ("a-3", Decimal(30)),
+    ]  # fmt: skip
+    assert [t.usage_id for t in reference.refused] == ["a-2", "t-1", "t-2"]
+    lines = {ln.meter: ln for ln in reference.lines if ln.customer_id == "acme"}
+    assert lines["api.requests"].quantity == 90  # a-1, a-3 and z-1 (0)
+    assert lines["api.requests"].exact_total == Decimal(90)

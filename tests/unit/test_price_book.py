@@ -177,7 +177,9 @@ def test_a_book_stored_and_loaded_has_the_same_versions() -> None:
     [
         pytest.param(PriceList({}), r"^price list has no \[meters\.NAME\] tables$", id="empty"),
         pytest.param(_prices("1", per=3), "^meter 'api': one unit cannot be priced", id="per-3"),
-        pytest.param(_prices("-1"), "^meter 'api': unit_price must be a number >= 0$", id="neg"),
+        pytest.param(
+            _prices("-1"), "^meter 'api': unit_price must be a number >= 0, got '-1'$", id="neg"
+        ),
         pytest.param(_prices("1", currency="XYZ"), "^meter 'api': ", id="currency"),
     ],
 )

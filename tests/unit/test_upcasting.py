@@ -191,3 +191,41 @@ def test_a_metered_event_from_before_contracts_loads_naming_no_contract_version(
     ledger.recorder.insert_events([_stored(txn_id, 1, TXN + "Metered", v3)])
     txn = ledger.transaction(txn_id)
     assert (txn.price_version, txn.contract_version) == (2, None)
+
+
+LINE = "domain.invoice_line:InvoiceLine."
+
+
+def test_a_line_from_before_quantities_loads_as_a_per_unit_line_that_counts_none() -> None:
+    from domain.invoice_line import InvoiceLine
+    from domain.periods import PeriodPolicy
+
+    ledger = memory_ledger()
+    period = PeriodPolicy().period_of(datetime(2026, 12, 1, tzinfo=UTC))
+    line_id = InvoiceLine.create_id("acme", "USD", "api.requests", period.start)
+    opened = {
+        "originator_topic": LINE.rstrip("."), "customer_id": "acme", "currency": "USD",
+        "meter": "api.requests",
+        "period_start": {"_type_": "datetime_iso", "_data_": period.start.isoformat()},
+        "period_end": {"_type_": "datetime_iso", "_data_": period.end.isoformat()},
+        "late_of_start": None,
+    }  # fmt: skip
+    settled = {
+        "transaction_ids": [str(uuid4())], "amounts": ["25"],
+        "exact_total": {"_type_": "decimal_str", "_data_": "25"}, "billed": 25, "transactions": 1,
+    }  # fmt: skip
+    ledger.recorder.insert_events(
+        [
+            _stored(line_id, 1, LINE + "Opened", opened),
+            _stored(line_id, 2, LINE + "Settled", settled),
+        ]
+    )
+    line = ledger.line_by_id(line_id)
+    assert (line.price_version, line.model, line.quantity, line.tier) == (None, None, None, None)
+    assert (line.exact_total, line.billed, line.transactions) == (25, 25, 1)
+    # It still takes per-unit usage, and still counts no quantity.
+    line.settle([(uuid4(), Decimal(5))])
+    assert (line.exact_total, line.quantity) == (30, None)
+    [event] = line.collect_events()
+    assert isinstance(event, InvoiceLine.Settled)
+    assert (event.quantities, event.quantity, event.tier) == (None, None, None)
