@@ -29,12 +29,14 @@ from projections.base import (
     check_limit,
     check_state,
 )
+from projections.invoice_lines import InvoiceLinesProjection
 
 __all__ = [
     "COLUMNS",
     "TransactionsProjection",
     "open_transactions",
     "page_cursor",
+    "repricing_candidates",
     "transactions",
     "unlined_transaction_ids",
 ]
@@ -47,6 +49,7 @@ COLUMNS = (
     "quantity",
     "amount",
     "currency",
+    "price_version",
     "state",
     "line_id",
     "line_sequence",
@@ -115,6 +118,7 @@ def _metered_row(event: BillingTransaction.Metered) -> dict[str, Any]:
         quantity=event.quantity,
         amount=event.amount,
         currency=event.currency,
+        price_version=event.price_version,
         state=str(TxnState.METERED),
         attempts=0,
         occurred_at=event.occurred_at,
@@ -158,6 +162,8 @@ def _change(event: Any) -> dict[str, Any] | None:
             "charged_at": at,
             "updated_at": at,
         }
+    if isinstance(event, BillingTransaction.Repriced):  # the state stays
+        return {"amount": event.amount, "price_version": event.price_version, "updated_at": at}
     if isinstance(event, BillingTransaction.Compensated):
         return {
             "state": str(TxnState.COMPENSATED),
@@ -255,3 +261,44 @@ def open_transactions(conn: psycopg.Connection[Any]) -> int:
         ).format(sql.Identifier(SCHEMA, TransactionsProjection.name))
     ).fetchone()
     return int(row[0]) if row else 0
+
+
+_REPRICING = sql.SQL(
+    "SELECT t.transaction_id, t.line_id FROM {table} t"
+    " JOIN {lines} l ON l.line_id = t.line_id"
+    " WHERE t.state IN ('reserved', 'charge_failed', 'charged')"
+    " AND (%(frozen)s OR NOT l.frozen) AND t.transaction_id > %(after)s"
+    " AND NOT EXISTS (SELECT 1 FROM unnest(%(starts)s::timestamptz[],"
+    "  %(untils)s::timestamptz[], %(numbers)s::integer[]) AS v(s, u, n)"
+    "  WHERE (v.s IS NULL OR t.occurred_at >= v.s) AND (v.u IS NULL OR t.occurred_at < v.u)"
+    "  AND t.price_version = v.n)"
+    " ORDER BY t.transaction_id LIMIT %(limit)s"
+)
+
+
+def repricing_candidates(
+    conn: psycopg.Connection[Any],
+    spans: Sequence[tuple[datetime | None, datetime | None, int]],
+    *,
+    after: UUID,
+    limit: int,
+    frozen: bool = False,
+) -> list[tuple[UUID, UUID]]:
+    """Transactions (id, line) in a line, not compensated, whose price book version is not
+    the one ``spans`` (``PriceSchedule.spans``) puts in force at their ``occurred_at``:
+    those a version published later may price again (``domain.repricing`` decides, from
+    the aggregates). Only lines not frozen, unless ``frozen``; ids after ``after``, in
+    order, at most ``limit``."""
+    query = _REPRICING.format(
+        table=sql.Identifier(SCHEMA, TransactionsProjection.name),
+        lines=sql.Identifier(SCHEMA, InvoiceLinesProjection.name),
+    )
+    params = {
+        "frozen": frozen,
+        "after": after,
+        "starts": [s for s, _, _ in spans],
+        "untils": [u for _, u, _ in spans],
+        "numbers": [n for _, _, n in spans],
+        "limit": check_limit(limit),
+    }
+    return [(r[0], r[1]) for r in conn.execute(query, params).fetchall()]
