@@ -1,0 +1,368 @@
+"""``domain.repricing``: what a price version published for the past changes on an open
+line, and how the aggregates, the audit's folds and the pushes' decisions follow."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+import pytest
+from eventsourcing.utils import get_topic
+
+from domain.account import CustomerAccount
+from domain.audit import TxnAudit, balances_of, check_balances
+from domain.audit_lines import LineAudit
+from domain.audit_prices import check_prices
+from domain.closing import billed_shares
+from domain.errors import IllegalTransition
+from domain.invoice_line import InvoiceLine
+from domain.periods import Period
+from domain.price_book import PriceBook, PriceSchedule
+from domain.pricing import Price, PriceList
+from domain.pushing import REPRICED_TOPIC, charged_events, repriced_last
+from domain.repricing import apply_repricing, decide_line
+from domain.transaction import BillingTransaction, Source, TxnState
+from domain.usage import UsageRecord
+
+JAN = datetime(2027, 1, 1, tzinfo=UTC)
+USED = JAN + timedelta(days=10)
+PERIOD = Period(JAN, datetime(2027, 2, 1, tzinfo=UTC))
+V1 = PriceList({"api": Price(Decimal("0.001"), "USD"), "gpu": Price(Decimal("2"), "USD")})
+
+
+def _book(*later: tuple[PriceList, datetime]) -> PriceSchedule:
+    book = PriceBook.start(V1)
+    for prices, moment in later:
+        book.publish(prices, moment)
+    return book.schedule
+
+
+def _txn(
+    usage_id: str, quantity: str = "1500", meter: str = "api", at: datetime = USED
+) -> BillingTransaction:
+    record = UsageRecord(
+        usage_id=usage_id,
+        customer_id="acme",
+        meter=meter,
+        quantity=Decimal(quantity),
+        occurred_at=at,
+    )
+    return BillingTransaction.from_usage(record, _book(), Source("usage", 0, 1))
+
+
+def _open_line(*txns: BillingTransaction) -> tuple[InvoiceLine, CustomerAccount]:
+    line = InvoiceLine.open("acme", "USD", "api", PERIOD)
+    account = CustomerAccount.open("acme", "USD")
+    account.reserve_all([(t.id, t.amount) for t in txns])
+    line.settle([(t.id, t.amount) for t in txns])
+    for txn in txns:
+        txn.reserve(account.id, line.id, line.sequence)
+    return line, account
+
+
+V2 = PriceList({"api": Price(Decimal("0.002"), "USD"), "gpu": Price(Decimal("2"), "USD")})
+
+
+# ---------------------------------------------------------------------------------------------
+# the decision
+
+
+def test_a_version_in_force_at_the_usage_now_prices_it_again_exactly() -> None:
+    txn = _txn("u-1", "1500")  # 1500 x 0.001 USD = 1.5 USD = 150 cents
+    line, _ = _open_line(txn)
+    decision = decide_line(line, [txn], _book((V2, JAN)))
+    (change,) = decision.changes
+    assert (change.old_version, change.version.number) == (1, 2)
+    assert (change.old_amount, change.amount) == (Decimal(150), Decimal(300))
+    assert (decision.exact_total, decision.new_exact_total) == (Decimal(150), Decimal(300))
+    assert (decision.billed, decision.new_billed, decision.left) == (150, 300, ())
+
+
+def test_a_version_that_starts_after_the_usage_changes_nothing() -> None:
+    txn = _txn("u-1")
+    line, _ = _open_line(txn)
+    decision = decide_line(line, [txn], _book((V2, USED + timedelta(microseconds=1))))
+    assert (decision.changes, decision.left) == ((), ())
+
+
+def test_a_meter_the_new_version_lacks_or_prices_in_another_currency_is_left_alone() -> None:
+    api, gpu = _txn("u-1"), _txn("u-2", "3", meter="gpu")
+    line, _ = _open_line(api, gpu)
+    other = PriceList({"gpu": Price(Decimal("2"), "EUR")})
+    decision = decide_line(line, [api, gpu], _book((other, JAN)))
+    assert decision.changes == ()
+    reasons = {left.transaction_id: left.reason for left in decision.left}
+    assert reasons == {
+        api.id: "version 2 has no price for meter 'api'",
+        gpu.id: "version 2 prices 'gpu' in EUR, the usage is in USD",
+    }
+
+
+def test_compensated_usage_and_usage_of_another_line_are_not_looked_at() -> None:
+    kept, reversed_, elsewhere = _txn("u-1"), _txn("u-2"), _txn("u-3")
+    line, _ = _open_line(kept, reversed_)
+    elsewhere.reserve(CustomerAccount.open("acme", "USD").id, UUID(int=7), 2)  # another line
+    reversed_.compensate("operator reversal")
+    decision = decide_line(line, [kept, reversed_, elsewhere], _book((V2, JAN)))
+    assert [c.transaction_id for c in decision.changes] == [kept.id]
+
+
+def test_of_versions_tied_on_their_moment_the_one_published_last_prices() -> None:
+    txn = _txn("u-1")
+    line, _ = _open_line(txn)
+    v3 = PriceList({"api": Price(Decimal("0.003"), "USD")})
+    (change,) = decide_line(line, [txn], _book((V2, JAN), (v3, JAN))).changes
+    assert (change.version.number, change.amount) == (3, Decimal(450))
+
+
+# ---------------------------------------------------------------------------------------------
+# recording it
+
+
+def _record(
+    txns: list[BillingTransaction], schedule: PriceSchedule, *, history: bool = False
+) -> tuple[InvoiceLine, CustomerAccount]:
+    """Re-price ``txns`` on their line; the events before it are dropped, but for the
+    transactions' with ``history``."""
+    line, account = _open_line(*txns)
+    for agg in (line, account, *([] if history else txns)):
+        agg.collect_events()
+    decision = decide_line(line, txns, schedule)
+    apply_repricing(decision, line, {t.id: t for t in txns}, account)
+    return line, account
+
+
+def test_each_transaction_records_its_old_and_new_version_and_amount_and_keeps_its_state() -> None:
+    txn = _txn("u-1")
+    _record([txn], _book((V2, JAN)))
+    (event,) = txn.collect_events()
+    assert isinstance(event, BillingTransaction.Repriced)
+    assert (event.old_price_version, event.price_version) == (1, 2)
+    assert (event.old_amount, event.amount, event.state) == (Decimal(150), Decimal(300), "reserved")
+    assert (txn.amount, txn.price_version, txn.unit_price, txn.state) == (
+        Decimal(300),
+        2,
+        Decimal("0.002"),
+        TxnState.RESERVED,
+    )
+
+
+def test_the_line_total_follows_rounded_once_and_its_sequence_moves() -> None:
+    a, b = _txn("u-1", "1"), _txn("u-2", "1")  # 0.1 cent each; 0.25 cent each after
+    v2 = PriceList({"api": Price(Decimal("0.0025"), "USD")})
+    line, _ = _record([a, b], _book((v2, JAN)))
+    (event,) = line.collect_events()
+    assert isinstance(event, InvoiceLine.Repriced)
+    assert event.transaction_ids == [str(a.id), str(b.id)]
+    assert (event.old_amounts, event.amounts) == (["0.1", "0.1"], ["0.25", "0.25"])
+    assert (event.exact_total, event.billed, event.transactions) == (Decimal("0.5"), 1, 2)
+    assert (line.exact_total, line.billed, line.sequence) == (Decimal("0.5"), 1, 3)
+
+
+def test_the_account_holds_the_differences_in_one_event_even_past_its_limit() -> None:
+    txn = _txn("u-1")
+    line, account = _open_line(txn)
+    account.set_limit(200)  # 150 held; the new price makes it 300: owed usage, never refused
+    account.collect_events()
+    apply_repricing(decide_line(line, [txn], _book((V2, JAN))), line, {txn.id: txn}, account)
+    (event,) = account.collect_events()
+    assert isinstance(event, CustomerAccount.AmountsRepriced)
+    assert (event.old_amounts, event.amounts) == (["150"], ["300"])
+    assert (account.reserved, account.available) == (Decimal(300), Decimal(0))
+
+
+def test_an_unchanged_amount_moves_the_version_only() -> None:
+    txn = _txn("u-1")
+    same = PriceList({"api": Price(Decimal("0.0010"), "USD")})
+    line, account = _record([txn], _book((same, JAN)))
+    assert txn.price_version == 2
+    assert (line.collect_events(), account.collect_events()) == ([], [])
+
+
+def test_a_frozen_line_is_never_changed() -> None:
+    txn = _txn("u-1")
+    line, account = _open_line(txn)
+    line.freeze()
+    decision = decide_line(line, [txn], _book((V2, JAN)))
+    assert decision.frozen and decision.new_billed == 300  # reported, with what it would be
+    before = (len(line.pending_events), len(account.pending_events), len(txn.pending_events))
+    with pytest.raises(IllegalTransition, match="frozen"):
+        apply_repricing(decision, line, {txn.id: txn}, account)
+    after = (len(line.pending_events), len(account.pending_events), len(txn.pending_events))
+    assert after == before
+
+
+@pytest.mark.parametrize("state", ["metered", "compensated", "unlined"])
+def test_a_transaction_is_repriced_only_in_a_line_and_not_compensated(state: str) -> None:
+    txn = _txn("u-1")
+    if state == "compensated":
+        _open_line(txn)
+        txn.compensate("gave up")
+    elif state == "unlined":
+        txn.reserve(CustomerAccount.open("acme", "USD").id)
+    version = _book((V2, JAN)).latest
+    with pytest.raises(IllegalTransition):
+        txn.reprice(version, V2.price_of("api"), Decimal(300))
+
+
+def test_a_charged_transaction_is_repriced_and_stays_charged() -> None:
+    txn = _txn("u-1")
+    line, _ = _open_line(txn)
+    txn.record_charged("ii_1", line.id, line.sequence)
+    txn.reprice(_book((V2, JAN)).latest, V2.price_of("api"), Decimal(300))
+    assert (txn.state, txn.amount) == (TxnState.CHARGED, Decimal(300))
+
+
+# ---------------------------------------------------------------------------------------------
+# the audit's folds
+
+
+def _plain(event: Any) -> dict[str, Any]:
+    def text(value: Any) -> Any:
+        if isinstance(value, datetime):
+            return value.isoformat()
+        return str(value) if isinstance(value, Decimal | UUID) else value
+
+    return {key: text(value) for key, value in vars(event).items()}
+
+
+def _folded(txn: BillingTransaction) -> TxnAudit:
+    metered, *later = txn.collect_events()
+    fold = TxnAudit.metered(str(txn.id), _plain(metered))
+    for event in later:
+        fold.apply(type(event).__name__, _plain(event), event.originator_version)
+    return fold
+
+
+def _versions(schedule: PriceSchedule) -> dict[tuple[str | None, int], Any]:
+    return {(str(v.book_id), v.number): v.prices.to_meters() for v in schedule.versions}
+
+
+def test_the_fold_follows_a_repricing_and_the_price_audit_checks_the_new_version() -> None:
+    txn = _txn("u-1")
+    schedule = _book((V2, JAN))
+    _record([txn], schedule, history=True)
+    fold = _folded(txn)
+    assert fold.problems == ()
+    assert (fold.amount, fold.priced_by, fold.state) == (
+        Decimal(300),
+        (str(schedule.book_id), 2),
+        TxnState.RESERVED,
+    )
+    assert check_prices([fold], _versions(schedule)) == []
+    balance = balances_of([fold], {})["acme", "USD"]
+    assert (balance.metered, balance.in_flight, check_balances({("acme", "USD"): balance})) == (
+        Decimal(300),
+        Decimal(300),
+        [],
+    )
+
+
+def test_a_repriced_event_with_a_wrong_amount_is_a_price_finding() -> None:
+    txn = _txn("u-1")
+    schedule = _book((V2, JAN))
+    _record([txn], schedule, history=True)
+    metered, reserved, repriced = txn.collect_events()
+    fold = TxnAudit.metered(str(txn.id), _plain(metered))
+    fold.apply("Reserved", _plain(reserved), 2)
+    fold.apply("Repriced", {**_plain(repriced), "amount": "299"}, 3)
+    (finding,) = check_prices([fold], _versions(schedule))
+    assert finding.kind == "price"
+    assert "amount 2.99 USD" in finding.detail and "at 3.00 USD" in finding.detail
+
+
+def test_a_repriced_event_from_another_amount_than_the_history_holds_is_a_problem() -> None:
+    txn = _txn("u-1")
+    _record([txn], _book((V2, JAN)), history=True)
+    metered, reserved, repriced = txn.collect_events()
+    fold = TxnAudit.metered(str(txn.id), _plain(metered))
+    fold.apply("Reserved", _plain(reserved), 2)
+    fold.apply("Repriced", {**_plain(repriced), "old_amount": "151"}, 3)
+    assert fold.problems == (
+        "v3: Repriced from 1.51 USD (version 1), the history holds 1.50 USD (version 1)",
+    )
+
+
+def _line_fold(line: InvoiceLine) -> LineAudit:
+    opened, *later = line.collect_events()
+    fold = LineAudit.opened(str(line.id), _plain(opened))
+    for event in later:
+        fold.apply(type(event).__name__, _plain(event), event.originator_version)
+    return fold
+
+
+def test_the_line_fold_follows_the_new_amounts_and_totals() -> None:
+    a, b = _txn("u-1"), _txn("u-2", "500")
+    line, _ = _open_line(a, b)
+    line_events = line.collect_events()
+    decision = decide_line(line, [a], _book((V2, JAN)))
+    apply_repricing(decision, line, {a.id: a}, CustomerAccount.open("acme", "USD"))
+    line.pending_events[:0] = line_events  # the whole history, in order
+    fold = _line_fold(line)
+    assert fold.problems == []
+    assert fold.members[str(a.id)] == (Decimal(300), 2)
+    assert (fold.exact_total, fold.billed, fold.billed_at[3]) == (Decimal(350), 350, 350)
+
+
+def test_a_line_repriced_from_an_amount_it_does_not_hold_is_a_problem() -> None:
+    txn = _txn("u-1")
+    line, _ = _open_line(txn)
+    opened, settled = line.collect_events()
+    fold = LineAudit.opened(str(line.id), _plain(opened))
+    fold.apply("Settled", _plain(settled), 2)
+    fold.apply(
+        "Repriced",
+        {"transaction_ids": [str(txn.id)], "old_amounts": ["100"], "amounts": ["300"],
+         "exact_total": "350", "billed": 350, "transactions": 1},
+        3,
+    )  # fmt: skip
+    assert fold.problems[0] == (
+        f"v3: reprices {txn.id} from 1.00 USD, which the line holds as 1.50 USD"
+    )
+
+
+def test_a_billed_share_counts_a_repriced_transaction_at_its_new_amount() -> None:
+    a, b = _txn("u-1", "1"), _txn("u-2", "1")  # 0.1 cent each
+    line, _ = _open_line(a, b)
+    settled = line.collect_events()[-1]
+    v2 = PriceList({"api": Price(Decimal("0.006"), "USD")})  # 0.6 cent each
+    apply_repricing(decide_line(line, [a], _book((v2, JAN))), line, {a.id: a}, _open_line()[1])
+    (repriced,) = line.collect_events()
+    assert isinstance(settled, InvoiceLine.Settled)
+    assert isinstance(repriced, InvoiceLine.Repriced)
+    assert billed_shares([settled]) == {a.id: 0, b.id: 0}
+    assert billed_shares([settled, repriced]) == {a.id: 1, b.id: 0}  # 0.6 then 0.7 -> 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the schedule as spans, and charging what was re-priced
+
+
+def test_spans_put_in_force_what_price_at_does() -> None:
+    v3 = PriceList({"api": Price(Decimal("0.003"), "USD")})
+    feb = JAN + timedelta(days=31)
+    schedule = _book((V2, feb), (v3, JAN), (V2, feb))  # version 2 is tied with 4: no span
+    spans = schedule.spans()
+    assert spans == [(None, JAN, 1), (JAN, feb, 3), (feb, None, 4)]
+    for moment in (JAN - timedelta(days=1), JAN, feb - timedelta(microseconds=1), feb):
+        (number,) = [
+            n for s, u, n in spans if (s is None or moment >= s) and (u is None or moment < u)
+        ]
+        assert number == schedule.price_at(moment).number
+
+
+def test_a_transaction_last_repriced_is_charged_only_while_it_is_not_charged_yet() -> None:
+    waiting, charged = UUID(int=1), UUID(int=2)
+    latest = {waiting: (3, REPRICED_TOPIC), charged: (4, REPRICED_TOPIC)}
+    assert sorted(repriced_last({**latest, UUID(int=3): (2, "x")})) == [waiting, charged]
+    states = {waiting: TxnState.RESERVED, charged: TxnState.CHARGED}
+    events = charged_events(
+        [waiting, charged], latest, stripe_object_id="ii_1", line_id=UUID(int=9), sequence=5,
+        states=states,
+    )  # fmt: skip
+    assert [(e.originator_id, e.originator_version) for e in events] == [(waiting, 4)]
+    assert charged_events([waiting], latest, stripe_object_id="ii", line_id=UUID(int=9),
+                          sequence=5) == []  # fmt: skip
+    assert get_topic(BillingTransaction.Repriced) == REPRICED_TOPIC
