@@ -10,7 +10,8 @@ Two aggregates, because two writers keep them and must not contend:
   (a reversal, a compensation). ``Repriced`` changes the amounts of transactions it
   holds (a price version published for a moment at or before their usage:
   ``domain.repricing``), with the old and new amounts, the new exact total and the
-  billed amount rounded once from it; only while the line is not frozen. The line's
+  billed amount rounded once from it; like a removal, while its invoice is a draft
+  (open, or closed and not finalizing: ``domain.repricing`` checks it). The line's
   ``sequence`` is its version: every change of the total is a new sequence, so the
   next push sets the new total.
 * ``LinePush`` is written by the pushers only: which Stripe invoice items hold the
@@ -202,12 +203,11 @@ class InvoiceLine(Aggregate):
 
     def reprice(self, entries: Sequence[tuple[UUID, Decimal, Decimal]]) -> None:
         """Change the amounts of transactions the line holds (id, old exact amount, new
-        exact amount), in one event; the total follows, rounded once. Refused once the
-        line is frozen (its invoice closed: ``domain.repricing`` reports it instead)."""
+        exact amount), in one event; the total follows, rounded once. A frozen line too,
+        as a removal: whether its invoice still takes the change is its invoice's
+        (``domain.repricing.apply_repricing``)."""
         if not entries:
             return
-        if self.frozen:
-            raise IllegalTransition(f"line {self.id} is frozen: its invoice has closed")
         total = self.exact_total
         for _, old, new in entries:
             if new < 0:

@@ -18,13 +18,22 @@ function of its total quantity; a record's amount its increment) will decide her
 which is why the decision takes a line with its transactions rather than one
 transaction: a tier's increments depend on the line's other usage in settlement order.
 
-``apply_repricing`` records a decision on the aggregates, all to be saved in one save:
-each transaction's ``Repriced`` (old and new version and amount), the line's
-``Repriced`` (old and new amounts, the new exact total, billed rounded once) and the
-account's ``AmountsRepriced`` (its hold moves by the differences, never refused by the
-spend limit: ``domain.account``). A frozen line (its invoice has closed) is never
-changed: its decision is reported (what the ledger bills now, what the new version
-would make it), and what to do about it is the operator's call.
+**While the invoice is a draft** (open, or closed and not yet finalizing: the states
+in which a removal still lowers a line), ``apply_repricing`` records a decision on the
+aggregates, all to be saved in one save: each transaction's ``Repriced`` (old and new
+version and amount), the line's ``Repriced`` (old and new amounts, the new exact total,
+billed rounded once), the account's ``AmountsRepriced`` (its hold moves by the
+differences, never refused by the spend limit: ``domain.account``) and, on a closed
+invoice, its ``Adjusted`` (so a closer that starts finalizing meanwhile loses the
+version race, and the line's new total is pushed before the invoice finalizes).
+
+**Once the invoice is finalizing or final** nothing is changed: the decision is reported
+(what the ledger bills, what the version in force would make it). On a final invoice
+whose billed total would change, ``final_attention`` is the reason the invoice needs an
+operator (``Invoice.need_attention``: counted by queue health, listed with the
+invoices that need attention): a credit note for a lower price, or billing the
+difference later, is the operator's call, recorded with ``billing-ledger invoices
+settle``. The same reason is raised once, even after it was settled.
 """
 
 from __future__ import annotations
@@ -36,14 +45,28 @@ from uuid import UUID
 
 from domain.account import CustomerAccount
 from domain.errors import IllegalTransition, InvalidUsage
+from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine
-from domain.money import add_exact, round_minor
+from domain.invoice_states import FINAL_STATES, InvoiceState
+from domain.money import add_exact, format_money, round_minor
 from domain.periods import Period
 from domain.price_book import PriceSchedule, PriceVersion
 from domain.pricing import Price
 from domain.transaction import ALLOWED_FROM, BillingTransaction
 
-__all__ = ["LeftAlone", "LineRepricing", "Repricing", "apply_repricing", "decide_line"]
+__all__ = [
+    "DRAFT_STATES",
+    "LeftAlone",
+    "LineRepricing",
+    "Repricing",
+    "apply_repricing",
+    "decide_line",
+    "final_attention",
+]
+
+DRAFT_STATES = (InvoiceState.OPEN, InvoiceState.CLOSED)
+"""The invoice states in which a line is re-priced (Stripe's invoice is a draft and no
+finalizing has started)."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +102,7 @@ class LineRepricing:
     currency: str
     meter: str
     period: Period
-    frozen: bool  # its invoice has closed: reported, never changed
+    frozen: bool  # its invoice has closed (re-priced while not finalizing)
     exact_total: Decimal  # the line's exact total now
     changes: tuple[Repricing, ...] = ()
     left: tuple[LeftAlone, ...] = ()
@@ -155,16 +178,44 @@ def apply_repricing(
     line: InvoiceLine,
     transactions: Mapping[UUID, BillingTransaction],
     account: CustomerAccount,
+    invoice: Invoice,
 ) -> None:
-    """Record ``decision`` on the line, its transactions and the account (to be saved
-    together); IllegalTransition when the line is frozen (nothing recorded)."""
-    if line.frozen or decision.frozen:
-        raise IllegalTransition(f"line {line.id} is frozen: its invoice has closed")
+    """Record ``decision`` on the line, its transactions, the account and, when it has
+    closed, the invoice (to be saved together); IllegalTransition, and nothing recorded,
+    when the invoice is finalizing or final (see the module docstring)."""
+    if invoice.state not in DRAFT_STATES or invoice.id != line.invoice_id:
+        raise IllegalTransition(
+            f"line {line.id}: its invoice {invoice.id} is {invoice.state}, not a draft"
+        )
     if line.id != decision.line_id:
         raise ValueError(f"the decision is about line {decision.line_id}, not {line.id}")
     moved = [(c.transaction_id, c.old_amount, c.amount) for c in decision.changes]
     moved = [entry for entry in moved if entry[1] != entry[2]]
+    if moved and invoice.state is InvoiceState.CLOSED:
+        invoice.adjust(line.id, [t for t, _, _ in moved], _adjusted(decision))
     line.reprice(moved)
     for change in decision.changes:
         transactions[change.transaction_id].reprice(change.version, change.price, change.amount)
     account.reprice(moved)
+
+
+def _adjusted(decision: LineRepricing) -> str:
+    versions = sorted({c.version.number for c in decision.changes})
+    return f"re-priced by price book version {', '.join(map(str, versions))}"
+
+
+def final_attention(decision: LineRepricing, invoice: Invoice) -> str | None:
+    """Why ``invoice``, final, needs an operator after ``decision`` about one of its lines:
+    what it bills and what the versions in force would make it; None when it is not
+    final, when the billed amount would not change, or when that was raised before."""
+    if invoice.state not in FINAL_STATES or decision.new_billed == decision.billed:
+        return None
+    versions = sorted({c.version.number for c in decision.changes})
+    reason = (
+        f"re-priced by price book version {', '.join(map(str, versions))} after it was"
+        f" finalized: line {decision.line_id} ({decision.meter}) bills"
+        f" {format_money(decision.billed, decision.currency)}, the prices in force make it"
+        f" {format_money(decision.new_billed, decision.currency)}; issue a credit note or"
+        " bill the difference, then settle"
+    )
+    return None if reason in invoice.raised else reason

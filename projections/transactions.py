@@ -49,7 +49,6 @@ COLUMNS = (
     "quantity",
     "amount",
     "currency",
-    "price_version",
     "state",
     "line_id",
     "line_sequence",
@@ -64,6 +63,7 @@ COLUMNS = (
     "charged_at",
     "compensated_at",
     "updated_at",
+    "price_version",  # added by a later migration: the table's last column
 )
 
 

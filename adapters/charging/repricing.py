@@ -5,12 +5,14 @@ A pass reads candidates from SQL (``projections.transactions.repricing_candidate
 transactions in a line, not compensated, whose ``price_version`` is not the one the
 schedule puts in force at their moment), at most ``per_pass`` of them after a cursor
 that cycles through the table, and decides each line from the loaded aggregates
-(``domain.repricing.decide_line``: the read model only says where to look). A line that
-is not frozen has all of its decided transactions, the line and the customer's account
+(``domain.repricing.decide_line``: the read model only says where to look). A line whose
+invoice is still a draft (open, or closed and not finalizing) has all of its decided
+transactions, the line, the customer's account (and a closed invoice's ``Adjusted``)
 saved in **one** save; when ingest, a pusher or the closer saved first, the version
-check refuses it and the line is reloaded and decided again. A frozen line (its invoice
-closed) is only reported, with what the ledger bills now and what the new version would
-make it.
+check refuses it and the line is reloaded and decided again. A line of an invoice that
+is finalizing or final is left alone and reported, with what the ledger bills and what
+the prices in force would make it; a final one whose billed total would change needs an
+operator's attention (``domain.repricing.final_attention``, raised once).
 
 The reconciler runs a pass every interval while there may be work: after the price
 book changes (a version seen for the first time), until a whole cycle finds nothing to
@@ -31,9 +33,19 @@ from uuid import UUID
 
 from eventsourcing.persistence import IntegrityError
 
+from adapters.charging.pusher import invoice_of
 from adapters.observability.logs import step_fields
+from adapters.observability.metrics import metrics
 from domain.errors import IllegalTransition
-from domain.repricing import LeftAlone, LineRepricing, apply_repricing, decide_line
+from domain.invoice import Invoice
+from domain.repricing import (
+    DRAFT_STATES,
+    LeftAlone,
+    LineRepricing,
+    apply_repricing,
+    decide_line,
+    final_attention,
+)
 from projections.transactions import repricing_candidates
 from store.connections import Database
 from store.ledger import BillingLedger
@@ -48,11 +60,14 @@ RESCAN_S = 3600.0  # a whole cycle at least this often, even when the book did n
 
 @dataclass(frozen=True)
 class FrozenLine:
-    """A line on a closed invoice whose usage the new versions would price otherwise."""
+    """A line of an invoice that is finalizing or final, left alone: what the versions in
+    force would make of it, and the attention raised on its invoice (if any)."""
 
     decision: LineRepricing
+    invoice_id: UUID
     invoice_state: str
     stripe_invoice_id: str | None
+    attention: str | None = None  # raised by this pass
 
 
 @dataclass
@@ -175,26 +190,26 @@ class Repricer:
             line = self.ledger.line_by_id(line_id)
             txns = {i: self.ledger.transaction(i) for i in txn_ids}
             decision = decide_line(line, txns.values(), schedule)
-            if decision.frozen:
-                if decision.changes:
-                    invoice = self.ledger.invoice_by_id(line.invoice_id)
-                    state = str(invoice.state) if invoice is not None else "none"
-                    stripe = invoice.stripe_invoice_id if invoice is not None else None
-                    report.frozen.append(FrozenLine(decision, state, stripe))
+            if not decision.changes:
                 report.left += decision.left
                 return
-            if dry_run or not decision.changes:
+            invoice = invoice_of(self.ledger, line)
+            if invoice.state not in DRAFT_STATES:
+                if self._left_alone(decision, invoice, report, dry_run=dry_run):
+                    return
+                continue
+            if dry_run:
+                report.repriced.append(decision)
                 report.left += decision.left
-                if dry_run and decision.changes:
-                    report.repriced.append(decision)
                 return
             account = self.ledger.account(line.customer_id, line.currency)
             if account is None:  # every reserved transaction's account exists
                 raise IllegalTransition(f"line {line_id} has no account")
-            apply_repricing(decision, line, txns, account)
+            apply_repricing(decision, line, txns, account, invoice)
             changed = [txns[c.transaction_id] for c in decision.changes]
+            adjusted = [invoice] if invoice.pending_events else []
             try:
-                self.ledger.save(line, account, *changed)
+                self.ledger.save(line, account, *adjusted, *changed)
             except (IntegrityError, IllegalTransition):
                 continue
             report.lines += 1
@@ -205,6 +220,29 @@ class Repricer:
             return
         report.raced += 1
 
+    def _left_alone(
+        self, decision: LineRepricing, invoice: Invoice, report: RepriceReport, *, dry_run: bool
+    ) -> bool:
+        """Report a line of an invoice no longer a draft, and raise the attention a final
+        one needs (unless it needs another now: raised by a later pass, once that one is
+        settled); False when that save lost a race (decide again)."""
+        reason = final_attention(decision, invoice)
+        if reason is not None and not dry_run and invoice.attention is None:
+            invoice.need_attention(reason)
+            try:
+                self.ledger.save(invoice)
+            except IntegrityError:
+                return False
+            metrics().invoices.add(1, {"step": "needs_attention"})
+            _log_attention(invoice, reason)
+        else:
+            reason = None
+        report.frozen.append(
+            FrozenLine(decision, invoice.id, str(invoice.state), invoice.stripe_invoice_id, reason)
+        )
+        report.left += decision.left
+        return True
+
 
 def _log_line(decision: LineRepricing) -> None:  # pragma: no mutate block
     log.info(
@@ -213,4 +251,12 @@ def _log_line(decision: LineRepricing) -> None:  # pragma: no mutate block
                           customer_id=decision.customer_id, meter=decision.meter,
                           transactions=len(decision.changes), billed=decision.new_billed,
                           was=decision.billed),
+    )  # fmt: skip
+
+
+def _log_attention(invoice: Invoice, reason: str) -> None:  # pragma: no mutate block
+    log.warning(
+        "invoice needs attention: %s", reason,
+        extra=step_fields("reprice", "needs_attention", invoice_id=str(invoice.id),
+                          customer_id=invoice.customer_id),
     )  # fmt: skip

@@ -4,9 +4,9 @@ as its next version, list the versions, show the one in force at a moment.
 A published version is priced by the ingest workers from their next batch on, without a
 restart. It prices the usage *recorded after it is published* whose time (``occurred_at``)
 is at or after its ``effective_from``. Usage already recorded that it covers is
-re-priced on lines whose invoice has not closed (``adapters.charging.repricing``: the
+re-priced on invoices that are still drafts (``adapters.charging.repricing``: the
 reconciler does it, ``publish`` with a past moment runs it at once, ``reprice`` on
-demand); on closed or finalized invoices it is left alone and reported.
+demand); on finalizing or final invoices it is left alone and reported.
 """
 
 from __future__ import annotations
@@ -32,16 +32,17 @@ _PUBLISH_HELP = (
     "publish a price file (the format of infra/prices.example.toml) as the price book's"
     " next version. It prices usage recorded after it is published whose occurred_at is"
     " at or after --effective-from. With an --effective-from in the past, usage already"
-    " recorded that it covers is re-priced at once on lines whose invoice has not closed"
-    " (the reconciler would do it too), and usage on closed or finalized invoices is"
-    " reported, left as it is."
+    " recorded that it covers is re-priced at once on invoices that are still drafts"
+    " (open, or closed and not finalizing; the reconciler would do it too), and usage on"
+    " finalizing or final invoices is reported and left as it is."
 )
 _REPRICE_HELP = (
-    "re-price recorded usage that a version published for the past covers, on lines whose"
-    " invoice has not closed (each transaction's Repriced event has its old and new exact"
+    "re-price recorded usage that a version published for the past covers, on invoices"
+    " that are still drafts (each transaction's Repriced event has its old and new exact"
     " amounts; the next push sets the line's new total in Stripe); report the usage on"
-    " closed or finalized invoices, which is left as it is: a credit note for a lower"
-    " price is issued in Stripe (the webhook records it on the invoice)."
+    " finalizing or final invoices, which is left as it is: a final invoice whose total"
+    " would change needs attention (a credit note or billing the difference is the"
+    " operator's call, recorded with `invoices settle`)."
 )
 
 
@@ -70,7 +71,7 @@ def add_commands(sub: Any) -> None:
     publish.set_defaults(handler=_publish)
     reprice = cmds.add_parser(
         "reprice",
-        help="re-price open usage a past version covers; report closed invoices",
+        help="re-price draft invoices' usage a past version covers; report final ones",
         description=textwrap.fill(_REPRICE_HELP, 88, break_on_hyphens=False),
     )
     reprice.add_argument("--dry-run", action="store_true", help="decide and report, record nothing")
@@ -161,7 +162,7 @@ def _print_report(report: RepriceReport, *, dry_run: bool) -> None:
 
     verb = "would re-price" if dry_run else "re-priced"
     changed = sum(len(d.changes) for d in report.repriced)
-    print(f"{verb} {changed} transactions on {len(report.repriced)} open lines")
+    print(f"{verb} {changed} transactions on {len(report.repriced)} lines of draft invoices")
     rows = [
         {
             "customer": d.customer_id,
@@ -180,13 +181,15 @@ def _print_report(report: RepriceReport, *, dry_run: bool) -> None:
             print(f"  {count} x {reason}")
     if report.frozen:
         print(
-            f"{len(report.frozen)} lines on closed or finalized invoices are left as they are"
-            " (a credit note or an adjustment is the operator's call):"
+            f"{len(report.frozen)} lines of finalizing or final invoices are left as they are"
+            " (a credit note or billing the difference is the operator's call; then"
+            " `billing-ledger invoices settle INVOICE --how ... --by ...`):"
         )
         print_table(
             [
                 {
-                    "invoice": f.stripe_invoice_id or "-",
+                    "invoice": str(f.invoice_id),
+                    "stripe": f.stripe_invoice_id or "-",
                     "state": f.invoice_state,
                     "customer": f.decision.customer_id,
                     "period": f.decision.period.key,
@@ -196,7 +199,16 @@ def _print_report(report: RepriceReport, *, dry_run: bool) -> None:
                 }
                 for f in report.frozen
             ],
-            ["invoice", "state", "customer", "period", "meter", "ledger_billed", "at_new_prices"],
+            [
+                "invoice",
+                "stripe",
+                "state",
+                "customer",
+                "period",
+                "meter",
+                "ledger_billed",
+                "at_new_prices",
+            ],
         )
     if report.raced:
         print(f"{report.raced} lines kept changing: the reconciler re-prices them later")
@@ -239,11 +251,13 @@ def _report_json(report: RepriceReport, *, dry_run: bool) -> dict[str, Any]:
         "left_alone": [
             {"transaction_id": str(x.transaction_id), "reason": x.reason} for x in report.left
         ],
-        "closed_invoices": [
+        "final_invoices": [
             {
                 **line(f.decision),
+                "invoice_id": str(f.invoice_id),
                 "invoice_state": f.invoice_state,
                 "stripe_invoice_id": f.stripe_invoice_id,
+                "attention_raised": f.attention,
             }
             for f in report.frozen
         ],

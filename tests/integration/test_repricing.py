@@ -23,12 +23,11 @@ import pytest
 from adapters.audit.replay import Scope
 from adapters.audit.report import audit, stripe_invoice_items, stripe_invoice_totals
 from adapters.bootstrap import build_closer, build_pusher, build_reconciler, build_scheduler
-from adapters.charging.closer import CloseResult, InvoiceCloser
+from adapters.charging.closer import InvoiceCloser
 from adapters.charging.pusher import LinePusher
 from adapters.settings import Settings
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine
-from domain.invoice_states import InvoiceState
 from domain.metering import Metering, Source
 from domain.pricing import PriceList
 from domain.transaction import BillingTransaction
@@ -39,7 +38,13 @@ from projections.projector import Projector
 from store.connections import Database
 from store.ledger import BillingLedger
 from tests.conftest import settings_env
-from tests.integration.support import price_file
+from tests.integration.support import (
+    finalize,
+    price_file,
+    projection_rows,
+    rebuild_all,
+)
+from tools.summary import Balances
 
 pytestmark = pytest.mark.integration
 
@@ -85,14 +90,7 @@ class Parts:
         return found
 
     def finalize(self, invoice_id: UUID) -> Invoice:
-        step = self.closer.step(invoice_id, close_now="test")
-        for _ in range(5):
-            if step.result is not CloseResult.WAITING:
-                break
-            step = self.closer.step(invoice_id)
-        invoice = self.invoice(invoice_id)
-        assert invoice.state is InvoiceState.FINALIZED, step
-        return invoice
+        return finalize(self.closer, self.ledger, invoice_id)
 
     def project(self) -> None:
         with (
@@ -138,6 +136,13 @@ def test_a_version_published_for_the_past_reprices_the_open_line_and_reports_the
     [done] = parts.record("done", ["d-1"], DONE_AT)
     final = parts.finalize(parts.line(done).invoice_id)
     final_stripe = parts.stripe_total(final.stripe_invoice_id)
+    # Closed, not finalizing yet: its draft still takes changes.
+    [closing] = parts.record("closing", ["c-1"], DONE_AT)
+    parts.pusher.push(parts.line(closing).id)
+    closed, frozen = parts.invoice(parts.line(closing).invoice_id), parts.line(closing)
+    closed.close("test")
+    frozen.freeze()
+    parts.ledger.save(closed, frozen)
     now = datetime.now(UTC)
     charged = parts.record("open", ["o-1"], now)[0]
     parts.pusher.push(parts.line(charged).id)
@@ -157,10 +162,10 @@ def test_a_version_published_for_the_past_reprices_the_open_line_and_reports_the
     assert published.returncode == 0, published.stderr
     out = published.stdout.splitlines()
     assert out[0].startswith("published price book version 2, in force from 2026-11-01")
-    assert "re-priced 2 transactions on 1 open lines" in out
-    assert "1 lines on closed or finalized invoices are left as they are" in out[-3]
+    assert "re-priced 3 transactions on 2 lines of draft invoices" in out
+    assert out[-3].startswith("1 lines of finalizing or final invoices are left as they are")
     assert out[-1].split() == [
-        final.stripe_invoice_id, "finalized", "done", "2026-12-01T00:00:00Z",
+        str(final.id), final.stripe_invoice_id, "finalized", "done", "2026-12-01T00:00:00Z",
         "api.requests", "2.50", "USD", "7.50", "USD",
     ]  # fmt: skip
 
@@ -175,10 +180,22 @@ def test_a_version_published_for_the_past_reprices_the_open_line_and_reports_the
                     if isinstance(e, InvoiceLine.Repriced)]  # fmt: skip
     assert sorted(line_event.transaction_ids) == sorted([str(charged), str(waiting)])
 
-    # The finalized invoice is left as it was, in the ledger and in Stripe.
+    # The finalized invoice is left as it was, in the ledger and in Stripe; it needs an
+    # operator, who settles it.
     assert parts.ledger.transaction(done).amount == Decimal(250)
     assert _repriced(parts.ledger, done) == []
     assert parts.stripe_total(final.stripe_invoice_id) == final_stripe == 250
+    attention = parts.invoice(final.id).attention
+    assert attention is not None
+    assert attention.startswith("re-priced by price book version 2 after it was finalized")
+    assert "bills 2.50 USD, the prices in force make it 7.50 USD" in attention
+
+    # The closed invoice: re-priced, adjusted, finalized at its new total.
+    assert [e.amount for e in _repriced(parts.ledger, closing)] == [Decimal(750)]
+    adjusted = [e for e in parts.ledger.events.get(closed.id) if isinstance(e, Invoice.Adjusted)]
+    assert [a.reason for a in adjusted] == ["re-priced by price book version 2"]
+    assert parts.finalize(closed.id).total == 750
+    assert parts.stripe_total(parts.invoice(closed.id).stripe_invoice_id) == 750
 
     # The next push sets the new total in the draft; the invoice finalizes at it.
     parts.pusher.push(line.id)
@@ -190,13 +207,25 @@ def test_a_version_published_for_the_past_reprices_the_open_line_and_reports_the
     assert parts.ledger.transaction(waiting).state.name == "CHARGED"
 
     assert parts.audit_findings() == []
+    live = projection_rows(parts.settings.database_url)
+    rebuild_all(parts.settings.database_url, parts.ledger)  # I5, with Repriced in the history
+    assert projection_rows(parts.settings.database_url) == live
+    fold = Balances().apply_all(parts.ledger.all_events()).by_customer["open"]["USD"]
     with Database(parts.settings.database_url) as db, db.connection() as conn:
         [row] = balances(conn, customer="open")
+    assert (fold.metered, fold.charged, fold.in_flight) == (row["metered"], row["charged"], 0)
     assert (row["metered"], row["charged"], row["in_flight"]) == (
         Decimal("1500.3"), Decimal("1500.3"), Decimal(0),
     )  # fmt: skip
 
-    # Nothing is left to re-price on open lines; the final one is still reported.
+    settled = subprocess.run(
+        [sys.executable, "-m", "adapters.cli", "invoices", "settle", str(final.id),
+         "--how", "credit note in Stripe for 5.00 USD", "--by", "ops@example.com"],
+        env=settings_env(parts.settings), capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert settled.returncode == 0, settled.stderr
+    # Nothing is left to re-price on drafts; the final one is still reported, not raised.
     again = subprocess.run(
         [sys.executable, "-m", "adapters.cli", "prices", "reprice", "--json"],
         env=settings_env(parts.settings), capture_output=True, text=True, timeout=120,
@@ -205,8 +234,9 @@ def test_a_version_published_for_the_past_reprices_the_open_line_and_reports_the
     assert again.returncode == 0, again.stderr
     report = json.loads(again.stdout)
     assert report["repriced"] == []
-    assert [(c["customer_id"], c["billed_before"], c["billed_now"])
-            for c in report["closed_invoices"]] == [("done", 250, 750)]  # fmt: skip
+    assert [(c["customer_id"], c["billed_before"], c["billed_now"], c["attention_raised"])
+            for c in report["final_invoices"]] == [("done", 250, 750, None)]  # fmt: skip
+    assert parts.invoice(final.id).attention is None
 
 
 def test_the_reconciler_reprices_by_itself_and_the_draft_follows(parts: Parts) -> None:

@@ -17,12 +17,14 @@ from domain.audit_lines import LineAudit
 from domain.audit_prices import check_prices
 from domain.closing import billed_shares
 from domain.errors import IllegalTransition
+from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine
+from domain.invoice_states import StripeInvoiceView
 from domain.periods import Period
 from domain.price_book import PriceBook, PriceSchedule
 from domain.pricing import Price, PriceList
 from domain.pushing import REPRICED_TOPIC, charged_events, repriced_last
-from domain.repricing import apply_repricing, decide_line
+from domain.repricing import apply_repricing, decide_line, final_attention
 from domain.transaction import BillingTransaction, Source, TxnState
 from domain.usage import UsageRecord
 
@@ -50,6 +52,10 @@ def _txn(
         occurred_at=at,
     )
     return BillingTransaction.from_usage(record, _book(), Source("usage", 0, 1))
+
+
+def _invoice(line: InvoiceLine) -> Invoice:
+    return Invoice.open("acme", "USD", PERIOD, line.id)
 
 
 def _open_line(*txns: BillingTransaction) -> tuple[InvoiceLine, CustomerAccount]:
@@ -130,7 +136,7 @@ def _record(
     for agg in (line, account, *([] if history else txns)):
         agg.collect_events()
     decision = decide_line(line, txns, schedule)
-    apply_repricing(decision, line, {t.id: t for t in txns}, account)
+    apply_repricing(decision, line, {t.id: t for t in txns}, account, _invoice(line))
     return line, account
 
 
@@ -166,7 +172,8 @@ def test_the_account_holds_the_differences_in_one_event_even_past_its_limit() ->
     line, account = _open_line(txn)
     account.set_limit(200)  # 150 held; the new price makes it 300: owed usage, never refused
     account.collect_events()
-    apply_repricing(decide_line(line, [txn], _book((V2, JAN))), line, {txn.id: txn}, account)
+    decision = decide_line(line, [txn], _book((V2, JAN)))
+    apply_repricing(decision, line, {txn.id: txn}, account, _invoice(line))
     (event,) = account.collect_events()
     assert isinstance(event, CustomerAccount.AmountsRepriced)
     assert (event.old_amounts, event.amounts) == (["150"], ["300"])
@@ -181,17 +188,64 @@ def test_an_unchanged_amount_moves_the_version_only() -> None:
     assert (line.collect_events(), account.collect_events()) == ([], [])
 
 
-def test_a_frozen_line_is_never_changed() -> None:
+def test_a_line_of_a_closed_invoice_is_repriced_with_the_invoice_adjusted() -> None:
     txn = _txn("u-1")
     line, account = _open_line(txn)
+    invoice = _invoice(line)
+    invoice.close("period ended")
     line.freeze()
+    invoice.collect_events()
     decision = decide_line(line, [txn], _book((V2, JAN)))
-    assert decision.frozen and decision.new_billed == 300  # reported, with what it would be
-    before = (len(line.pending_events), len(account.pending_events), len(txn.pending_events))
-    with pytest.raises(IllegalTransition, match="frozen"):
-        apply_repricing(decision, line, {txn.id: txn}, account)
-    after = (len(line.pending_events), len(account.pending_events), len(txn.pending_events))
-    assert after == before
+    assert decision.frozen
+    apply_repricing(decision, line, {txn.id: txn}, account, invoice)
+    (adjusted,) = invoice.collect_events()
+    assert isinstance(adjusted, Invoice.Adjusted)
+    assert (adjusted.line_id, adjusted.transaction_ids) == (line.id, [str(txn.id)])
+    assert adjusted.reason == "re-priced by price book version 2"
+    assert (line.billed, txn.amount) == (300, Decimal(300))
+
+
+def _finalized(line: InvoiceLine) -> Invoice:
+    invoice = _invoice(line)
+    invoice.close("period ended")
+    line.freeze()
+    invoice.start_finalizing([(line.id, line.sequence, line.billed)])
+    view = StripeInvoiceView("open", "INV-1", line.billed, 0, 0, None, JAN, "finalize")
+    assert invoice.observe(view)
+    return invoice
+
+
+def test_a_line_of_a_finalizing_or_final_invoice_is_never_changed() -> None:
+    txn = _txn("u-1")
+    line, account = _open_line(txn)
+    finalizing = _invoice(line)
+    finalizing.close("period ended")
+    finalizing.start_finalizing([(line.id, line.sequence, line.billed)])
+    decision = decide_line(line, [txn], _book((V2, JAN)))
+    for invoice in (finalizing, _finalized(line)):
+        before = [len(a.pending_events) for a in (line, account, txn, invoice)]
+        with pytest.raises(IllegalTransition, match="not a draft"):
+            apply_repricing(decision, line, {txn.id: txn}, account, invoice)
+        assert [len(a.pending_events) for a in (line, account, txn, invoice)] == before
+
+
+def test_a_final_invoice_whose_total_would_change_needs_attention_once() -> None:
+    txn = _txn("u-1")
+    line, _ = _open_line(txn)
+    invoice = _finalized(line)
+    decision = decide_line(line, [txn], _book((V2, JAN)))
+    reason = final_attention(decision, invoice)
+    assert reason == (
+        f"re-priced by price book version 2 after it was finalized: line {line.id} (api)"
+        " bills 1.50 USD, the prices in force make it 3.00 USD; issue a credit note or bill"
+        " the difference, then settle"
+    )
+    invoice.need_attention(reason)
+    invoice.settle_attention("credit note cn_1 issued", "ops@example.com")
+    assert final_attention(decision, invoice) is None  # raised once, even once settled
+    same = PriceList({"api": Price(Decimal("0.00100001"), "USD")})  # bills 1.50 USD still
+    assert final_attention(decide_line(line, [txn], _book((same, JAN))), _finalized(line)) is None
+    assert final_attention(decision, _invoice(line)) is None  # a draft: re-priced instead
 
 
 @pytest.mark.parametrize("state", ["metered", "compensated", "unlined"])
@@ -298,7 +352,7 @@ def test_the_line_fold_follows_the_new_amounts_and_totals() -> None:
     line, _ = _open_line(a, b)
     line_events = line.collect_events()
     decision = decide_line(line, [a], _book((V2, JAN)))
-    apply_repricing(decision, line, {a.id: a}, CustomerAccount.open("acme", "USD"))
+    apply_repricing(decision, line, {a.id: a}, CustomerAccount.open("acme", "USD"), _invoice(line))
     line.pending_events[:0] = line_events  # the whole history, in order
     fold = _line_fold(line)
     assert fold.problems == []
@@ -328,7 +382,8 @@ def test_a_billed_share_counts_a_repriced_transaction_at_its_new_amount() -> Non
     line, _ = _open_line(a, b)
     settled = line.collect_events()[-1]
     v2 = PriceList({"api": Price(Decimal("0.006"), "USD")})  # 0.6 cent each
-    apply_repricing(decide_line(line, [a], _book((v2, JAN))), line, {a.id: a}, _open_line()[1])
+    decision = decide_line(line, [a], _book((v2, JAN)))
+    apply_repricing(decision, line, {a.id: a}, _open_line()[1], _invoice(line))
     (repriced,) = line.collect_events()
     assert isinstance(settled, InvoiceLine.Settled)
     assert isinstance(repriced, InvoiceLine.Repriced)
