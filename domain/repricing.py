@@ -80,10 +80,6 @@ class Repricing:
     old_amount: Decimal
     amount: Decimal
 
-    @property
-    def changes_amount(self) -> bool:
-        return self.amount != self.old_amount
-
 
 @dataclass(frozen=True)
 class LeftAlone:
