@@ -30,6 +30,7 @@ from projections.base import (
     check_state,
 )
 from projections.invoice_lines import InvoiceLinesProjection
+from projections.invoices import InvoicesProjection
 
 __all__ = [
     "COLUMNS",
@@ -266,8 +267,11 @@ def open_transactions(conn: psycopg.Connection[Any]) -> int:
 _REPRICING = sql.SQL(
     "SELECT t.transaction_id, t.line_id FROM {table} t"
     " JOIN {lines} l ON l.line_id = t.line_id"
+    " LEFT JOIN {invoices} i ON i.customer_id = l.customer_id AND i.currency = l.currency"
+    "  AND i.period_start = l.period_start"
     " WHERE t.state IN ('reserved', 'charge_failed', 'charged')"
-    " AND (%(frozen)s OR NOT l.frozen) AND t.transaction_id > %(after)s"
+    " AND (NOT %(drafts_only)s OR i.state IS NULL OR i.state IN ('open', 'closed'))"
+    " AND t.transaction_id > %(after)s"
     " AND NOT EXISTS (SELECT 1 FROM unnest(%(starts)s::timestamptz[],"
     "  %(untils)s::timestamptz[], %(numbers)s::integer[]) AS v(s, u, n)"
     "  WHERE (v.s IS NULL OR t.occurred_at >= v.s) AND (v.u IS NULL OR t.occurred_at < v.u)"
@@ -282,19 +286,20 @@ def repricing_candidates(
     *,
     after: UUID,
     limit: int,
-    frozen: bool = False,
+    drafts_only: bool = False,
 ) -> list[tuple[UUID, UUID]]:
     """Transactions (id, line) in a line, not compensated, whose price book version is not
     the one ``spans`` (``PriceSchedule.spans``) puts in force at their ``occurred_at``:
     those a version published later may price again (``domain.repricing`` decides, from
-    the aggregates). Only lines not frozen, unless ``frozen``; ids after ``after``, in
-    order, at most ``limit``."""
+    the aggregates). ``drafts_only``: only on invoices the read model shows open or
+    closed (or not yet); ids after ``after``, in order, at most ``limit``."""
     query = _REPRICING.format(
         table=sql.Identifier(SCHEMA, TransactionsProjection.name),
         lines=sql.Identifier(SCHEMA, InvoiceLinesProjection.name),
+        invoices=sql.Identifier(SCHEMA, InvoicesProjection.name),
     )
     params = {
-        "frozen": frozen,
+        "drafts_only": drafts_only,
         "after": after,
         "starts": [s for s, _, _ in spans],
         "untils": [u for _, u, _ in spans],

@@ -17,9 +17,12 @@ operator's attention (``domain.repricing.final_attention``, raised once).
 The reconciler runs a pass every interval while there may be work: after the price
 book changes (a version seen for the first time), until a whole cycle finds nothing to
 re-price, and once an hour otherwise (usage recorded just before a publication may reach
-the read model after a clean cycle). ``billing-ledger prices publish`` with a past
-``--effective-from`` and ``billing-ledger prices reprice`` run whole cycles in the
-foreground. Forward progress does not depend on either command finishing.
+the read model after a clean cycle). Its first whole cycle after the book changes also
+looks at finalizing and final invoices (reported, their attention raised); the others
+read only draft invoices' usage, so an hourly cycle does not load the usage of every
+final invoice again. ``billing-ledger prices publish`` with a past ``--effective-from``
+and ``billing-ledger prices reprice`` run whole cycles of everything in the foreground.
+Forward progress does not depend on either command finishing.
 """
 
 from __future__ import annotations
@@ -114,6 +117,8 @@ class Repricer:
         self._after = _START
         self._found_in_cycle = False
         self._clean: tuple[int, float] | None = None  # (book version, when) of a clean cycle
+        self._finals_seen: int | None = None  # the book version a cycle saw final ones at
+        self._cycle_finals = True  # this cycle looks at finalizing and final invoices too
 
     def due(self) -> bool:
         """Whether the reconciler should run a pass now (see the module docstring)."""
@@ -130,17 +135,20 @@ class Repricer:
         stop: threading.Event | None = None,
         *,
         dry_run: bool = False,
-        frozen: bool = False,
         cursor: UUID | None = None,
     ) -> tuple[RepriceReport, UUID | None]:
-        """One bounded pass from ``cursor`` (default: this re-pricer's own); what it did,
-        and where the next pass starts (None: the cycle is complete). ``frozen``: also
-        report lines of closed invoices; ``dry_run``: decide and report, record nothing."""
+        """One bounded pass from ``cursor`` (every invoice's usage), or, without one, from
+        this re-pricer's own cursor (the reconciler's cycles: see the module docstring);
+        what it did, and where the next pass starts (None: the cycle is complete).
+        ``dry_run``: decide and report, record nothing."""
         schedule = self.ledger.refresh_prices()
+        if cursor is None and self._after == _START:  # a new cycle
+            self._cycle_finals = self._finals_seen != schedule.latest.number
         after = self._after if cursor is None else cursor
+        drafts_only = cursor is None and not self._cycle_finals
         with self.database.connection() as conn:
             rows = repricing_candidates(
-                conn, schedule.spans(), after=after, limit=self.per_pass, frozen=frozen
+                conn, schedule.spans(), after=after, limit=self.per_pass, drafts_only=drafts_only
             )
         report = RepriceReport(candidates=len(rows))
         by_line: dict[UUID, list[UUID]] = {}
@@ -165,7 +173,7 @@ class Repricer:
         total = RepriceReport()
         cursor: UUID | None = _START
         while cursor is not None:
-            report, cursor = self.pass_once(dry_run=dry_run, frozen=True, cursor=cursor)
+            report, cursor = self.pass_once(dry_run=dry_run, cursor=cursor)
             total.add(report)
             progress(total)
         total.cycles += 1
@@ -178,6 +186,8 @@ class Repricer:
             return
         if not self._found_in_cycle:
             self._clean = (version, self.monotonic())
+        if self._cycle_finals:
+            self._finals_seen = version
         report.cycles += 1
         self._after, self._found_in_cycle = _START, False
 

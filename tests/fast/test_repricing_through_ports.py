@@ -116,7 +116,7 @@ def test_a_pass_reprices_each_draft_line_in_one_save_and_moves_the_account() -> 
     account = ledger.account("acme", "USD")
     assert account is not None and account.reserved == Decimal(500)
     spans = candidates.queries[0]
-    assert (spans["numbers"], spans["starts"][1], spans["frozen"]) == ([1, 2], NOVEMBER, False)
+    assert (spans["numbers"], spans["starts"][1], spans["drafts_only"]) == ([1, 2], NOVEMBER, False)
     assert repricer.pass_once()[0].lines == 0  # nothing left: priced by the version in force
 
 
@@ -142,6 +142,13 @@ def test_passes_walk_the_candidates_and_are_due_again_only_when_the_book_changes
     clock.now -= 1
     _publish(ledger, "0.003")
     assert repricer.due()  # a new version
+    repricer.pass_once()
+    repricer.pass_once()
+    # Each cycle's first pass: the first after a version looks at final invoices too.
+    firsts = [q["drafts_only"] for q in candidates.queries if q["after"] == UUID(int=0)]
+    assert firsts == [False, True, False]
+    assert repricer.run_cycle().cycles == 1
+    assert candidates.queries[-1]["drafts_only"] is False  # the commands: every invoice
 
 
 def test_a_final_invoice_is_left_alone_reported_and_needs_attention_once() -> None:
