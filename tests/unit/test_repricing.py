@@ -93,6 +93,49 @@ def test_a_version_that_starts_after_the_usage_changes_nothing() -> None:
     assert (decision.changes, decision.left) == ((), ())
 
 
+def test_only_the_usage_at_or_after_the_new_version_is_repriced() -> None:
+    early, late = _txn("u-1", at=USED - timedelta(days=1)), _txn("u-2")
+    line, _ = _open_line(early, late)
+    decision = decide_line(line, [early, late], _book((V2, USED)))
+    assert [c.transaction_id for c in decision.changes] == [late.id]
+    assert (decision.line_id, decision.customer_id, decision.currency, decision.meter) == (
+        line.id,
+        "acme",
+        "USD",
+        "api",
+    )
+    assert (decision.period, decision.frozen) == (PERIOD, False)
+
+
+def test_usage_repriced_by_two_versions_names_both() -> None:
+    a, b = _txn("u-1", at=JAN + timedelta(days=10)), _txn("u-2", at=JAN + timedelta(days=20))
+    line, account = _open_line(a, b)
+    v3 = PriceList({"api": Price(Decimal("0.003"), "USD")})
+    schedule = _book((V2, JAN + timedelta(days=5)), (v3, JAN + timedelta(days=15)))
+    decision = decide_line(line, [a, b], schedule)
+    assert [c.version.number for c in decision.changes] == [2, 3]
+    invoice = _invoice(line)
+    invoice.close("period ended")
+    invoice.collect_events()
+    apply_repricing(decision, line, {a.id: a, b.id: b}, account, invoice)
+    (adjusted,) = invoice.collect_events()
+    assert isinstance(adjusted, Invoice.Adjusted)
+    assert adjusted.reason == "re-priced by price book version 2, 3"
+    reason = final_attention(decision, _finalized(line))
+    assert reason is not None
+    assert reason.startswith("re-priced by price book version 2, 3 after it was finalized")
+
+
+def test_a_decision_is_recorded_only_on_its_own_line() -> None:
+    txn, other = _txn("u-1"), _txn("u-2")
+    line, account = _open_line(txn)
+    decision = decide_line(line, [txn], _book((V2, JAN)))
+    elsewhere = InvoiceLine.open("acme", "USD", "api", PERIOD, late_of=PERIOD)
+    with pytest.raises(ValueError, match=f"the decision is about line {line.id}, not"):
+        apply_repricing(decision, elsewhere, {txn.id: txn}, account, _invoice(line))
+    assert other.price_version == 1
+
+
 def test_a_meter_the_new_version_lacks_or_prices_in_another_currency_is_left_alone() -> None:
     api, gpu = _txn("u-1"), _txn("u-2", "3", meter="gpu")
     line, _ = _open_line(api, gpu)
@@ -111,7 +154,7 @@ def test_compensated_usage_and_usage_of_another_line_are_not_looked_at() -> None
     line, _ = _open_line(kept, reversed_)
     elsewhere.reserve(CustomerAccount.open("acme", "USD").id, UUID(int=7), 2)  # another line
     reversed_.compensate("operator reversal")
-    decision = decide_line(line, [kept, reversed_, elsewhere], _book((V2, JAN)))
+    decision = decide_line(line, [reversed_, elsewhere, kept], _book((V2, JAN)))
     assert [c.transaction_id for c in decision.changes] == [kept.id]
 
 
