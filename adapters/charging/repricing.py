@@ -213,10 +213,7 @@ class Repricer:
                 report.left += decision.left
                 return
             account = self.ledger.account(line.customer_id, line.currency)
-            if account is None:  # every reserved transaction's account exists: a bug
-                why = f"line {line_id}: no account of {line.customer_id} in {line.currency}"
-                report.left += [LeftAlone(c.transaction_id, why) for c in decision.changes]
-                return
+            assert account is not None  # reserved usage has its account (ingest's save)
             apply_repricing(decision, line, txns, account, invoice)
             changed = [txns[c.transaction_id] for c in decision.changes]
             adjusted = [invoice] if invoice.pending_events else []

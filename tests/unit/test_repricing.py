@@ -464,3 +464,93 @@ def test_a_transaction_last_repriced_is_charged_only_while_it_is_not_charged_yet
     assert charged_events([waiting], latest, stripe_object_id="ii", line_id=UUID(int=9),
                           sequence=5) == []  # fmt: skip
     assert get_topic(BillingTransaction.Repriced) == REPRICED_TOPIC
+
+
+# ---------------------------------------------------------------------------------------------
+# what the aggregates refuse, each with its reason
+
+
+def test_a_transaction_refuses_a_repricing_that_cannot_be_with_its_reason() -> None:
+    txn = _txn("u-1")
+    _open_line(txn)
+    v2 = _book((V2, JAN)).latest
+    with pytest.raises(ValueError, match=r"is in USD, the price in EUR$"):
+        txn.reprice(v2, Price(Decimal(1), "EUR"), Decimal(300))
+    with pytest.raises(ValueError, match=r"^an amount cannot be negative: -1$"):
+        txn.reprice(v2, V2.price_of("api"), Decimal(-1))
+    with pytest.raises(ValueError, match=f"^transaction {txn.id} is priced by version 1$"):
+        txn.reprice(_book().latest, V2.price_of("api"), Decimal(300))
+    txn.reprice(v2, Price(Decimal(0), "USD", 1000), Decimal(0))  # a free price: 0 is fine
+    assert (txn.amount, txn.per, txn.unit_price) == (Decimal(0), 1000, Decimal(0))
+    unlined = _txn("u-2")
+    unlined.reserve(CustomerAccount.open("acme", "USD").id)
+    with pytest.raises(IllegalTransition, match=r"is in no line: nothing to reprice$"):
+        unlined.reprice(v2, V2.price_of("api"), Decimal(300))
+    gone = _txn("u-3")
+    gone.compensate("refused")
+    with pytest.raises(IllegalTransition, match=f"^cannot reprice: transaction {gone.id} is"):
+        gone.reprice(v2, V2.price_of("api"), Decimal(300))
+
+
+def test_a_line_and_an_account_refuse_what_they_do_not_hold_and_take_zero() -> None:
+    txn = _txn("u-1")  # 150
+    line, account = _open_line(txn)
+    with pytest.raises(ValueError, match=r"^a repriced amount cannot be negative: -1$"):
+        line.reprice([(txn.id, Decimal(150), Decimal(-1))])
+    with pytest.raises(ValueError, match=f"^cannot reprice more than line {line.id} holds$"):
+        line.reprice([(txn.id, Decimal(1000), Decimal(0))])  # the total would go below 0
+    with pytest.raises(ValueError, match=f"^cannot reprice more than line {line.id} holds$"):
+        line.reprice([(txn.id, Decimal(0), Decimal(0)), (UUID(int=1), Decimal(0), Decimal(0))])
+    with pytest.raises(ValueError, match=r"^cannot reprice more than 1.50 USD reserved$"):
+        account.reprice([(txn.id, Decimal(1000), Decimal(0))])
+    line.reprice([(txn.id, Decimal(150), Decimal(0))])  # to nothing: a free price
+    account.reprice([(txn.id, Decimal(150), Decimal(0))])
+    assert (line.exact_total, line.billed, account.reserved) == (0, 0, 0)
+    event = account.pending_events[-1]
+    assert isinstance(event, CustomerAccount.AmountsRepriced)
+    assert event.transaction_ids == [str(txn.id)]
+
+
+def test_the_fold_names_a_repricing_in_no_line_or_in_another_state() -> None:
+    txn = _txn("u-1")
+    metered = _plain(txn.collect_events()[0])
+    legacy = {k: v for k, v in metered.items() if k not in ("price_book_id", "price_version")}
+    fold = TxnAudit.metered(str(txn.id), legacy)  # before price books: no version named
+    fold.apply("Reserved", {"account_id": "a", "line_id": None, "line_version": None}, 2)
+    repriced = {"price_book_id": str(UUID(int=5)), "price_version": 2, "amount": "300",
+                "old_price_version": 1, "old_amount": "150", "state": "charged"}  # fmt: skip
+    fold.apply("Repriced", repriced, 3)
+    assert fold.problems == (
+        "v3: Repriced from 1.50 USD (version 1), the history holds 1.50 USD (version None)",
+    )
+    lined = TxnAudit.metered(str(txn.id), metered)
+    lined.apply("Reserved", {"account_id": "a", "line_id": None, "line_version": None}, 2)
+    lined.apply("Repriced", repriced, 3)
+    assert lined.problems == ("v3: Repriced, but in no line",)
+    in_line = TxnAudit.metered(str(txn.id), metered)
+    in_line.apply("Reserved", {"account_id": "a", "line_id": str(UUID(int=7)),
+                               "line_version": 2}, 2)  # fmt: skip
+    in_line.apply("Repriced", repriced, 3)
+    assert in_line.problems == ("v3: Repriced says charged, the history says reserved",)
+
+
+def test_the_line_fold_names_amounts_that_do_not_pair_and_usage_it_does_not_hold() -> None:
+    txn = _txn("u-1")
+    line, _ = _open_line(txn)
+    opened, settled = line.collect_events()
+    fold = LineAudit.opened(str(line.id), _plain(opened))
+    fold.apply("Settled", _plain(settled), 2)
+    fold.apply(
+        "Repriced",
+        {"transaction_ids": [str(txn.id), "t-2"], "old_amounts": ["150"], "amounts": ["300"],
+         "exact_total": "300", "billed": 300, "transactions": 1},
+        3,
+    )  # fmt: skip
+    assert fold.problems == ["v3: 2 transactions, 1 old and 1 new amounts"]
+    fold.apply(
+        "Repriced",
+        {"transaction_ids": ["t-2"], "old_amounts": ["1"], "amounts": ["2"],
+         "exact_total": "301", "billed": 301, "transactions": 1},
+        4,
+    )  # fmt: skip
+    assert fold.problems[1] == "v4: reprices t-2 from 0.01 USD, which the line holds as nothing"
