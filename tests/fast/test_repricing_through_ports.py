@@ -91,6 +91,7 @@ def _finalize(ledger: BillingLedger, txn: UUID) -> Invoice:
     line = ledger.line_by_id(line_id)
     invoice = ledger.invoice_by_id(line.invoice_id)
     assert invoice is not None
+    invoice.record_draft(f"in_{invoice.customer_id}", f"cus_{invoice.customer_id}")
     invoice.close("test")
     line.freeze()
     invoice.start_finalizing([(line.id, line.sequence, line.billed)])
@@ -297,3 +298,104 @@ def test_the_reconciler_runs_a_pass_only_while_one_is_due() -> None:
         )
         assert reconciler.pass_once().repriced == repriced
         assert stub.passes == passes
+
+
+def test_a_cycle_adds_up_its_passes_and_each_line_reports_what_it_left_alone() -> None:
+    ledger = memory_ledger()
+    gpu = [reserve(ledger, 1, customer=c, meter="gpu.a100.seconds")[0] for c in ("g1", "g2")]
+    api = [reserve(ledger, 1, customer=c)[0] for c in ("a1", "a2")]
+    [done] = reserve(ledger, 1, customer="done")
+    final = _finalize(ledger, done)
+    meters = ledger.refresh_prices().latest.prices.to_meters()
+    meters["api.requests"] = {"unit_price": "0.002", "per": 1, "currency": "USD"}
+    del meters["gpu.a100.seconds"]
+    ledger.publish_prices(PriceList.from_meters(meters), NOVEMBER)
+    repricer, candidates, _ = _repricer(ledger, [*gpu, *api, done], per_pass=3)
+    report = repricer.run_cycle()
+    assert [q["limit"] for q in candidates.queries] == [3, 3]
+    assert (report.candidates, report.lines, report.transactions, report.cycles) == (5, 2, 2, 1)
+    assert sorted(left.transaction_id for left in report.left) == sorted(gpu)
+    assert {d.line_id for d in report.repriced} == {ledger.transaction(t).line_id for t in api}
+    [left] = report.frozen
+    assert (left.stripe_invoice_id, left.invoice_id) == ("in_done", final.id)
+
+
+def test_the_default_pass_reads_2000_candidates_and_a_cycle_of_one_line_is_not_clean() -> None:
+    ledger = memory_ledger()
+    txns = reserve(ledger, 1)
+    _publish(ledger, "0.002")
+    candidates = Candidates(ledger, txns)
+    repricer = Repricer(ledger, candidates)  # type: ignore[arg-type]
+    report, _ = repricer.pass_once()
+    assert (candidates.queries[0]["limit"], report.lines, report.cycles) == (2000, 1, 1)
+    assert repricer.due()
+    assert repricer.pass_once()[0].cycles == 1
+    assert not repricer.due()
+
+
+def test_a_first_cycle_with_nothing_to_do_is_clean() -> None:
+    ledger = memory_ledger()
+    repricer, _, _ = _repricer(ledger, [])
+    assert repricer.pass_once()[0].cycles == 1
+    assert not repricer.due()
+
+
+def test_the_next_pass_starts_after_the_last_candidate_read() -> None:
+    ledger = memory_ledger()
+    txns = [reserve(ledger, 1, customer=c)[0] for c in ("a", "b", "c", "d")]
+    repricer, _, _ = _repricer(ledger, txns, per_pass=3)
+    assert repricer.pass_once()[1] == sorted(txns)[2]
+
+
+def test_a_closed_invoice_is_repriced_with_its_adjustment_in_the_same_save() -> None:
+    ledger = memory_ledger()
+    txns = reserve(ledger, 1)
+    line = ledger.line_by_id(ledger.transaction(txns[0]).line_id)  # type: ignore[arg-type]
+    invoice = ledger.invoice_by_id(line.invoice_id)
+    assert invoice is not None
+    invoice.close("test")
+    line.freeze()
+    ledger.save(invoice, line)
+    _publish(ledger, "0.002")
+    repricer, _, _ = _repricer(ledger, txns)
+    assert repricer.pass_once()[0].lines == 1
+    adjusted = [e for e in ledger.events.get(invoice.id) if isinstance(e, Invoice.Adjusted)]
+    assert [a.transaction_ids for a in adjusted] == [[str(txns[0])]]
+
+
+class InvoiceRacing(BillingLedger):
+    """A ledger whose first save of an invoice alone loses the race."""
+
+    lost = False
+
+    def save(self, *objs: Any, **kwargs: Any) -> Any:
+        if not self.lost and len(objs) == 1 and isinstance(objs[0], Invoice):
+            self.lost = True
+            raise IntegrityError("a webhook saved first")
+        return super().save(*objs, **kwargs)
+
+
+def test_an_attention_that_lost_a_race_is_decided_again_and_raised() -> None:
+    ledger = InvoiceRacing(
+        memory_ledger().configured, env={"PERSISTENCE_MODULE": "eventsourcing.popo"}
+    )
+    [done] = reserve(ledger, 1, customer="done")
+    final = _finalize(ledger, done)
+    ledger.lost = False
+    _publish(ledger, "0.002")
+    repricer, _, _ = _repricer(ledger, [done])
+    report, _ = repricer.pass_once()
+    assert ledger.lost
+    [left] = report.frozen
+    assert left.attention is not None
+    invoice = ledger.invoice_by_id(final.id)
+    assert invoice is not None and invoice.attention == left.attention
+
+
+def test_every_line_that_never_stops_racing_is_counted() -> None:
+    ledger = _racing()
+    txns = [reserve(ledger, 1, customer=c)[0] for c in ("a", "b")]
+    _publish(ledger, "0.002")
+    ledger.losses = 2 * Repricer.max_races
+    repricer, _, _ = _repricer(ledger, txns)
+    assert repricer.pass_once()[0].raced == 2
