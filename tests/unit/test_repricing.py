@@ -554,3 +554,13 @@ def test_the_line_fold_names_amounts_that_do_not_pair_and_usage_it_does_not_hold
         4,
     )  # fmt: skip
     assert fold.problems[1] == "v4: reprices t-2 from 0.01 USD, which the line holds as nothing"
+
+
+def test_the_line_fold_sums_repriced_amounts_exactly_past_28_digits() -> None:
+    line = InvoiceLine.open("acme", "USD", "api", PERIOD)
+    big, tiny = UUID(int=1), UUID(int=2)
+    line.settle([(big, Decimal("1000000000000000")), (tiny, Decimal("1E-20"))])
+    line.reprice([(tiny, Decimal("1E-20"), Decimal("2E-20"))])
+    fold = _line_fold(line)
+    assert fold.problems == []
+    assert fold.exact_total == Decimal("1000000000000000.00000000000000000002")
