@@ -30,6 +30,7 @@ from adapters.charging.process_manager import ChargeWorker
 from adapters.charging.pusher import LinePusher
 from adapters.charging.reconciler import Reconciler
 from adapters.charging.relay import Relay
+from adapters.charging.repricing import Repricer
 from adapters.charging.scheduler import LineScheduler
 from adapters.http.server import HttpLimits, HttpServer
 from adapters.ingest.retention import DeadLetterRetention
@@ -392,12 +393,14 @@ def build_reconciler(
     db: Database | None = None,
     ownership: Ownership | None = None,
 ) -> Reconciler:
+    db = db or database(settings, pool_size=0)
     return Reconciler(
         build_corrections(pusher),
         scheduler,
-        db or database(settings, pool_size=0),
+        db,
         ownership=ownership,
         clock=pusher.clock,
+        repricer=Repricer(pusher.ledger, db),
     )
 
 

@@ -10,6 +10,12 @@ ingest for the account's next version. A compensation or a reversal releases the
 hold. (``settle`` exists for ledgers that want the split on the account; the split
 between in flight and charged is read from the transactions: ``tools.summary``.)
 
+**Re-pricing** (``domain.repricing``): a transaction priced again by a version published
+later changes what it holds by the difference (``AmountsRepriced``: one event per line
+re-priced, old and new amounts). The spend limit does not refuse it: the usage already
+happened and is owed at the price in force when it occurred; a limit exceeded so only
+makes later reservations wait for headroom (``available`` is 0).
+
 Reservations are recorded one event per ingest batch (``AmountsReserved`` lists the
 transactions and amounts) because ingest reserves hundreds at once; releases,
 settlements and reversals happen one transaction at a time.
@@ -60,6 +66,11 @@ class CustomerAccount(Aggregate):
         @staticmethod
         def upcast_v1_v2(state: dict[str, Any]) -> None:
             state["amounts"] = [str(a) for a in state["amounts"]]
+
+    class AmountsRepriced(Aggregate.Event):
+        transaction_ids: list[str]
+        old_amounts: list[str]  # exact minor units, canonical decimal text
+        amounts: list[str]  # the new ones
 
     class ReservationReleased(Aggregate.Event):
         class_version = 2
@@ -192,6 +203,33 @@ class CustomerAccount(Aggregate):
         total = self.reserved
         for amount in amounts:
             total = add_exact(total, Decimal(amount))
+        self.reserved = total
+
+    def reprice(self, entries: Sequence[tuple[UUID, Decimal, Decimal]]) -> None:
+        """Hold each transaction's new exact amount instead of its old one (id, old, new),
+        in one event; never refused by the limit (see the module docstring)."""
+        if not entries:
+            return
+        total = self.reserved
+        for _, old, new in entries:
+            _check_amount(old)
+            _check_amount(new)
+            total = add_exact(add_exact(total, -old), new)
+        if total < 0:
+            raise ValueError(f"cannot reprice more than {self._money(self.reserved)} reserved")
+        self._amounts_repriced(
+            [str(i) for i, _, _ in entries],
+            [f"{canonical(old):f}" for _, old, _ in entries],
+            [f"{canonical(new):f}" for _, _, new in entries],
+        )
+
+    @event(AmountsRepriced)
+    def _amounts_repriced(
+        self, transaction_ids: list[str], old_amounts: list[str], amounts: list[str]
+    ) -> None:
+        total = self.reserved
+        for old, new in zip(old_amounts, amounts, strict=True):
+            total = add_exact(add_exact(total, -Decimal(old)), Decimal(new))
         self.reserved = total
 
     def release(self, transaction_id: UUID, amount: Decimal) -> None:

@@ -7,6 +7,10 @@ by rebuilding the aggregate: an audit replays millions of events. The legal orde
 ``TxnAudit.apply`` repeats each ``@event`` method's effect on the state; the unit tests
 prove it agrees with the aggregate on every sequence.
 
+A ``Repriced`` event (``domain.repricing``) keeps the state and moves the transaction's
+amount and the version that priced it: its old amount and version must be the ones the
+history holds, and the price audit then checks the new amount against the new version.
+
 Findings are facts, not exceptions: an audit reports all of them. Each transaction's
 amount is recomputed from the price book version its Metered names in
 ``domain.audit_prices`` (``priced_by`` below).
@@ -22,6 +26,7 @@ from typing import Any
 
 from domain.ids import contract_id
 from domain.money import format_money
+from domain.price_book import INITIAL_VERSION
 from domain.transaction import ALLOWED_FROM, TxnState
 
 __all__ = [
@@ -88,6 +93,12 @@ class TxnAudit:
     contract_version: int | None = None
     before_its_contract: bool = False
 
+    @property
+    def price_version(self) -> int:
+        """The version that prices it now (``billing.transactions.price_version``):
+        before price books, the initial version its Metered loads naming."""
+        return INITIAL_VERSION if self.priced_by is None else self.priced_by[1]
+
     @classmethod
     def metered(
         cls,
@@ -137,7 +148,7 @@ class TxnAudit:
             if problem:
                 self.problems += (f"v{version}: {problem}",)
         _APPLY[name](self, data)
-        self.state = _TO_STATE[name]
+        self.state = _TO_STATE.get(name, self.state)  # Repriced keeps the state
 
 
 def _check_failed(txn: TxnAudit, data: Mapping[str, Any]) -> str | None:
@@ -175,6 +186,27 @@ def _check_compensated(txn: TxnAudit, data: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _check_repriced(txn: TxnAudit, data: Mapping[str, Any]) -> str | None:
+    old = Decimal(data["old_amount"])
+    named = txn.priced_by[1] if txn.priced_by is not None else None
+    if old != txn.amount or data["old_price_version"] != named:
+        return (
+            f"Repriced from {format_money(old, txn.currency)} (version"
+            f" {data['old_price_version']}), the history holds"
+            f" {format_money(txn.amount, txn.currency)} (version {named})"
+        )
+    if txn.line_id is None:
+        return "Repriced, but in no line"
+    if data["state"] != str(txn.state):
+        return f"Repriced says {data['state']}, the history says {txn.state}"
+    return None
+
+
+def _apply_repriced(txn: TxnAudit, data: Mapping[str, Any]) -> None:
+    txn.amount = Decimal(data["amount"])
+    txn.priced_by = (uuid_text(data["price_book_id"]), data["price_version"])
+
+
 def _apply_reserved(txn: TxnAudit, data: Mapping[str, Any]) -> None:
     txn.line_id = uuid_text(data.get("line_id"))
     txn.line_version = data.get("line_version")
@@ -209,6 +241,7 @@ _CHECKS = {
     "Settled": _check_settled,
     "ChargeFailed": _check_failed,
     "Charged": _check_charged,
+    "Repriced": _check_repriced,
     "Compensated": _check_compensated,
 }
 _APPLY = {
@@ -216,6 +249,7 @@ _APPLY = {
     "Settled": _apply_settled,
     "ChargeFailed": _apply_failed,
     "Charged": _apply_charged,
+    "Repriced": _apply_repriced,
     "Compensated": _apply_compensated,
 }
 

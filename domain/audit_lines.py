@@ -4,7 +4,7 @@ checks that tie them to the transactions and to Stripe.
 Like ``domain.audit``, the folds read plain stored data (registered types as their
 encoded strings), not aggregates. What they prove, per line:
 
-* every ``Settled``/``Removed`` records the exact total the listed amounts add up to,
+* every ``Settled``/``Removed``/``Repriced`` records the exact total the listed amounts add up to,
   and the billed amount is that total rounded once, half up (I8);
 * a transaction is in exactly one line, once, with its own exact amount, and says so
   itself (its ``Reserved``/``Settled`` names the line and the version that took it);
@@ -94,6 +94,31 @@ class LineAudit:
             self.billed_at[version] = self.billed
             return
         ids, amounts = data["transaction_ids"], [Decimal(a) for a in data["amounts"]]
+        if name == "Repriced":
+            self._repriced(ids, [Decimal(a) for a in data["old_amounts"]], amounts, version)
+        else:
+            self._settled_or_removed(name, data, ids, amounts, version)
+        self.sequence = version
+        self.billed = round_minor(self.exact_total)
+        self.transactions = len(self.members)
+        self.billed_at[version] = self.billed
+        recorded = (Decimal(data["exact_total"]), data["billed"], data["transactions"])
+        if recorded != (self.exact_total, self.billed, self.transactions):
+            self.problems.append(
+                f"v{version}: records total {self._money(recorded[0])}, billed"
+                f" {self._money(recorded[1])}, {recorded[2]} transactions; its amounts make"
+                f" {self._money(self.exact_total)}, {self._money(self.billed)},"
+                f" {self.transactions} transactions"
+            )
+
+    def _settled_or_removed(
+        self,
+        name: str,
+        data: Mapping[str, Any],
+        ids: list[str],
+        amounts: list[Decimal],
+        version: int,
+    ) -> None:
         if len(ids) != len(amounts):
             self.problems.append(f"v{version}: {len(ids)} transactions, {len(amounts)} amounts")
         if name == "Settled":
@@ -117,18 +142,27 @@ class LineAudit:
                             f" line holds as {holds}"
                         )
                     self.exact_total -= amount
-        self.sequence = version
-        self.billed = round_minor(self.exact_total)
-        self.transactions = len(self.members)
-        self.billed_at[version] = self.billed
-        recorded = (Decimal(data["exact_total"]), data["billed"], data["transactions"])
-        if recorded != (self.exact_total, self.billed, self.transactions):
+
+    def _repriced(
+        self, ids: list[str], old: list[Decimal], new: list[Decimal], version: int
+    ) -> None:
+        """Each transaction's amount moves from ``old`` (what the line holds) to ``new``."""
+        if not len(ids) == len(old) == len(new):
             self.problems.append(
-                f"v{version}: records total {self._money(recorded[0])}, billed"
-                f" {self._money(recorded[1])}, {recorded[2]} transactions; its amounts make"
-                f" {self._money(self.exact_total)}, {self._money(self.billed)},"
-                f" {self.transactions} transactions"
+                f"v{version}: {len(ids)} transactions, {len(old)} old and {len(new)} new amounts"
             )
+        with localcontext(prec=80):
+            for txn_id, was, now in zip(ids, old, new, strict=False):
+                held = self.members.get(txn_id)
+                if held is None or held[0] != was:
+                    holds = self._money(held[0]) if held else "nothing"
+                    self.problems.append(
+                        f"v{version}: reprices {txn_id} from {self._money(was)}, which the"
+                        f" line holds as {holds}"
+                    )
+                if held is not None:
+                    self.members[txn_id] = (now, held[1])
+                self.exact_total += now - was
 
     def _money(self, amount: Decimal | int) -> str:
         return format_money(amount, self.currency)

@@ -42,7 +42,7 @@ from uuid import UUID
 from domain.contract import ContractSchedule, true_up
 from domain.ids import true_up_id
 from domain.invoice import Invoice
-from domain.invoice_line import InvoiceLine, LinePush
+from domain.invoice_line import InvoiceLine, LineChange, LinePush
 from domain.invoice_states import InvoiceState
 from domain.money import add_exact, round_minor
 
@@ -98,14 +98,17 @@ def line_status(line: InvoiceLine, push: LinePush | None) -> LineStatus:
     return LineStatus(line.id, line.sequence, line.billed, pushed)
 
 
-def billed_shares(changes: Sequence[InvoiceLine.Settled | InvoiceLine.Removed]) -> dict[UUID, int]:
+def billed_shares(changes: Sequence[LineChange]) -> dict[UUID, int]:
     """Each transaction's billed share of the line whose changes these are, all of
-    them in order from the first (see the module docstring)."""
+    them in order from the first (see the module docstring); a re-priced transaction
+    counts at its new amount, in the place it was settled."""
     held: dict[str, Decimal] = {}
     for change in changes:
         pairs = zip(change.transaction_ids, change.amounts, strict=True)
         if isinstance(change, InvoiceLine.Settled):
             held.update((t, Decimal(a)) for t, a in pairs)
+        elif isinstance(change, InvoiceLine.Repriced):  # the new amount, in its place
+            held.update((t, Decimal(a)) for t, a in pairs if t in held)
         else:
             for t, _ in pairs:
                 held.pop(t, None)

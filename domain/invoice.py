@@ -480,6 +480,9 @@ class Invoice(Aggregate):
     def _attention_needed(self, reason: str) -> None:
         self.attention = reason
         self.verified = False
+        self.raised = (*self.raised, reason)
+
+    raised: tuple[str, ...] = ()  # every attention reason recorded, settled or not
 
     def settle_attention(self, how: str, by: str) -> None:
         """An operator settled what stopped the invoice (the draft is read back again)."""

@@ -7,8 +7,13 @@ Two aggregates, because two writers keep them and must not contend:
   each ``Settled`` event lists the transactions a batch settled into the line with
   their exact amounts, and records the running exact total and the billed amount,
   the exact total rounded **once**, half up. ``Removed`` takes transactions out
-  (a reversal, a compensation). The line's ``sequence`` is its version: every change
-  of the total is a new sequence.
+  (a reversal, a compensation). ``Repriced`` changes the amounts of transactions it
+  holds (a price version published for a moment at or before their usage:
+  ``domain.repricing``), with the old and new amounts, the new exact total and the
+  billed amount rounded once from it; like a removal, while its invoice is a draft
+  (open, or closed and not finalizing: ``domain.repricing`` checks it). The line's
+  ``sequence`` is its version: every change of the total is a new sequence, so the
+  next push sets the new total.
 * ``LinePush`` is written by the pushers only: which Stripe invoice items hold the
   line (one, or more when the billed total is above Stripe's largest item amount),
   the newest sequence Stripe acknowledged (``Pushed``), failed pushes with their due
@@ -55,7 +60,7 @@ from domain.money import add_exact, add_quantity, canonical, round_minor
 from domain.ownership import Claim
 from domain.periods import Period
 
-__all__ = ["InvoiceLine", "LinePush"]
+__all__ = ["InvoiceLine", "LineChange", "LinePush"]
 
 
 class InvoiceLine(Aggregate):
@@ -98,6 +103,16 @@ class InvoiceLine(Aggregate):
         transaction_ids: list[str]
         amounts: list[str]
         reason: str
+        exact_total: Decimal
+        billed: int
+        transactions: int
+
+    class Repriced(Aggregate.Event):
+        """Transactions it holds were priced again: old and new exact amounts each."""
+
+        transaction_ids: list[str]
+        old_amounts: list[str]  # exact minor units, canonical decimal text
+        amounts: list[str]  # the new ones
         exact_total: Decimal
         billed: int
         transactions: int
@@ -274,6 +289,46 @@ class InvoiceLine(Aggregate):
         if quantity is not None:
             self.quantity = quantity
             self.tier = tier
+
+    def reprice(self, entries: Sequence[tuple[UUID, Decimal, Decimal]]) -> None:
+        """Change the amounts of transactions the line holds (id, old exact amount, new
+        exact amount), in one event; the total follows, rounded once. A frozen line too,
+        as a removal: whether its invoice still takes the change is its invoice's
+        (``domain.repricing.apply_repricing``)."""
+        if not entries:
+            return
+        total = self.exact_total
+        for _, old, new in entries:
+            if new < 0:
+                raise ValueError(f"a repriced amount cannot be negative: {new}")
+            total = add_exact(add_exact(total, -old), new)
+        if total < 0 or len(entries) > self.transactions:
+            raise ValueError(f"cannot reprice more than line {self.id} holds")
+        self._repriced(
+            [str(i) for i, _, _ in entries],
+            [f"{canonical(old):f}" for _, old, _ in entries],
+            [f"{canonical(new):f}" for _, _, new in entries],
+            total,
+            round_minor(total),
+            self.transactions,
+        )
+
+    @event(Repriced)
+    def _repriced(  # noqa: PLR0917 (the event's fields, applied on every load)
+        self,
+        transaction_ids: list[str],
+        old_amounts: list[str],
+        amounts: list[str],
+        exact_total: Decimal,
+        billed: int,
+        transactions: int,
+    ) -> None:
+        self._totals(exact_total, billed, transactions)
+
+    def _totals(self, exact_total: Decimal, billed: int, transactions: int) -> None:
+        self.exact_total = exact_total
+        self.billed = billed
+        self.transactions = transactions
 
     def remove(self, entries: Sequence[tuple[UUID, Decimal]], reason: str) -> None:
         """Take transactions out of the line (a reversal or a compensation)."""
@@ -634,3 +689,7 @@ class LinePush(Aggregate):
     @event(ChargesRecorded)
     def _charges_recorded(self, through: int, transactions: int) -> None:
         self.charged_through = through
+
+
+LineChange = InvoiceLine.Settled | InvoiceLine.Removed | InvoiceLine.Repriced
+"""An event that changes a line's transactions or their amounts (and so its total)."""

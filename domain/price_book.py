@@ -14,10 +14,13 @@ book's next version number (1, 2, ...). A version is never changed or removed.
 
 **Which version prices a moment** (``price_at``): the one with the latest
 ``effective_from`` at or before the moment; of versions with the same ``effective_from``,
-the one published last. So a version may take effect before one published earlier (a
-correction): it prices the usage at or after its moment that is *recorded after it is
-published*; usage already recorded keeps the version its ``Metered`` names (re-pricing
-recorded usage is not supported yet).
+the one published last (``spans`` gives the same answer as intervals, for SQL). So a
+version may take effect before one published earlier (a correction): it prices the
+usage at or after its moment that is *recorded after it is published*; usage already
+recorded keeps the version its ``Metered`` names until it is **re-priced**: on a line
+whose invoice has not closed, ``domain.repricing`` prices it again by the version in
+force at its moment (the reconciler finds it; ``billing-ledger prices publish`` runs
+it at once); on a closed or finalized invoice it is left alone and reported.
 
 **Prices by line quantity** (tiers, packages, a flat fee: ``domain.pricing``): a record
 of such a meter is priced by the version in force at the start of the period its usage
@@ -143,6 +146,18 @@ class PriceSchedule:
         effective at or before it, ties to the one published last; before every
         version, the one in force at the earliest moment."""
         return self._order[bisect_right(self._starts, max(moment, self._starts[0])) - 1]
+
+    def spans(self) -> list[tuple[datetime | None, datetime | None, int]]:
+        """``price_at`` as intervals: (from, until, version number), from inclusive, until
+        exclusive, None unbounded; the first from the beginning of time, the last for
+        ever. A version tied with a later one on its moment prices no moment: no span."""
+        out: list[tuple[datetime | None, datetime | None, int]] = []
+        for i, version in enumerate(self._order):
+            until = self._starts[i + 1] if i + 1 < len(self._order) else None
+            if until == version.effective_from:
+                continue
+            out.append((version.effective_from if out else None, until, version.number))
+        return out
 
 
 def as_schedule(prices: PriceList | PriceSchedule) -> PriceSchedule:

@@ -33,14 +33,15 @@ from uuid import UUID
 
 from eventsourcing.utils import get_topic
 
-from domain.invoice_line import InvoiceLine, LinePush
+from domain.invoice_line import InvoiceLine, LineChange, LinePush
 from domain.money import split_for_items
 from domain.saga import ChargeFailure, RetryPolicy, retry_due
-from domain.transaction import BillingTransaction
+from domain.transaction import BillingTransaction, TxnState
 
 __all__ = [
     "CHARGEABLE_TOPICS",
     "MAX_LINES_PER_UPDATE",
+    "REPRICED_TOPIC",
     "ItemStep",
     "LinePart",
     "LineSet",
@@ -54,6 +55,7 @@ __all__ = [
     "lines_key",
     "plan_push",
     "push_key",
+    "repriced_last",
     "settled_in",
 ]
 
@@ -234,8 +236,17 @@ CHARGEABLE_TOPICS = frozenset(
 )
 """A transaction whose newest event is one of these is in a line and not yet charged."""
 
+REPRICED_TOPIC = get_topic(BillingTransaction.Repriced)
+"""A transaction whose newest event is this keeps the state it had (``domain.repricing``):
+its state is not known from its newest event, and is read from the transaction."""
 
-def settled_in(changes: Sequence[InvoiceLine.Settled | InvoiceLine.Removed]) -> list[UUID]:
+
+def repriced_last(latest: Mapping[UUID, tuple[int, str]]) -> list[UUID]:
+    """The transactions whose newest event is a ``Repriced`` (their state is read)."""
+    return [txn_id for txn_id, (_, topic) in latest.items() if topic == REPRICED_TOPIC]
+
+
+def settled_in(changes: Sequence[LineChange]) -> list[UUID]:
     """The transactions these line changes settled and did not remove again, in order."""
     removed = {t for c in changes if isinstance(c, InvoiceLine.Removed) for t in c.transaction_ids}
     return [
@@ -254,16 +265,22 @@ def charged_events(
     stripe_object_id: str,
     line_id: UUID,
     sequence: int,
+    states: Mapping[UUID, TxnState] | None = None,
 ) -> list[BillingTransaction.Charged]:
     """The ``Charged`` each still chargeable transaction records for the push of its line
     at ``sequence`` (what ``BillingTransaction.record_charged`` records, built without
     loading thousands of aggregates: a chargeable transaction's state is known from
-    its newest event). Compensated or already charged ones are left out."""
+    its newest event; ``states``: the state of each whose newest event is a ``Repriced``,
+    read from it). Compensated or already charged ones are left out."""
     event_class = BillingTransaction.Charged
     out: list[BillingTransaction.Charged] = []
+    known = states or {}
     for txn_id in transaction_ids:
         version, topic = latest.get(txn_id, (0, ""))
-        if topic not in CHARGEABLE_TOPICS:
+        if topic not in CHARGEABLE_TOPICS and not (
+            topic == REPRICED_TOPIC
+            and known.get(txn_id) in (TxnState.RESERVED, TxnState.CHARGE_FAILED)
+        ):
             continue
         out.append(
             event_class(  # type: ignore[call-arg]

@@ -7,6 +7,7 @@
                 |        \\-----------------------> Compensated (terminal)
                 +--> Compensated  (refused: spend limit, ...)
      Charged --> Compensated  (operator reversal, with the Stripe reversal)
+     Reserved | ChargeFailed | Charged --Repriced--> the same state, a new amount
 
 ``Metered`` keeps the exact amount (``Decimal`` minor units, never rounded) and names
 the price book version that priced it: the one in force when the usage occurred
@@ -19,6 +20,11 @@ sequence Stripe acknowledged. Histories written before lines existed load throug
 upcasting (``class_version``): an integer amount, a ``Reserved`` without a line and a
 ``Charged`` of a per-transaction invoice item. Such a transaction that is not charged
 yet joins a line later with ``Settled`` (ChargeFailed exists only in those histories).
+
+``Repriced`` (``domain.repricing`` decides it): a price book version published later
+for a moment at or before its usage prices it now. It names the old and the new version
+and both exact amounts; the state stays what it was (a Charged transaction's line is
+pushed again with its new total). Never after Compensated: released usage is not owed.
 
 Public methods decide (check the state, compute); the private ``@event`` methods
 only apply, because they are re-run on every load.
@@ -77,6 +83,7 @@ ALLOWED_FROM: dict[str, tuple[TxnState, ...]] = {
     "Settled": (TxnState.RESERVED, TxnState.CHARGE_FAILED),
     "ChargeFailed": (TxnState.RESERVED, TxnState.CHARGE_FAILED),
     "Charged": (TxnState.RESERVED, TxnState.CHARGE_FAILED),
+    "Repriced": (TxnState.RESERVED, TxnState.CHARGE_FAILED, TxnState.CHARGED),
     "Compensated": (
         TxnState.METERED,
         TxnState.RESERVED,
@@ -221,6 +228,18 @@ class BillingTransaction(Aggregate):
         def upcast_v1_v2(state: dict[str, Any]) -> None:
             state["line_id"] = None
             state["sequence"] = None
+
+    class Repriced(Aggregate.Event):
+        """Priced again by the version now in force when the usage occurred."""
+
+        price_book_id: UUID
+        price_version: int
+        unit_price: Decimal
+        per: int
+        amount: Decimal  # the new exact amount (minor units)
+        old_price_version: int
+        old_amount: Decimal
+        state: str  # the state it was in, and stays in
 
     class Compensated(Aggregate.Event):
         reason: str
@@ -428,6 +447,53 @@ class BillingTransaction(Aggregate):
         self.line_sequence = sequence
         self.next_attempt_at = None
         self.state = TxnState.CHARGED
+
+    # -- Repriced ---------------------------------------------------------------
+
+    def reprice(self, version: PriceVersion, price: Price, amount: Decimal) -> None:
+        """Record that ``version`` (its ``price`` of this meter) prices the usage now, at
+        the exact ``amount`` (``domain.repricing`` decides it; per-unit prices: quantity
+        x price). Only a transaction in a line and not compensated; never in another
+        currency, never by the version it names already."""
+        self._require("reprice", *ALLOWED_FROM["Repriced"])
+        if self.line_id is None:
+            raise IllegalTransition(f"transaction {self.id} is in no line: nothing to reprice")
+        if price.currency != self.currency:
+            raise ValueError(
+                f"transaction {self.id} is in {self.currency}, the price in {price.currency}"
+            )
+        if amount < 0:
+            raise ValueError(f"an amount cannot be negative: {amount}")
+        if (version.book_id, version.number) == (self.price_book_id, self.price_version):
+            raise ValueError(f"transaction {self.id} is priced by version {version.number}")
+        self._repriced(
+            version.book_id,
+            version.number,
+            price.unit_price,
+            price.per,
+            amount,
+            self.price_version,
+            self.amount,
+            str(self.state),
+        )
+
+    @event(Repriced)
+    def _repriced(  # noqa: PLR0917 (the event's fields, applied on every load)
+        self,
+        price_book_id: UUID,
+        price_version: int,
+        unit_price: Decimal,
+        per: int,
+        amount: Decimal,
+        old_price_version: int,
+        old_amount: Decimal,
+        state: str,
+    ) -> None:
+        self.price_book_id = price_book_id
+        self.price_version = price_version
+        self.unit_price = unit_price
+        self.per = per
+        self.amount = amount
 
     # -- Compensated ------------------------------------------------------------
 

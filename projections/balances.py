@@ -7,7 +7,9 @@ the transactions' exact amounts, never rounded), with the meaning of
     in_flight = metered - charged - compensated      (a generated column)
     available = max(spend_limit - (in_flight + charged), 0), or NULL when unlimited
 
-A reversal of a Charged transaction moves its amount from charged to compensated.
+A reversal of a Charged transaction moves its amount from charged to compensated. A
+``Repriced`` transaction (``domain.repricing``) moves metered by the difference, and
+charged too when it was charged; a later charge or compensation counts its new amount.
 ``refused`` counts transactions compensated straight from Metered (the spend limit
 said no). Rows are written only by the projector (``projections.projector``).
 Its table is made by the migrations (``store/migrations/``), never here.
@@ -19,12 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
 from domain.account import CustomerAccount
+from domain.money import add_exact
 from domain.transaction import BillingTransaction
 from projections.base import SCHEMA, History, check_customer
 
@@ -93,13 +97,22 @@ class BalancesProjection:
                     e,
                     BillingTransaction.Charged
                     | BillingTransaction.Compensated
+                    | BillingTransaction.Repriced
                     | CustomerAccount.LimitSet,
                 )
             ),
         )
+        amounts = history.amounts_before(
+            conn,
+            (
+                e
+                for e in events
+                if isinstance(e, BillingTransaction.Charged | BillingTransaction.Compensated)
+            ),
+        )
         deltas: dict[tuple[str, str], _Delta] = {}
         for event in events:
-            _fold(event, history, deltas)
+            _fold(event, history, amounts, deltas)
         if deltas:
             params = [
                 {"customer_id": customer, "currency": currency, **vars(delta)}
@@ -111,23 +124,38 @@ class BalancesProjection:
                 )
 
 
-def _fold(event: Any, history: History, deltas: dict[tuple[str, str], _Delta]) -> None:
-    """Add one event's effect to the batch's deltas (as ``summary.Balances.apply``)."""
+def _fold(
+    event: Any,
+    history: History,
+    amounts: dict[tuple[UUID, int], Decimal],
+    deltas: dict[tuple[str, str], _Delta],
+) -> None:
+    """Add one event's effect to the batch's deltas (as ``summary.Balances.apply``);
+    ``amounts``: a re-priced transaction's amount before its later events."""
     if isinstance(event, BillingTransaction.Metered):
         delta = _delta(deltas, event.customer_id, event.currency, event)
         delta.transactions += 1
         delta.metered += event.amount
     elif isinstance(event, BillingTransaction.Charged):
         facts = history.facts(event.originator_id)
-        _delta(deltas, facts.customer_id, facts.currency, event).charged += facts.amount
-    elif isinstance(event, BillingTransaction.Compensated):
+        amount = amounts.get((event.originator_id, event.originator_version), facts.amount)
+        _delta(deltas, facts.customer_id, facts.currency, event).charged += amount
+    elif isinstance(event, BillingTransaction.Repriced):
         facts = history.facts(event.originator_id)
         delta = _delta(deltas, facts.customer_id, facts.currency, event)
+        moved = add_exact(event.amount, -event.old_amount)
+        delta.metered += moved
+        if event.state == "charged":
+            delta.charged += moved
+    elif isinstance(event, BillingTransaction.Compensated):
+        facts = history.facts(event.originator_id)
+        amount = amounts.get((event.originator_id, event.originator_version), facts.amount)
+        delta = _delta(deltas, facts.customer_id, facts.currency, event)
         if event.from_state == "charged":  # a reversal: the charge is taken back
-            delta.charged -= facts.amount
+            delta.charged -= amount
         elif event.from_state == "metered":
             delta.refused += 1
-        delta.compensated += facts.amount
+        delta.compensated += amount
     elif isinstance(event, CustomerAccount.Opened | CustomerAccount.LimitSet):
         facts = history.facts(event.originator_id)
         delta = _delta(deltas, facts.customer_id, facts.currency, event)

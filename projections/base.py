@@ -21,13 +21,14 @@ from uuid import UUID
 
 import psycopg
 from eventsourcing.persistence import StoredEvent
+from eventsourcing.utils import get_topic
 
 from domain.account import CustomerAccount
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.transaction import BillingTransaction, TxnState
 from domain.usage import CUSTOMER_ID_MAX_LENGTH, CUSTOMER_ID_PATTERN
-from store.eventlog import read_created
+from store.eventlog import read_created, read_topic
 
 __all__ = [
     "MAX_LIMIT",
@@ -45,6 +46,8 @@ __all__ = [
 
 SCHEMA = "billing"
 MAX_LIMIT = 10_000
+_REPRICED = get_topic(BillingTransaction.Repriced)
+_FIRST_AFTER_REPRICED = 4  # the earliest version an event after a Repriced can have
 
 Decode = Callable[[StoredEvent], Any]
 """The application's decoding of a stored event (``ledger.mapper.to_domain_event``)."""
@@ -119,6 +122,30 @@ class History:
         if missing:
             for row in read_created(conn, missing):
                 self.remember(self.decode(row.notification()))
+
+    def amounts_before(
+        self, conn: psycopg.Connection[Any], events: Iterable[Any]
+    ) -> dict[tuple[UUID, int], Decimal]:
+        """The exact amount of each of these transactions' events' transactions just before
+        it, when a ``Repriced`` came earlier (its new amount); the others are the amount
+        their ``Metered`` recorded (``facts``). Read from the history at every call, never
+        cached: a transaction's amount changes, its first event does not. Only an event
+        after version 3 can follow a ``Repriced`` (Metered, Reserved, Repriced come
+        first), so a charge at version 3, the usual one, reads nothing."""
+        later = {(e.originator_id, e.originator_version) for e in events}
+        later = {(i, v) for i, v in later if v >= _FIRST_AFTER_REPRICED}
+        if not later:
+            return {}
+        repriced: dict[UUID, list[tuple[int, Decimal]]] = {}
+        for row in read_topic(conn, {i for i, _ in later}, _REPRICED):
+            amount = self.decode(row.notification()).amount
+            repriced.setdefault(row.originator_id, []).append((row.originator_version, amount))
+        out: dict[tuple[UUID, int], Decimal] = {}
+        for txn_id, version in later:
+            before = [amount for v, amount in repriced.get(txn_id, ()) if v < version]
+            if before:
+                out[txn_id, version] = before[-1]
+        return out
 
     def line_of_push(self, push_id: UUID) -> UUID:
         """The line a ``LinePush`` is about (``prefetch`` the push first)."""

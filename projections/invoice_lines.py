@@ -71,7 +71,13 @@ LINE_COLUMNS = (
     "tier",
 )
 
-_LINE_EVENTS = (InvoiceLine.Opened, InvoiceLine.Settled, InvoiceLine.Removed, InvoiceLine.Frozen)
+_LINE_EVENTS = (
+    InvoiceLine.Opened,
+    InvoiceLine.Settled,
+    InvoiceLine.Removed,
+    InvoiceLine.Repriced,
+    InvoiceLine.Frozen,
+)
 _PUSH_EVENTS = (LinePush.Pushed, LinePush.PushFailed, LinePush.ChargesRecorded)
 
 
@@ -150,7 +156,7 @@ def _fold(rows: dict[UUID, dict[str, Any]], event: Any, line: UUID) -> None:
         return
     row = rows[line]
     row["updated_at"] = max(row["updated_at"], at)
-    if isinstance(event, InvoiceLine.Settled | InvoiceLine.Removed):
+    if isinstance(event, InvoiceLine.Settled | InvoiceLine.Removed | InvoiceLine.Repriced):
         row.update(
             exact_total=event.exact_total,
             billed=event.billed,
@@ -304,7 +310,7 @@ def open_lines(conn: psycopg.Connection[Any]) -> list[tuple[UUID, str | None, An
     (line id, customer, oldest unsent change, next attempt due). Those the projection
     has not reached yet are found in the events past its position (with no times), so
     a projector that is behind never hides a line from the reconciler."""
-    topics = [get_topic(InvoiceLine.Opened), get_topic(InvoiceLine.Settled)]
+    topics = [get_topic(e) for e in (InvoiceLine.Opened, InvoiceLine.Settled, InvoiceLine.Repriced)]
     rows = conn.execute(
         _OPEN.format(
             table=sql.Identifier(SCHEMA, InvoiceLinesProjection.name),

@@ -29,12 +29,15 @@ from projections.base import (
     check_limit,
     check_state,
 )
+from projections.invoice_lines import InvoiceLinesProjection
+from projections.invoices import InvoicesProjection
 
 __all__ = [
     "COLUMNS",
     "TransactionsProjection",
     "open_transactions",
     "page_cursor",
+    "repricing_candidates",
     "transactions",
     "unlined_transaction_ids",
 ]
@@ -61,6 +64,7 @@ COLUMNS = (
     "charged_at",
     "compensated_at",
     "updated_at",
+    "price_version",  # added by a later migration: the table's last column
 )
 
 
@@ -115,6 +119,7 @@ def _metered_row(event: BillingTransaction.Metered) -> dict[str, Any]:
         quantity=event.quantity,
         amount=event.amount,
         currency=event.currency,
+        price_version=event.price_version,
         state=str(TxnState.METERED),
         attempts=0,
         occurred_at=event.occurred_at,
@@ -158,6 +163,8 @@ def _change(event: Any) -> dict[str, Any] | None:
             "charged_at": at,
             "updated_at": at,
         }
+    if isinstance(event, BillingTransaction.Repriced):  # the state stays
+        return {"amount": event.amount, "price_version": event.price_version, "updated_at": at}
     if isinstance(event, BillingTransaction.Compensated):
         return {
             "state": str(TxnState.COMPENSATED),
@@ -255,3 +262,48 @@ def open_transactions(conn: psycopg.Connection[Any]) -> int:
         ).format(sql.Identifier(SCHEMA, TransactionsProjection.name))
     ).fetchone()
     return int(row[0]) if row else 0
+
+
+_REPRICING = sql.SQL(
+    "SELECT t.transaction_id, t.line_id FROM {table} t"
+    " JOIN {lines} l ON l.line_id = t.line_id"
+    " LEFT JOIN {invoices} i ON i.customer_id = l.customer_id AND i.currency = l.currency"
+    "  AND i.period_start = l.period_start"
+    " WHERE t.state IN ('reserved', 'charge_failed', 'charged')"
+    " AND (NOT %(drafts_only)s OR i.state IS NULL OR i.state IN ('open', 'closed'))"
+    " AND t.transaction_id > %(after)s"
+    " AND NOT EXISTS (SELECT 1 FROM unnest(%(starts)s::timestamptz[],"
+    "  %(untils)s::timestamptz[], %(numbers)s::integer[]) AS v(s, u, n)"
+    "  WHERE (v.s IS NULL OR t.occurred_at >= v.s) AND (v.u IS NULL OR t.occurred_at < v.u)"
+    "  AND t.price_version = v.n)"
+    " ORDER BY t.transaction_id LIMIT %(limit)s"
+)
+
+
+def repricing_candidates(
+    conn: psycopg.Connection[Any],
+    spans: Sequence[tuple[datetime | None, datetime | None, int]],
+    *,
+    after: UUID,
+    limit: int,
+    drafts_only: bool = False,
+) -> list[tuple[UUID, UUID]]:
+    """Transactions (id, line) in a line, not compensated, whose price book version is not
+    the one ``spans`` (``PriceSchedule.spans``) puts in force at their ``occurred_at``:
+    those a version published later may price again (``domain.repricing`` decides, from
+    the aggregates). ``drafts_only``: only on invoices the read model shows open or
+    closed (or not yet); ids after ``after``, in order, at most ``limit``."""
+    query = _REPRICING.format(
+        table=sql.Identifier(SCHEMA, TransactionsProjection.name),
+        lines=sql.Identifier(SCHEMA, InvoiceLinesProjection.name),
+        invoices=sql.Identifier(SCHEMA, InvoicesProjection.name),
+    )
+    params = {
+        "drafts_only": drafts_only,
+        "after": after,
+        "starts": [s for s, _, _ in spans],
+        "untils": [u for _, u, _ in spans],
+        "numbers": [n for _, _, n in spans],
+        "limit": check_limit(limit),
+    }
+    return [(r[0], r[1]) for r in conn.execute(query, params).fetchall()]

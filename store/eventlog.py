@@ -31,6 +31,7 @@ __all__ = [
     "follow",
     "read_after",
     "read_created",
+    "read_topic",
 ]
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,11 @@ _READ_CREATED = sql.SQL(
 ).format(_COLUMNS, sql.Identifier(EVENTS_TABLE))
 
 
+_READ_TOPIC = sql.SQL(
+    "SELECT {} FROM {} WHERE originator_id = ANY(%s) AND topic = %s ORDER BY originator_version"
+).format(_COLUMNS, sql.Identifier(EVENTS_TABLE))
+
+
 def read_after(conn: psycopg.Connection[Any], position: Position, limit: int) -> list[LogRow]:
     """The next ``limit`` visible rows after ``position``, in commit order."""
     rows = conn.execute(_READ_AFTER, (position.xid, position.notification_id, limit)).fetchall()
@@ -98,6 +104,14 @@ def read_after(conn: psycopg.Connection[Any], position: Position, limit: int) ->
 def read_created(conn: psycopg.Connection[Any], originator_ids: Iterable[UUID]) -> list[LogRow]:
     """The first event (version 1) of each of these aggregates that has one."""
     rows = conn.execute(_READ_CREATED, (list(set(originator_ids)),)).fetchall()
+    return [LogRow(*row) for row in rows]
+
+
+def read_topic(
+    conn: psycopg.Connection[Any], originator_ids: Iterable[UUID], topic: str
+) -> list[LogRow]:
+    """Every event of ``topic`` of these aggregates, each aggregate's in version order."""
+    rows = conn.execute(_READ_TOPIC, (list(set(originator_ids)), topic)).fetchall()
     return [LogRow(*row) for row in rows]
 
 

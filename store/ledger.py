@@ -64,7 +64,7 @@ from domain.ids import (
     partition_claim_id,
 )
 from domain.invoice import Invoice
-from domain.invoice_line import InvoiceLine, LinePush
+from domain.invoice_line import InvoiceLine, LineChange, LinePush
 from domain.metering import Metering
 from domain.metering_events import MeteredBatch, meter_batch_events
 from domain.ownership import Claim, PartitionClaim
@@ -480,14 +480,13 @@ class BillingLedger(Application[UUID]):
         found = self._get(customer_link_id(customer_id))
         return found if isinstance(found, CustomerLink) else None
 
-    def line_changes(
-        self, line: UUID, after: int, through: int
-    ) -> list[InvoiceLine.Settled | InvoiceLine.Removed]:
-        """The line's changes with versions in ``(after, through]``, in order."""
+    def line_changes(self, line: UUID, after: int, through: int) -> list[LineChange]:
+        """The line's changes (settled, removed, repriced) with versions in ``(after,
+        through]``, in order."""
         return [
             e
             for e in self.events.get(line, gt=after, lte=through)
-            if isinstance(e, InvoiceLine.Settled | InvoiceLine.Removed)
+            if isinstance(e, InvoiceLine.Settled | InvoiceLine.Removed | InvoiceLine.Repriced)
         ]
 
     def latest_versions(self, ids: Sequence[UUID]) -> dict[UUID, tuple[int, str]]:

@@ -66,6 +66,16 @@ class Balances:
             if event.from_state == "metered":
                 bal.refused += 1
             self._txns[event.originator_id] = (customer, currency, amount, "compensated")
+        elif isinstance(event, BillingTransaction.Repriced):
+            customer, currency, amount, state = self._txns[event.originator_id]
+            bal = self._balance(customer, currency)
+            moved = event.amount - amount
+            bal.metered += moved
+            if state == "charged":
+                bal.charged += moved
+            else:
+                bal.in_flight += moved
+            self._txns[event.originator_id] = (customer, currency, event.amount, state)
         elif isinstance(event, CustomerAccount.Opened | CustomerAccount.LimitSet):
             if isinstance(event, CustomerAccount.Opened):
                 self._accounts[event.originator_id] = (event.customer_id, event.currency)

@@ -181,6 +181,7 @@ _ALWAYS = frozenset(
 _WRAPPED = {
     "metered": ("quantity", "timestamp", "amount"),
     "ChargeFailed": ("next_attempt_at",),
+    "Repriced": ("amount", "old_amount"),
     "line:Opened": ("period_start",),
     "invoice:Opened": ("period_start", "period_end", "first_line"),
     "invoice:LineAdded": ("line_id",),
@@ -188,6 +189,7 @@ _WRAPPED = {
     "invoice:Credited": ("transaction_id",),
     "line:Settled": ("exact_total",),
     "line:Removed": ("exact_total",),
+    "line:Repriced": ("exact_total",),
 }
 
 
@@ -309,7 +311,13 @@ def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
         if agg.account is not None:
             _account_event(out, agg.account, kind.removeprefix("account:"), version, data)
     elif agg.txn is not None:
-        agg.txn.apply(kind, data, version)
+        _txn_event(out, agg.txn, kind, data, version)
+
+
+def _txn_event(out: Replay, txn: TxnAudit, kind: str, data: dict[str, Any], version: int) -> None:
+    txn.apply(kind, data, version)
+    if kind == "Repriced" and txn.priced_by not in out.prices:
+        txn.before_its_version = True  # priced again by a version not published yet
 
 
 _PRICING = frozenset({"book:Published", "contract:Set"})
@@ -335,6 +343,12 @@ def _account_event(
 ) -> None:
     if name == "LimitSet":
         out.limits[account] = data["spend_limit"]
+        return
+    if name == "AmountsRepriced":  # never refused by the limit (domain.account): no check
+        committed = out.committed.get(account, Decimal(0))
+        for old, new in zip(data["old_amounts"], data["amounts"], strict=True):
+            committed = add_exact(add_exact(committed, -Decimal(old)), Decimal(new))
+        out.committed[account] = committed
         return
     sign = _COMMITS.get(name)
     if sign is None:  # settled: moves reserved to charged, the sum is the same

@@ -1,7 +1,7 @@
 """The charge process manager: consumes ``billing.events`` and schedules line pushes.
 
-Every change of an invoice line (``InvoiceLine.Settled`` or ``Removed``, published by
-the relay in commit order, keyed by customer) is handed to the ``LineScheduler``,
+Every change of an invoice line (``InvoiceLine.Settled``, ``Removed`` or ``Repriced``,
+published by the relay in commit order, keyed by customer) is handed to the ``LineScheduler``,
 which pushes the line when its settle interval allows, oldest change first. Nothing
 here writes the event store, so the Kafka offsets are committed after each poll: a
 message lost with a crash only delays a line until the reconciler finds its unsent
@@ -38,7 +38,9 @@ __all__ = ["ChargeWorker"]
 
 log = logging.getLogger(__name__)
 
-LINE_CHANGES = frozenset({get_topic(InvoiceLine.Settled), get_topic(InvoiceLine.Removed)})
+LINE_CHANGES = frozenset(
+    get_topic(e) for e in (InvoiceLine.Settled, InvoiceLine.Removed, InvoiceLine.Repriced)
+)
 
 
 class ChargeWorker:

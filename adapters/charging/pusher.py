@@ -60,7 +60,7 @@ from domain.closing import is_true_up
 from domain.customer import CustomerLink
 from domain.errors import IllegalTransition
 from domain.invoice import Invoice
-from domain.invoice_line import InvoiceLine, LinePush
+from domain.invoice_line import InvoiceLine, LineChange, LinePush
 from domain.invoice_states import InvoiceState
 from domain.ownership import Claim
 from domain.ports import DraftInvoice, LineItems, LinesUpdate, PaymentGateway
@@ -72,6 +72,7 @@ from domain.pushing import (
     charged_events,
     invoice_part,
     plan_push,
+    repriced_last,
     settled_in,
 )
 from domain.saga import ChargeFailure, RetryPolicy, StepResult
@@ -506,7 +507,7 @@ class LinePusher:
         charged = 0
         changes = self.ledger.line_changes(line.id, push.charged_through, push.pushed_sequence)
         while changes:
-            batch: list[InvoiceLine.Settled | InvoiceLine.Removed] = []
+            batch: list[LineChange] = []
             count = 0
             while changes and (
                 not batch or count + len(changes[0].transaction_ids) <= self.max_charges_per_save
@@ -514,12 +515,14 @@ class LinePusher:
                 batch.append(changes.pop(0))
                 count += len(batch[-1].transaction_ids)
             ids = settled_in(batch)
+            latest = self.ledger.latest_versions(ids)
             events = charged_events(
                 ids,
-                self.ledger.latest_versions(ids),
+                latest,
                 stripe_object_id=push.item_ids[0] if push.item_ids else "",
                 line_id=line.id,
                 sequence=push.pushed_sequence,
+                states={i: self.ledger.transaction(i).state for i in repriced_last(latest)},
             )
             push.record_charges(batch[-1].originator_version, len(events))
             self.ledger.save(push, *events)
@@ -659,7 +662,7 @@ class LinePusher:
 
 
 def _count_charges(
-    changes: list[InvoiceLine.Settled | InvoiceLine.Removed], charged: set[UUID], now: datetime
+    changes: list[LineChange], charged: set[UUID], now: datetime
 ) -> None:  # pragma: no mutate block
     """Transactions charged, and each one's wait from its settlement (its metering)."""
     m = metrics()

@@ -8,6 +8,10 @@ their oldest unsent change and their next attempt; it settles open transactions 
 have no line yet (histories from before lines). Forward progress never depends on a
 message being delivered again.
 
+It also runs a pass of the re-pricer (``adapters.charging.repricing``) while one is due:
+usage a price version published for the past prices again, on lines still open, is
+re-priced, bounded per pass; the lines it changes are then pushed like any other.
+
 With a charge consumer in the process (``ownership``), it schedules only the lines of
 the customers whose partitions that consumer holds, and any line whose owner is late
 (``adapters.charging.ownership``): one pusher per line, so pushes rarely race.
@@ -24,6 +28,7 @@ from datetime import datetime
 from adapters.charging.corrections import Corrections
 from adapters.charging.ownership import Ownership
 from adapters.charging.pusher import utcnow
+from adapters.charging.repricing import Repricer
 from adapters.charging.scheduler import LineScheduler
 from domain.saga import StepResult
 from projections.invoice_lines import open_lines
@@ -40,6 +45,7 @@ class ReconcileReport:
     lines: int = 0  # scheduled here
     adopted: int = 0
     others: int = 0  # open lines another process owns
+    repriced: int = 0  # lines re-priced (``adapters.charging.repricing``)
 
 
 class Reconciler:
@@ -53,7 +59,9 @@ class Reconciler:
         *,
         ownership: Ownership | None = None,
         clock: Callable[[], datetime] = utcnow,
+        repricer: Repricer | None = None,
     ) -> None:
+        self.repricer = repricer
         self.corrections = corrections
         self.scheduler = scheduler
         self.database = database
@@ -65,6 +73,8 @@ class Reconciler:
         is set, no further transaction is adopted."""
         stop = stop or threading.Event()
         report = ReconcileReport()
+        if self.repricer is not None and self.repricer.due():
+            report.repriced = self.repricer.pass_once(stop)[0].lines
         with self.database.connection() as conn:
             lines = open_lines(conn)
             legacy = unlined_transaction_ids(conn)

@@ -118,6 +118,10 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
         DB,
     ),
     "prices list": (("billing-ledger prices list --json",), DB),
+    "prices reprice": (
+        ("billing-ledger prices reprice --dry-run", "billing-ledger prices reprice"),
+        DB,
+    ),
     "prices show": (
         (
             "billing-ledger prices show",

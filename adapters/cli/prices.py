@@ -3,14 +3,17 @@ as its next version, list the versions, show the one in force at a moment.
 
 A published version is priced by the ingest workers from their next batch on, without a
 restart. It prices the usage *recorded after it is published* whose time (``occurred_at``)
-is at or after its ``effective_from``; usage already recorded keeps the price of the
-version its ``Metered`` event names (re-pricing recorded usage is not supported yet).
+is at or after its ``effective_from``. Usage already recorded that it covers is
+re-priced on invoices that are still drafts (``adapters.charging.repricing``: the
+reconciler does it, ``publish`` with a past moment runs it at once, ``reprice`` on
+demand); on finalizing or final invoices it is left alone and reported.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import textwrap
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +26,7 @@ from adapters.cli.output import print_table
 if TYPE_CHECKING:
     from decimal import Decimal
 
+    from adapters.charging.repricing import RepriceReport
     from domain.price_book import PriceSchedule, PriceVersion
     from domain.pricing import Price
 
@@ -31,8 +35,18 @@ __all__ = ["add_commands", "price_rows"]
 _PUBLISH_HELP = (
     "publish a price file (the format of infra/prices.example.toml) as the price book's"
     " next version. It prices usage recorded after it is published whose occurred_at is"
-    " at or after --effective-from; usage already recorded keeps the price it was"
-    " recorded with (re-pricing past usage is not yet supported)."
+    " at or after --effective-from. With an --effective-from in the past, usage already"
+    " recorded that it covers is re-priced at once on invoices that are still drafts"
+    " (open, or closed and not finalizing; the reconciler would do it too), and usage on"
+    " finalizing or final invoices is reported and left as it is."
+)
+_REPRICE_HELP = (
+    "re-price recorded usage that a version published for the past covers, on invoices"
+    " that are still drafts (each transaction's Repriced event has its old and new exact"
+    " amounts; the next push sets the line's new total in Stripe); report the usage on"
+    " finalizing or final invoices, which is left as it is: a final invoice whose total"
+    " would change needs attention (a credit note or billing the difference is the"
+    " operator's call, recorded with `invoices settle`)."
 )
 
 
@@ -47,7 +61,7 @@ def add_commands(sub: Any) -> None:
     cmds = prices.add_subparsers(dest="prices_command", required=True, parser_class=Parser)
     publish = cmds.add_parser(
         "publish",
-        help="publish a price file as the next version (past usage is not re-priced)",
+        help="publish a price file as the next version (re-prices open usage it covers)",
         description=textwrap.fill(
             _PUBLISH_HELP, 88, break_on_hyphens=False
         ),  # the epilog's formatter keeps lines
@@ -59,6 +73,14 @@ def add_commands(sub: Any) -> None:
         help="the instant it takes effect (ISO 8601; without an offset, UTC; default: now)",
     )
     publish.set_defaults(handler=_publish)
+    reprice = cmds.add_parser(
+        "reprice",
+        help="re-price draft invoices' usage a past version covers; report final ones",
+        description=textwrap.fill(_REPRICE_HELP, 88, break_on_hyphens=False),
+    )
+    reprice.add_argument("--dry-run", action="store_true", help="decide and report, record nothing")
+    reprice.add_argument("--json", action="store_true")
+    reprice.set_defaults(handler=_reprice)
     listed = cmds.add_parser("list", help="every version: number, effective from, meters")
     listed.add_argument("--json", action="store_true")
     listed.set_defaults(handler=_list)
@@ -89,13 +111,164 @@ def _publish(args: argparse.Namespace) -> int:
         prices = PriceList.from_toml(text)
     except PriceListError as exc:
         raise CliError(f"{file}: {exc}; nothing was published", EXIT_USAGE) from None
-    with open_ledger(Settings()) as ledger:
+    settings = Settings()
+    with open_ledger(settings) as ledger:
         version = ledger.publish_prices(prices, effective_from)
-    print(
-        f"published price book version {version.number}, in force from"
-        f" {version.effective_from.isoformat()} ({len(prices.prices)} meters)"
-    )
+        print(
+            f"published price book version {version.number}, in force from"
+            f" {version.effective_from.isoformat()} ({len(prices.prices)} meters)"
+        )
+        if version.effective_from < datetime.now(UTC):
+            print("re-pricing the recorded usage it covers ...", flush=True)
+            _print_report(_run_repricing(settings, ledger, dry_run=False), dry_run=False)
     return 0
+
+
+def _reprice(args: argparse.Namespace) -> int:
+    from adapters.bootstrap import open_ledger
+    from adapters.settings import Settings
+
+    settings = Settings()
+    with open_ledger(settings) as ledger:
+        if ledger.price_book() is None:
+            raise CliError(
+                "the ledger has no price book yet: nothing was priced by a version to change",
+                EXIT_USAGE,
+            )
+        report = _run_repricing(settings, ledger, dry_run=args.dry_run, quiet=args.json)
+    if args.json:
+        print(json.dumps(_report_json(report, dry_run=args.dry_run), indent=2))
+    else:
+        _print_report(report, dry_run=args.dry_run)
+    return 0
+
+
+def _run_repricing(
+    settings: Any, ledger: Any, *, dry_run: bool, quiet: bool = False
+) -> RepriceReport:
+    """One whole cycle of the re-pricer, with its progress on stderr."""
+    from adapters.bootstrap import database
+    from adapters.charging.repricing import Repricer
+
+    def progress(report: RepriceReport) -> None:
+        if not quiet:
+            print(
+                f"  {report.candidates} transactions looked at, {report.transactions}"
+                f" re-priced on {report.lines} lines",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    with database(settings, pool_size=0) as db:
+        return Repricer(ledger, db).run_cycle(dry_run=dry_run, progress=progress)
+
+
+def _print_report(report: RepriceReport, *, dry_run: bool) -> None:
+    from domain.money import format_money
+
+    verb = "would re-price" if dry_run else "re-priced"
+    changed = sum(len(d.changes) for d in report.repriced)
+    print(f"{verb} {changed} transactions on {len(report.repriced)} lines of draft invoices")
+    rows = [
+        {
+            "customer": d.customer_id,
+            "meter": d.meter,
+            "period": d.period.key,
+            "billed_before": format_money(d.billed, d.currency),
+            "billed_now": format_money(d.new_billed, d.currency),
+        }
+        for d in report.repriced
+    ]
+    if rows:
+        print_table(rows, ["customer", "meter", "period", "billed_before", "billed_now"])
+    if report.left:
+        print(f"left alone: {len(report.left)} transactions")
+        for reason, count in _reasons(report).items():
+            print(f"  {count} x {reason}")
+    if report.frozen:
+        print(
+            f"{len(report.frozen)} lines of finalizing or final invoices are left as they are"
+            " (a credit note or billing the difference is the operator's call; then"
+            " `billing-ledger invoices settle INVOICE --how ... --by ...`):"
+        )
+        print_table(
+            [
+                {
+                    "invoice": str(f.invoice_id),
+                    "stripe": f.stripe_invoice_id or "-",
+                    "state": f.invoice_state,
+                    "customer": f.decision.customer_id,
+                    "period": f.decision.period.key,
+                    "meter": f.decision.meter,
+                    "ledger_billed": format_money(f.decision.billed, f.decision.currency),
+                    "at_new_prices": format_money(f.decision.new_billed, f.decision.currency),
+                }
+                for f in report.frozen
+            ],
+            [
+                "invoice",
+                "stripe",
+                "state",
+                "customer",
+                "period",
+                "meter",
+                "ledger_billed",
+                "at_new_prices",
+            ],
+        )
+    if report.raced:
+        print(f"{report.raced} lines kept changing: the reconciler re-prices them later")
+
+
+def _reasons(report: RepriceReport) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for left in report.left:
+        counts[left.reason] = counts.get(left.reason, 0) + 1
+    return counts
+
+
+def _report_json(report: RepriceReport, *, dry_run: bool) -> dict[str, Any]:
+    def line(d: Any) -> dict[str, Any]:
+        return {
+            "line_id": str(d.line_id),
+            "customer_id": d.customer_id,
+            "currency": d.currency,
+            "meter": d.meter,
+            "period": d.period.key,
+            "billed_before": d.billed,
+            "billed_now": d.new_billed,
+            "exact_total_before": str(d.exact_total),
+            "exact_total_now": str(d.new_exact_total),
+            "transactions": [
+                {
+                    "transaction_id": str(c.transaction_id),
+                    "old_version": c.old_version,
+                    "version": c.version.number,
+                    "old_amount": str(c.old_amount),
+                    "amount": str(c.amount),
+                }
+                for c in d.changes
+            ],
+        }
+
+    return {
+        "dry_run": dry_run,
+        "repriced": [line(d) for d in report.repriced],
+        "left_alone": [
+            {"transaction_id": str(x.transaction_id), "reason": x.reason} for x in report.left
+        ],
+        "final_invoices": [
+            {
+                **line(f.decision),
+                "invoice_id": str(f.invoice_id),
+                "invoice_state": f.invoice_state,
+                "stripe_invoice_id": f.stripe_invoice_id,
+                "attention_raised": f.attention,
+            }
+            for f in report.frozen
+        ],
+        "raced": report.raced,
+    }
 
 
 def _list(args: argparse.Namespace) -> int:

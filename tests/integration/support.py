@@ -25,17 +25,20 @@ from adapters.bootstrap import (
     close_worker,
 )
 from adapters.broker import consumer_lag, make_producer
+from adapters.charging.closer import CloseResult, InvoiceCloser
 from adapters.ingest.worker import IngestWorker
 from adapters.settings import DEFAULT_PRICE_LIST, Settings, child_env
 from domain.audit import InvoiceItem
 from domain.customer import CustomerLink
+from domain.invoice import Invoice
+from domain.invoice_states import InvoiceState
 from domain.metering import Metering
 from domain.pricing import PriceList
 from domain.saga import StepResult
 from domain.transaction import Source
 from domain.usage import UsageRecord
 from infra.stripe_emulator import StripeEmulator
-from projections.projector import Projector
+from projections.projector import PROJECTIONS, Projector, rebuild
 from store.connections import Database
 from store.ledger import BillingLedger
 
@@ -247,3 +250,44 @@ def price_file(tmp_path: Path, api_requests: str) -> Path:
         api_requests
     )
     return path
+
+
+def projection_rows(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of the read models a rebuild must give again, in a stable order."""
+    with psycopg.connect(url) as conn:
+        return {
+            "transactions": conn.execute(
+                "SELECT * FROM billing.transactions ORDER BY transaction_id"
+            ).fetchall(),
+            "balances": conn.execute(
+                "SELECT * FROM billing.customer_balances ORDER BY customer_id, currency"
+            ).fetchall(),
+            "charge_attempts": conn.execute(
+                "SELECT * FROM billing.charge_attempts ORDER BY transaction_id, version"
+            ).fetchall(),
+            "invoice_lines": conn.execute(
+                "SELECT * FROM billing.invoice_lines ORDER BY line_id"
+            ).fetchall(),
+            "line_pushes": conn.execute(
+                "SELECT * FROM billing.line_pushes ORDER BY push_id, version"
+            ).fetchall(),
+        }
+
+
+def rebuild_all(url: str, ledger: BillingLedger) -> None:
+    """Rebuild every projection from the history (in batches of 5: many turns)."""
+    for name in (p.name for p in PROJECTIONS):
+        rebuild(Database(url), name, ledger.mapper.to_domain_event, batch=5)
+
+
+def finalize(closer: InvoiceCloser, ledger: BillingLedger, invoice_id: UUID) -> Invoice:
+    """Close now, push the final totals, finalize: as the close role does."""
+    step = closer.step(invoice_id, close_now="test")
+    for _ in range(5):
+        if step.result is not CloseResult.WAITING:
+            break
+        step = closer.step(invoice_id)
+    invoice = ledger.invoice_by_id(invoice_id)
+    assert invoice is not None
+    assert invoice.state is InvoiceState.FINALIZED, step
+    return invoice

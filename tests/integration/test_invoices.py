@@ -64,7 +64,7 @@ from projections.queue_health import read_health
 from store.connections import Database
 from store.ledger import BillingLedger
 from store.webhooks import WebhookStore
-from tests.integration.support import record, run_cli, wait_for
+from tests.integration.support import finalize, record, run_cli, wait_for
 
 SECRET = "whsec_test_invoices"
 OLD_SECRET = "whsec_test_rotated_out"
@@ -91,14 +91,7 @@ class Parts:
 
     def finalize(self, invoice_id: UUID) -> Invoice:
         """Close now, push the final totals, finalize: as the close role does."""
-        step = self.closer.step(invoice_id, close_now="test")
-        for _ in range(5):
-            if step.result is not CloseResult.WAITING:
-                break
-            step = self.closer.step(invoice_id)
-        invoice = self.invoice(invoice_id)
-        assert invoice.state is InvoiceState.FINALIZED, step
-        return invoice
+        return finalize(self.closer, self.ledger, invoice_id)
 
     def post(self, body: bytes, signature: str | None) -> tuple[int, dict[str, Any]]:
         headers = {"Content-Type": "application/json"}

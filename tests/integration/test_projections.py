@@ -29,33 +29,19 @@ from store.connections import Database
 from store.eventlog import START, Position
 from store.ledger import BillingLedger
 from tests.conftest import settings_env
-from tests.integration.support import count_events, mixed_workload, record, wait_for
+from tests.integration.support import (
+    count_events,
+    mixed_workload,
+    projection_rows,
+    rebuild_all,
+    record,
+    wait_for,
+)
 from tools.summary import Balances
 
 pytestmark = pytest.mark.integration
 
 CLI = [sys.executable, "-m", "adapters.cli"]
-
-
-def _snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
-    with psycopg.connect(url) as conn:
-        return {
-            "transactions": conn.execute(
-                "SELECT * FROM billing.transactions ORDER BY transaction_id"
-            ).fetchall(),
-            "balances": conn.execute(
-                "SELECT * FROM billing.customer_balances ORDER BY customer_id, currency"
-            ).fetchall(),
-            "charge_attempts": conn.execute(
-                "SELECT * FROM billing.charge_attempts ORDER BY transaction_id, version"
-            ).fetchall(),
-            "invoice_lines": conn.execute(
-                "SELECT * FROM billing.invoice_lines ORDER BY line_id"
-            ).fetchall(),
-            "line_pushes": conn.execute(
-                "SELECT * FROM billing.line_pushes ORDER BY push_id, version"
-            ).fetchall(),
-        }
 
 
 def _positions(url: str) -> dict[str, Position]:
@@ -66,22 +52,17 @@ def _positions(url: str) -> dict[str, Position]:
     return {r[0]: Position(r[1], r[2]) for r in rows}
 
 
-def _rebuild_all(url: str, ledger: BillingLedger) -> None:
-    for name in (p.name for p in PROJECTIONS):
-        rebuild(Database(url), name, ledger.mapper.to_domain_event, batch=5)
-
-
 def test_after_a_mixed_workload_live_projections_equal_rebuilt_ones_and_the_fold(
     stripe_settings: Settings, ledger: BillingLedger, emulator: StripeEmulator
 ) -> None:
     url = stripe_settings.database_url
     with Projector(Database(url), ledger.mapper.to_domain_event, batch=7) as projector:
         txns = mixed_workload(stripe_settings, ledger, emulator, projector)
-    live = _snapshot(url)
+    live = projection_rows(url)
     positions = _positions(url)
 
-    _rebuild_all(url, ledger)
-    assert _snapshot(url) == live
+    rebuild_all(url, ledger)
+    assert projection_rows(url) == live
     assert _positions(url) == positions  # nothing new was written meanwhile
 
     with psycopg.connect(url) as conn:
@@ -186,7 +167,7 @@ def test_a_batch_that_fails_before_its_commit_leaves_rows_and_position_as_they_w
         )  # 8: the price book's 2 events (migrate started it), then 6 of the usage
         request.addfinalizer(projector.close)
         assert projector.pump() == 8
-        after_first = _snapshot(settings.database_url)
+        after_first = projection_rows(settings.database_url)
         position = _positions(settings.database_url)["transactions"]
         first_rows = len(after_first["transactions"])
         assert first_rows > 0
@@ -194,15 +175,15 @@ def test_a_batch_that_fails_before_its_commit_leaves_rows_and_position_as_they_w
         with pytest.raises(RuntimeError, match="injected"):
             projector.pump()
         assert failing.rows_before_failure > first_rows  # it had written more rows...
-        assert _snapshot(settings.database_url) == after_first  # ...all rolled back
+        assert projection_rows(settings.database_url) == after_first  # ...all rolled back
         assert _positions(settings.database_url)["transactions"] == position
 
         # It resumes at the stored position: every remaining event, once.
         assert projector.pump_all() == count_events(settings.database_url) - 8
-        live = _snapshot(settings.database_url)
+        live = projection_rows(settings.database_url)
         assert len(live["transactions"]) == 10
         rebuild(Database(settings.database_url), "transactions", decode)
-        assert _snapshot(settings.database_url) == live
+        assert projection_rows(settings.database_url) == live
 
 
 def test_applying_again_is_impossible_once_the_position_moved_even_for_racing_projectors(
@@ -237,13 +218,13 @@ def test_applying_again_is_impossible_once_the_position_moved_even_for_racing_pr
         events = 4 * (50 * 2 + 2 + 2 + 1) + 2
         # Each projection saw every event once, between the three of them.
         assert sum(p.applied for p in racers) == len(PROJECTIONS) * events
-        live = _snapshot(settings.database_url)
+        live = projection_rows(settings.database_url)
 
         with Projector(Database(settings.database_url), decode) as fresh:  # no memory of its own
             assert fresh.pump() == 0
-        assert _snapshot(settings.database_url) == live
-        _rebuild_all(settings.database_url, ledger)
-        assert _snapshot(settings.database_url) == live
+        assert projection_rows(settings.database_url) == live
+        rebuild_all(settings.database_url, ledger)
+        assert projection_rows(settings.database_url) == live
         fold = Balances().apply_all(ledger.all_events())
         assert [(b[0], b[2]) for b in live["balances"]] == [
             (c, fold.by_customer[c]["USD"].metered) for c in sorted(fold.by_customer)
@@ -359,7 +340,7 @@ def test_cli_shows_the_read_models_and_refuses_bad_filters_changing_nothing(
         with build_projector(settings, ledger) as projector:
             projector.pump_all()
     env = settings_env(settings)
-    before = _snapshot(settings.database_url)
+    before = projection_rows(settings.database_url)
 
     shown = _cli("transactions", "--state", "reserved", "--customer", "acme", "--limit", "2",
                  "--json", env=env)  # fmt: skip
@@ -398,13 +379,13 @@ def test_cli_shows_the_read_models_and_refuses_bad_filters_changing_nothing(
         assert proc.returncode == status, (args, proc.stderr)
         assert len(lines) == 1 and message in lines[0], (args, proc.stderr)
         assert "Traceback" not in proc.stderr
-    assert _snapshot(settings.database_url) == before
+    assert projection_rows(settings.database_url) == before
 
     rebuilt = _cli("rebuild", "--all", env=env)
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert "rebuilt transactions: 4 rows" in rebuilt.stdout
     assert "rebuilt customer_balances: 2 rows" in rebuilt.stdout
-    assert _snapshot(settings.database_url) == before
+    assert projection_rows(settings.database_url) == before
     with psycopg.connect(settings.database_url) as conn:  # the views read the swapped tables
         health = conn.execute("SELECT backlog_reserved FROM billing.queue_health").fetchone()
     assert health == (sum(1 for r in before["transactions"] if r[7] == "reserved"),)
