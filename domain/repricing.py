@@ -156,9 +156,7 @@ def decide_line(
     )
 
 
-def _priced(
-    txn: BillingTransaction, version: PriceVersion, line: InvoiceLine
-) -> Repricing | str:
+def _priced(txn: BillingTransaction, version: PriceVersion, line: InvoiceLine) -> Repricing | str:
     """``txn`` priced by ``version``, or why it cannot be."""
     price = version.prices.prices.get(txn.meter)
     if price is None:
