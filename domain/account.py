@@ -18,21 +18,58 @@ Amounts are exact (``Decimal`` minor units, as ``Metered`` records them): a limi
 exactly what the usage is worth, not what rounding per record would make of it. The
 limit itself is a whole number of minor units, at most ``MAX_SPEND_LIMIT_MINOR``.
 Histories from before exact amounts (integers) load through upcasting.
+
+**Prepaid credits** live here too (``domain.credits`` has the grant's rules): the grants
+are the customer's money in this currency, and a record must be decided against them
+in the same save that records it, under the same version check as its reservation,
+so that any number of ingest processes keep every balance exact and current without a
+lock (a process that loses the race reloads the account and decides again). The
+account is already loaded and written by every ingest batch, so the grants cost no
+extra read or write there. ``reserve_and_burn`` is the ingest's one call: it expires
+grants past their expiry (``CreditExpired``), reserves against the limit, and burns
+the reserved usage down the live grants (one ``CreditsConsumed`` per batch, like
+``AmountsReserved``); under the ``block`` policy a record the grants cannot cover is
+not reserved at all. ``grant_credit``, ``void_credit`` and ``set_credit_policy`` are the
+operator's commands. A void takes only what is left of a grant (``CreditVoided`` with
+that remainder): what usage consumed stays consumed, and is on its invoices.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
+from domain.credits import (
+    CreditPolicy,
+    Grant,
+    burn_order,
+    check_grant,
+)
 from domain.ids import account_id
 from domain.money import add_exact, canonical, check_spend_limit, format_money
 
-__all__ = ["CustomerAccount"]
+__all__ = ["Burn", "CustomerAccount"]
+
+
+@dataclass(frozen=True)
+class Burn:
+    """What ``reserve_and_burn`` decided for one record: reserved (or refused by the
+    limit), blocked by the ``block`` policy, and the credit it consumed."""
+
+    reserved: bool
+    blocked: bool = False
+    credit: Decimal = Decimal(0)
+
+
+_NO_GRANTS: dict[str, Grant] = {}
+_NOT_BURNT = Burn(reserved=True)
+_REFUSED = Burn(reserved=False)
 
 
 class CustomerAccount(Aggregate):
@@ -82,6 +119,42 @@ class CustomerAccount(Aggregate):
         def upcast_v1_v2(state: dict[str, Any]) -> None:
             state["amount"] = Decimal(state["amount"])
 
+    # Prepaid credits (domain.credits).
+
+    class CreditGranted(Aggregate.Event):
+        grant_id: str
+        amount: int
+        priority: int
+        effective_at: datetime
+        expires_at: datetime | None
+        source: str
+        reason: str
+
+    class CreditVoided(Aggregate.Event):
+        grant_id: str
+        amount: Decimal  # the remainder voided
+        reason: str
+
+    class CreditExpired(Aggregate.Event):
+        grant_id: str
+        amount: Decimal  # the remainder at its expiry
+        expires_at: datetime
+
+    class CreditsConsumed(Aggregate.Event):
+        """One per ingest batch: each (transaction, grant, exact amount) consumed."""
+
+        transaction_ids: list[str]
+        grant_ids: list[str]
+        amounts: list[str]  # exact minor units, canonical decimal text
+
+    class CreditPolicySet(Aggregate.Event):
+        policy: str
+
+    # State added after the first account histories: class defaults, so an older
+    # snapshot (which lacks them) loads with them. The dict is replaced, never changed.
+    grants = _NO_GRANTS
+    credit_policy = CreditPolicy.OVERAGE.value
+
     @staticmethod
     def create_id(customer_id: str, currency: str, **_: Any) -> UUID:
         return account_id(customer_id, currency)
@@ -101,6 +174,8 @@ class CustomerAccount(Aggregate):
         self.spend_limit = spend_limit
         self.reserved = Decimal(0)
         self.charged = Decimal(0)
+        self.grants = {}
+        self.credit_policy = CreditPolicy.OVERAGE.value
 
     @property
     def committed(self) -> Decimal:
@@ -192,6 +267,163 @@ class CustomerAccount(Aggregate):
     @event(ChargeReversed)
     def _reversed(self, transaction_id: str, amount: Decimal) -> None:
         self.charged = add_exact(self.charged, -amount)
+
+    # Prepaid credits (domain.credits): the operator's commands, then the ingest's call.
+
+    @property
+    def credit_remaining(self) -> Decimal:
+        """What is left on every grant (live or not yet effective)."""
+        total = Decimal(0)
+        for grant in self.grants.values():
+            total = add_exact(total, grant.remaining)
+        return total
+
+    def grant_credit(
+        self,
+        grant_id: str,
+        amount: int,
+        *,
+        priority: int = 0,
+        effective_at: datetime,
+        expires_at: datetime | None = None,
+        source: str,
+        reason: str,
+    ) -> bool:
+        """Add a grant; False when the same grant exists already (a repeated command),
+        ValueError when the id is taken by other terms or the terms are not valid."""
+        terms = Grant(grant_id, amount, priority, effective_at, expires_at, source, reason, -1)
+        check_grant(terms)
+        found = self.grants.get(grant_id)
+        if found is not None:
+            if found.terms == terms.terms:
+                return False
+            raise ValueError(f"grant {grant_id} exists already with other terms")
+        self._credit_granted(grant_id, amount, priority, effective_at, expires_at, source, reason)
+        return True
+
+    @event(CreditGranted)
+    def _credit_granted(  # noqa: PLR0917 (the event's fields)
+        self,
+        grant_id: str,
+        amount: int,
+        priority: int,
+        effective_at: datetime,
+        expires_at: datetime | None,
+        source: str,
+        reason: str,
+    ) -> None:
+        grant = Grant(
+            grant_id, amount, priority, effective_at, expires_at, source, reason,
+            order=len(self.grants),
+        )  # fmt: skip
+        self.grants = {**self.grants, grant_id: grant}  # never the class's empty default
+
+    def void_credit(self, grant_id: str, reason: str) -> Decimal:
+        """Void what is left of a grant (what usage consumed stays consumed); returns
+        the amount voided. ValueError for an unknown grant, or one closed already."""
+        grant = self._grant(grant_id)
+        if not reason.strip():
+            raise ValueError("voiding a grant needs a reason")
+        if grant.closed:
+            raise ValueError(f"grant {grant_id} has nothing left to void")
+        remainder = grant.remaining
+        self._credit_voided(grant_id, remainder, reason)
+        return remainder
+
+    @event(CreditVoided)
+    def _credit_voided(self, grant_id: str, amount: Decimal, reason: str) -> None:
+        grant = self.grants[grant_id]
+        grant.voided = add_exact(grant.voided, amount)
+
+    def set_credit_policy(self, policy: str) -> None:
+        """``block`` or ``overage`` (see ``domain.credits``)."""
+        chosen = CreditPolicy(policy)
+        if chosen != self.credit_policy:
+            self._credit_policy_set(str(chosen))
+
+    @event(CreditPolicySet)
+    def _credit_policy_set(self, policy: str) -> None:
+        self.credit_policy = str(CreditPolicy(policy))
+
+    def expire_credits(self, now: datetime) -> list[str]:
+        """Record the expiry of every grant past its expiry with something left."""
+        due = [g for g in self.grants.values() if g.due_to_expire(now)]
+        for grant in due:
+            assert grant.expires_at is not None
+            self._credit_expired(grant.grant_id, grant.remaining, grant.expires_at)
+        return [g.grant_id for g in due]
+
+    @event(CreditExpired)
+    def _credit_expired(self, grant_id: str, amount: Decimal, expires_at: datetime) -> None:
+        grant = self.grants[grant_id]
+        grant.expired = add_exact(grant.expired, amount)
+
+    def reserve_and_burn(
+        self, requests: Sequence[tuple[UUID, Decimal]], now: datetime
+    ) -> list[Burn]:
+        """The ingest's decision for a batch of this account's records: expire what is
+        due, refuse under ``block`` what the live grants cannot cover, reserve the rest
+        against the limit (``reserve_all``), and burn the reserved down the live grants
+        in order. Per request, what was decided (see ``Burn``)."""
+        if not self.grants:  # no credit, ever: only the limit decides
+            return [_NOT_BURNT if ok else _REFUSED for ok in self.reserve_all(requests)]
+        self.expire_credits(now)
+        live = sorted((g for g in self.grants.values() if g.live(now)), key=burn_order)
+        block = self.credit_policy == CreditPolicy.BLOCK
+        left = [g.remaining for g in live]
+        blocked = [False] * len(requests)
+        if block:  # what the grants cannot cover is not reserved (nor does it consume)
+            available = sum(left, Decimal(0))
+            for i, (_, amount) in enumerate(requests):
+                if amount > available:
+                    blocked[i] = True
+                else:
+                    available = add_exact(available, -amount)
+        wanted = [r for r, b in zip(requests, blocked, strict=True) if not b]
+        reserved = iter(self.reserve_all(wanted))
+        ids: list[str] = []
+        grant_ids: list[str] = []
+        amounts: list[str] = []
+        burns: list[Burn] = []
+        for (txn_id, amount), was_blocked in zip(requests, blocked, strict=True):
+            if was_blocked:
+                burns.append(Burn(reserved=False, blocked=True))
+                continue
+            if not next(reserved):
+                burns.append(_REFUSED)
+                continue
+            credit = Decimal(0)
+            owed = amount
+            for k, grant in enumerate(live):
+                if owed <= 0:
+                    break
+                take = min(owed, left[k])
+                if take <= 0:
+                    continue
+                left[k] = add_exact(left[k], -take)
+                owed = add_exact(owed, -take)
+                credit = add_exact(credit, take)
+                ids.append(str(txn_id))
+                grant_ids.append(grant.grant_id)
+                amounts.append(f"{canonical(take):f}")
+            burns.append(Burn(reserved=True, credit=credit))
+        if ids:
+            self._credits_consumed(ids, grant_ids, amounts)
+        return burns
+
+    @event(CreditsConsumed)
+    def _credits_consumed(
+        self, transaction_ids: list[str], grant_ids: list[str], amounts: list[str]
+    ) -> None:
+        for grant_id, amount in zip(grant_ids, amounts, strict=True):
+            grant = self.grants[grant_id]
+            grant.consumed = add_exact(grant.consumed, Decimal(amount))
+
+    def _grant(self, grant_id: str) -> Grant:
+        grant = self.grants.get(grant_id)
+        if grant is None:
+            raise ValueError(f"no grant {grant_id} for {self.customer_id} in {self.currency}")
+        return grant
 
     def _money(self, amount: Decimal) -> str:
         return format_money(amount, self.currency)

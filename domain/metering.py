@@ -38,7 +38,9 @@ from decimal import Decimal
 from functools import cached_property
 from uuid import UUID
 
-from domain.account import CustomerAccount
+from domain.account import Burn, CustomerAccount
+from domain.credit_line import CreditLine
+from domain.credits import CREDITS_EXHAUSTED
 from domain.errors import IllegalTransition, InvalidUsage
 from domain.ids import transaction_id
 from domain.invoice import Invoice
@@ -124,21 +126,25 @@ def meter_batch(
 
     for (customer_id, currency), txns in by_account.items():
         account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
-        granted = account.reserve_all([(t.id, t.amount) for t in txns])
+        burns = account.reserve_and_burn([(t.id, t.amount) for t in txns], now)
         book = LineBook(customer_id, currency, load_line, load_invoice, periods, now)
         by_line: dict[UUID, list[BillingTransaction]] = {}
-        for txn, ok in zip(txns, granted, strict=True):
-            if ok:
+        credited: list[tuple[UUID, InvoiceLine, Decimal]] = []
+        for txn, burn in zip(txns, burns, strict=True):
+            if burn.reserved:
                 line = book.line_for(txn.meter, periods.period_of(txn.occurred_at))
                 by_line.setdefault(line.id, []).append(txn)
+                if burn.credit:
+                    credited.append((txn.id, line, burn.credit))
             else:
-                txn.compensate(refusal(account, txn.amount))
+                txn.compensate(refusal(account, txn.amount, burn))
         for line_id, members in by_line.items():
             line = book.lines[line_id]
             line.settle([(t.id, t.amount) for t in members])
             for txn in members:
                 txn.reserve(account.id, line.id, line.sequence)
             decision.lines.append(line)
+        decision.lines.extend(book.apply_credits(credited))
         decision.invoices.extend(book.touched_invoices())
         decision.accounts.append(account)
     return decision
@@ -167,6 +173,7 @@ class LineBook:
         self.lines: dict[UUID, InvoiceLine] = {}
         self.invoices: dict[UUID, Invoice | None] = {}
         self._chosen: dict[tuple[str, Period], InvoiceLine] = {}
+        self._credit_lines: dict[UUID, CreditLine] = {}
 
     def line_for(self, meter: str, occurred: Period) -> InvoiceLine:
         """The line usage of ``meter`` that occurred in ``occurred`` joins (the same line
@@ -193,6 +200,40 @@ class LineBook:
         raise IllegalTransition(
             f"no open invoice within {MAX_LATE_HOPS} periods after {occurred.key}"
         )
+
+    def apply_credits(
+        self, credited: Sequence[tuple[UUID, InvoiceLine, Decimal]]
+    ) -> list[CreditLine]:
+        """Record each (transaction, its usage line, credit it consumed) on the credit line
+        of the usage line's invoice (``domain.credit_line``), one event per credit line;
+        the credit lines changed."""
+        by_credit_line: dict[UUID, list[tuple[UUID, UUID, Decimal]]] = {}
+        for txn_id, line, credit in credited:
+            credit_line = self._credit_line(line.period)
+            by_credit_line.setdefault(credit_line.id, []).append((txn_id, line.id, credit))
+        changed = []
+        for credit_line_id, entries in by_credit_line.items():
+            credit_line = self._credit_lines[credit_line_id]
+            credit_line.apply(entries)
+            changed.append(credit_line)
+        return changed
+
+    def _credit_line(self, period: Period) -> CreditLine:
+        """The credit line of ``period``'s invoice (open: a usage line of it took usage in
+        this batch), opened and added to the invoice when new."""
+        credit_id = CreditLine.id_for(self.customer_id, self.currency, period)
+        found = self._credit_lines.get(credit_id)
+        if found is None:
+            loaded = self.load_line(credit_id)
+            if isinstance(loaded, CreditLine):
+                found = loaded
+            else:
+                found = CreditLine.open_for(self.customer_id, self.currency, period)
+                invoice = self._invoice(period)
+                assert invoice is not None  # opened with its first usage line
+                invoice.add_line(found.id)
+            self._credit_lines[credit_id] = found
+        return found
 
     def touched_invoices(self) -> list[Invoice]:
         return [i for i in self.invoices.values() if i is not None and i.pending_events]
@@ -231,8 +272,11 @@ class LineBook:
         return self.invoices[key]
 
 
-def refusal(account: CustomerAccount, amount: Decimal) -> str:
-    """Why the account's limit refuses ``amount`` (the Compensated event's reason)."""
+def refusal(account: CustomerAccount, amount: Decimal, burn: Burn | None = None) -> str:
+    """Why the account refuses ``amount`` (the Compensated event's reason): the credit
+    policy ``block`` when its grants could not cover it, else the limit."""
+    if burn is not None and burn.blocked:
+        return CREDITS_EXHAUSTED
     assert account.spend_limit is not None  # only a limit refuses
     return (
         f"spend limit: {format_money(amount, account.currency)} would exceed the limit of"

@@ -203,21 +203,25 @@ def meter_batch_events(
         expect(_expected(by_account, periods_of))
     for (customer_id, currency), txns in by_account.items():
         account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
-        granted = account.reserve_all([(t.id, t.amount) for t in txns])
+        burns = account.reserve_and_burn([(t.id, t.amount) for t in txns], now)
         book = LineBook(customer_id, currency, load_line, load_invoice, periods, now)
         by_line: dict[UUID, list[NewTransaction]] = {}
-        for txn, ok in zip(txns, granted, strict=True):
-            if ok:
+        credited: list[tuple[UUID, InvoiceLine, Decimal]] = []
+        for txn, burn in zip(txns, burns, strict=True):
+            if burn.reserved:
                 line = book.line_for(txn.fields["meter"], periods_of[txn])
                 by_line.setdefault(line.id, []).append(txn)
+                if burn.credit:
+                    credited.append((txn.id, line, burn.credit))
             else:
-                txn.refusal = refusal(account, txn.amount)
+                txn.refusal = refusal(account, txn.amount, burn)
         for line_id, members in by_line.items():
             line = book.lines[line_id]
             line.settle([(t.id, t.amount) for t in members])
             for txn in members:
                 txn.reservation = Reservation(account.id, line.id, line.sequence)
             result.lines.append(line)
+        result.lines.extend(book.apply_credits(credited))
         result.invoices.extend(book.touched_invoices())
         result.accounts.append(account)
     return result

@@ -26,8 +26,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, ClassVar, cast
 from uuid import UUID
 
@@ -49,9 +50,11 @@ from eventsourcing.persistence import (
     JSONTranscoder,
     Recording,
     Transcoder,
+    Transcoding,
 )
 
 from domain.account import CustomerAccount
+from domain.credits import Grant
 from domain.customer import CustomerLink
 from domain.ids import (
     account_id,
@@ -99,6 +102,29 @@ class Decided:
 
 
 MONTHLY = PeriodPolicy()
+
+
+class GrantAsDict(Transcoding):
+    """A credit grant in an account's snapshot: its fields, moments and amounts as text."""
+
+    type = Grant
+    name = "credit_grant"
+
+    def encode(self, obj: Grant) -> dict[str, Any]:
+        data = {f.name: getattr(obj, f.name) for f in fields(Grant)}
+        for key in ("effective_at", "expires_at"):
+            data[key] = data[key].isoformat() if data[key] is not None else None
+        for key in ("consumed", "expired", "voided"):
+            data[key] = f"{data[key]:f}"
+        return data
+
+    def decode(self, data: dict[str, Any]) -> Grant:
+        values = dict(data)
+        for key in ("effective_at", "expires_at"):
+            values[key] = datetime.fromisoformat(values[key]) if values[key] else None
+        for key in ("consumed", "expired", "voided"):
+            values[key] = Decimal(values[key])
+        return Grant(**values)
 
 
 class BillingLedger(Application[UUID]):
@@ -237,6 +263,7 @@ class BillingLedger(Application[UUID]):
         """The library's JSON format, written by orjson (see ``OrjsonTranscoder``)."""
         transcoder: JSONTranscoder = OrjsonTranscoder()
         self.register_transcodings(transcoder)
+        transcoder.register(GrantAsDict())  # an account's grants, in its snapshots
         return transcoder
 
     def save(

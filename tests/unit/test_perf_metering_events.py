@@ -16,6 +16,7 @@ from typing import Any
 from eventsourcing.domain import DomainEventProtocol
 
 from domain.account import CustomerAccount
+from domain.credit_line import CreditLine
 from domain.ids import transaction_id
 from domain.metering import Metering, meter_batch
 from domain.metering_events import meter_batch_events
@@ -214,3 +215,62 @@ def test_both_forms_price_each_record_by_the_version_in_force_when_it_occurred()
     ]
     (line,) = fast.lines
     assert line.exact_total == Decimal("30.00")  # one line: the same meter and period
+
+
+def _with_grants(customer_id: str, *, policy: str, grants: list[tuple[str, int, int]]) -> Any:
+    account = CustomerAccount.open(customer_id, "USD")
+    for grant_id, amount, priority in grants:
+        account.grant_credit(
+            grant_id, amount, priority=priority, effective_at=AT - timedelta(days=1),
+            source="manual", reason="test",
+        )  # fmt: skip
+    account.set_credit_policy(policy)
+    account.collect_events()
+    return account
+
+
+CREDITED = [
+    _usage("c-1", 60, offset=1),  # 60 cents of acme's 100 of credit
+    _usage("c-2", 50, offset=2),  # 40 left: blocked
+    _usage("t-1", "1999", meter="gpt.tokens", offset=3),  # 0.49975 cents: covered
+    _usage("g-1", 70, customer_id="globex", offset=4),  # globex: 50 credit, 20 billed
+    _usage("g-2", 5, customer_id="globex", offset=5),  # billed in full
+]
+CREDIT_ACCOUNTS = [
+    _with_grants("acme", policy="block", grants=[("a", 30, 1), ("b", 70, 0)]),
+    _with_grants("globex", policy="overage", grants=[("p", 50, 0)]),
+]
+
+
+def test_both_forms_burn_the_same_credits_and_refuse_the_same_records() -> None:
+    reference, fast = _both(CREDITED, CREDIT_ACCOUNTS, set())
+    for ours, theirs in zip(fast.accounts, reference.accounts, strict=True):
+        assert [_fields(e) for e in ours.pending_events] == [
+            _fields(e) for e in theirs.pending_events
+        ]
+    assert [_fields(e) for e in fast.transaction_events] == [
+        _fields(e) for t in reference.transactions for e in t.pending_events
+    ]
+    assert [(t.usage_id, t.compensation_reason) for t in reference.refused] == [
+        ("c-2", "credits exhausted")
+    ]
+    acme = fast.accounts[0]
+    assert {g: acme.grants[g].remaining for g in "ab"} == {
+        "a": Decimal("30"),
+        "b": Decimal("9.50025"),  # the lower priority number burns first, exactly
+    }
+
+
+def test_both_forms_put_the_same_credit_lines_on_the_invoices() -> None:
+    reference, fast = _both(CREDITED, CREDIT_ACCOUNTS, set())
+    assert [ln.id for ln in fast.lines] == [ln.id for ln in reference.lines]
+    for ours, theirs in zip(fast.lines, reference.lines, strict=True):
+        assert [_fields(e) for e in ours.pending_events] == [
+            _fields(e) for e in theirs.pending_events
+        ]
+    credit = {ln.customer_id: ln.billed for ln in fast.lines if isinstance(ln, CreditLine)}
+    # acme: 60 on api.requests, 0.49975 on gpt.tokens (rounds to 0); globex: 50.
+    assert credit == {"acme": -60, "globex": -50}
+    invoices = {i.customer_id: i for i in fast.invoices}
+    for ln in fast.lines:
+        assert ln.id in invoices[ln.customer_id].lines
