@@ -146,6 +146,7 @@ class CustomerAccount(Aggregate):
         transaction_ids: list[str]
         grant_ids: list[str]
         amounts: list[str]  # exact minor units, canonical decimal text
+        at: datetime  # the save's moment, which decided which grants were live
 
     class CreditPolicySet(Aggregate.Event):
         policy: str
@@ -408,12 +409,12 @@ class CustomerAccount(Aggregate):
                 amounts.append(f"{canonical(take):f}")
             burns.append(Burn(reserved=True, credit=credit))
         if ids:
-            self._credits_consumed(ids, grant_ids, amounts)
+            self._credits_consumed(ids, grant_ids, amounts, now)
         return burns
 
     @event(CreditsConsumed)
     def _credits_consumed(
-        self, transaction_ids: list[str], grant_ids: list[str], amounts: list[str]
+        self, transaction_ids: list[str], grant_ids: list[str], amounts: list[str], at: datetime
     ) -> None:
         for grant_id, amount in zip(grant_ids, amounts, strict=True):
             grant = self.grants[grant_id]

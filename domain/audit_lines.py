@@ -26,7 +26,7 @@ from domain.audit import Finding, InvoiceItem, TxnAudit, amount_text
 from domain.money import format_money, round_minor
 from domain.transaction import TxnState
 
-__all__ = ["LineAudit", "PushAudit", "check_line_items", "check_lines"]
+__all__ = ["LineAudit", "PushAudit", "check_line_items", "check_lines", "credit_applied"]
 
 
 @dataclass(slots=True)
@@ -45,6 +45,9 @@ class LineAudit:
     members: dict[str, tuple[Decimal, int]] = field(default_factory=dict)  # id: amount, version
     billed_at: dict[int, int] = field(default_factory=lambda: {1: 0})  # version: billed
     problems: list[str] = field(default_factory=list)
+    # A credit line (domain.credit_line): each usage line's and each transaction's credit.
+    credit_of_line: dict[str, Decimal] = field(default_factory=dict)
+    credit_of: dict[str, Decimal] = field(default_factory=dict)
 
     @classmethod
     def opened(cls, line_id: str, data: Mapping[str, Any]) -> LineAudit:
@@ -60,6 +63,9 @@ class LineAudit:
         if name == "Frozen":  # its invoice closed: a new sequence, the same total
             self.sequence = version
             self.billed_at[version] = self.billed
+            return
+        if name == "CreditsApplied":
+            self._credits_applied(data, version)
             return
         ids, amounts = data["transaction_ids"], [Decimal(a) for a in data["amounts"]]
         if len(ids) != len(amounts):
@@ -83,6 +89,24 @@ class LineAudit:
         self.sequence = version
         self.billed = round_minor(self.exact_total)
         self.transactions = len(self.members)
+        self._check_recorded(data, version)
+
+    def _credits_applied(self, data: Mapping[str, Any], version: int) -> None:
+        """A credit line's total is minus the credit, rounded once per usage line."""
+        with localcontext(prec=80):
+            for txn_id, line, text in zip(
+                data["transaction_ids"], data["line_ids"], data["amounts"], strict=True
+            ):
+                amount = Decimal(text)
+                self.credit_of_line[line] = self.credit_of_line.get(line, Decimal(0)) + amount
+                self.credit_of[txn_id] = self.credit_of.get(txn_id, Decimal(0)) + amount
+                self.exact_total -= amount
+        self.sequence = version
+        self.billed = -sum(round_minor(c) for c in self.credit_of_line.values())
+        self.transactions = len(self.credit_of)
+        self._check_recorded(data, version)
+
+    def _check_recorded(self, data: Mapping[str, Any], version: int) -> None:
         self.billed_at[version] = self.billed
         recorded = (Decimal(data["exact_total"]), data["billed"], data["transactions"])
         if recorded != (self.exact_total, self.billed, self.transactions):
@@ -143,6 +167,16 @@ class PushAudit:
                     f" {self.pushed_sequence}, charged through {self.charged_through}"
                 )
             self.charged_through = data["through"]
+
+
+def credit_applied(lines: Mapping[str, LineAudit]) -> dict[str, Decimal]:
+    """Each transaction's credit as the invoices' credit lines record it."""
+    applied: dict[str, Decimal] = {}
+    for line in lines.values():
+        for txn_id, credit in line.credit_of.items():
+            with localcontext(prec=80):
+                applied[txn_id] = applied.get(txn_id, Decimal(0)) + credit
+    return applied
 
 
 def check_lines(

@@ -189,9 +189,11 @@ def round_minor(exact: Decimal) -> int:
 
 def split_for_items(billed: int, maximum: int = MAX_ITEM_AMOUNT) -> list[int]:
     """``billed`` as invoice-item amounts of at most ``maximum`` each, in order (always
-    at least one, possibly 0): 250,000,000 -> [99,999,999, 99,999,999, 50,000,002]."""
+    at least one, possibly 0): 250,000,000 -> [99,999,999, 99,999,999, 50,000,002]. A
+    negative total (the credit line, ``domain.credit_line``) is split the same way, into
+    items of at least ``-maximum``."""
     if billed < 0:
-        raise ValueError(f"a billed total cannot be negative: {billed}")
+        return [-part for part in split_for_items(-billed, maximum)]
     parts = [maximum] * (billed // maximum)
     if billed % maximum or not parts:
         parts.append(billed % maximum)

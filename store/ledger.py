@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 from uuid import UUID
 
 from eventsourcing.application import (
@@ -102,6 +102,7 @@ class Decided:
 
 
 MONTHLY = PeriodPolicy()
+_T = TypeVar("_T")
 
 
 class GrantAsDict(Transcoding):
@@ -367,6 +368,27 @@ class BillingLedger(Application[UUID]):
                 continue
             return
         raise ConcurrencyExhausted(f"could not set the limit of {customer_id}/{currency}")
+
+    def change_account(
+        self, customer_id: str, currency: str, change: Callable[[CustomerAccount], _T]
+    ) -> _T:
+        """Apply ``change`` to the customer's account in one currency (opened when new)
+        and save it, deciding again on a fresh load when another writer won the race;
+        ``change``'s answer. What ``change`` raises (a refused command) is raised, with
+        nothing saved. The credit commands (``adapters.cli.credits``) use it."""
+        for _ in range(self.max_attempts):
+            account = self._load_account(customer_id, currency)
+            if account is None:
+                account = CustomerAccount.open(customer_id, currency)
+            answer = change(account)
+            if not account.pending_events:
+                return answer
+            try:
+                self.save(account)
+            except IntegrityError:
+                continue
+            return answer
+        raise ConcurrencyExhausted(f"could not change the account of {customer_id}/{currency}")
 
     def claim_partition(self, topic: str, partition: int, owner: str) -> Claim:
         """Record that ``owner`` holds ``partition`` of ``topic`` from now on; its claim,

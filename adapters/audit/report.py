@@ -39,13 +39,14 @@ from domain.audit import (
     check_stripe,
     check_transactions,
 )
+from domain.audit_credits import check_credits
 from domain.audit_invoices import (
     StripeInvoice,
     check_invoices,
     check_stripe_invoices,
     credited_transactions,
 )
-from domain.audit_lines import check_line_items, check_lines
+from domain.audit_lines import check_line_items, check_lines, credit_applied
 from domain.audit_prices import check_prices
 from domain.money import format_money
 from store.connections import Database
@@ -123,6 +124,9 @@ def audit(
             if not scope.partial:
                 credited = credited_transactions(result.invoices)
                 findings += check_lines(result.lines, result.pushes, result.transactions, credited)
+                findings += check_credits(
+                    result.credits, credit_applied(result.lines), result.transactions
+                )
                 findings += check_invoices(
                     result.invoices, result.lines, result.transactions, webhook_ids(conn)
                 )

@@ -1,6 +1,7 @@
 """The charge process manager: consumes ``billing.events`` and schedules line pushes.
 
-Every change of an invoice line (``InvoiceLine.Settled`` or ``Removed``, published by
+Every change of an invoice line (``InvoiceLine.Settled`` or ``Removed``, or a credit
+line's ``CreditsApplied``, published by
 the relay in commit order, keyed by customer) is handed to the ``LineScheduler``,
 which pushes the line when its settle interval allows, oldest change first. Nothing
 here writes the event store, so the Kafka offsets are committed after each poll: a
@@ -31,6 +32,7 @@ from adapters.charging.messages import MalformedEvent, decode_event, event_error
 from adapters.charging.scheduler import LineScheduler
 from adapters.observability.logs import step_fields
 from adapters.observability.metrics import metrics
+from domain.credit_line import CreditLine
 from domain.invoice_line import InvoiceLine
 from domain.ports import DeadLetter, DeadLetterSink
 
@@ -38,7 +40,10 @@ __all__ = ["ChargeWorker"]
 
 log = logging.getLogger(__name__)
 
-LINE_CHANGES = frozenset({get_topic(InvoiceLine.Settled), get_topic(InvoiceLine.Removed)})
+LINE_CHANGES = frozenset(
+    {get_topic(InvoiceLine.Settled), get_topic(InvoiceLine.Removed),
+     get_topic(CreditLine.CreditsApplied)}
+)  # fmt: skip
 
 
 class ChargeWorker:

@@ -114,7 +114,8 @@ def create_invoice_item(store: Store, call: Call) -> Result:
     raw_amount = params.get("amount")
     if raw_amount in (None, ""):
         raise invalid("Missing required param: amount.", "amount", code="parameter_missing")
-    amount = parse_int(raw_amount, "amount", low=0, high=MAX_AMOUNT)
+    # Negative: a credit or discount on the invoice, as Stripe allows.
+    amount = parse_int(raw_amount, "amount", low=-MAX_AMOUNT, high=MAX_AMOUNT)
     currency = opt_str(params, "currency")
     if currency is not None:
         currency = currency.lower()
@@ -169,7 +170,7 @@ def update_invoice_item(store: Store, call: Call) -> Result:
     """``POST /v1/invoiceitems/{id}``: metadata merges; an empty value unsets a key."""
     params = call.params
     check_params(params, _UPDATE)
-    amount = opt_amount(params, "amount")
+    amount = opt_amount(params, "amount", low=-MAX_AMOUNT)
     description = opt_str(params, "description")
     record = live_item(store, call.path_id or "")
     new_metadata = merge_metadata(record.obj["metadata"], params)
