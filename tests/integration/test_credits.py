@@ -4,11 +4,26 @@ back with the other items and finalized at usage minus credits, equal to the led
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
+import psycopg
+
+from adapters.audit.replay import Scope
+from adapters.audit.report import audit
+from adapters.settings import Settings
 from domain.account import CustomerAccount
+from domain.audit import Finding
 from domain.credit_line import CREDIT_METER, CreditLine
-from tests.integration.support import record
+from domain.credits import CREDITS_EXHAUSTED
+from projections.projector import Projector
+from store.connections import Database
+from store.ledger import BillingLedger
+from tests.conftest import settings_env
+from tests.integration.support import record, wait_for
 from tests.integration.test_invoices import Parts, _audit_clean, _invoice_of, parts
 
 __all__ = ["parts"]  # the fixture, shared with the invoices' tests
@@ -43,3 +58,72 @@ def test_a_finalized_invoice_is_usage_minus_the_credit_consumed_equal_to_the_led
     account = parts.ledger.account("acme", "USD")
     assert account is not None and account.credit_remaining == 0
     _audit_clean(parts)
+
+
+def _project(db: Database, ledger: BillingLedger) -> None:
+    with Projector(db, ledger.mapper.to_domain_event) as projector:
+        projector.pump_all()
+
+
+def _audit(settings: Settings, ledger: BillingLedger) -> list[Finding]:
+    with Database(settings.database_url) as db:
+        _project(db, ledger)
+        report = audit(db, Scope(), horizon=settings.retry_policy().horizon, progress=False)
+    return report.findings
+
+
+def test_two_ingest_processes_racing_on_one_customer_never_take_credit_below_zero(
+    ingest_ledger: BillingLedger, settings: Settings
+) -> None:
+    """Block policy: 10.00 USD of credit, 100.1 cents a record, 2 x 60 records at once."""
+    ingest_ledger.change_account("racer", "USD", lambda a: a.set_credit_policy("block"))
+    ingest_ledger.change_account("racer", "USD", lambda a: _grant(a, 1000))
+    env = {**os.environ, **settings_env(settings)}
+    command = [sys.executable, "-m", "tests.integration.credit_racer", "racer"]
+    size = ["15", "4", "1001"]  # batches, records a batch, quantity (100.1 cents)
+    racers = [subprocess.Popen([*command, name, *size], env=env) for name in ("p1", "p2")]
+    assert [p.wait(timeout=120) for p in racers] == [0, 0]
+    account = ingest_ledger.account("racer", "USD")
+    assert account is not None
+    grant = account.grants["promo"]
+    assert grant.consumed == Decimal("900.9") and grant.remaining == Decimal("99.1")
+    with Database(settings.database_url) as db:
+        _project(db, ingest_ledger)
+    with psycopg.connect(settings.database_url) as conn:
+        states = dict(conn.execute(
+            "SELECT state, count(*) FROM billing.transactions WHERE customer_id = 'racer'"
+            " GROUP BY state"
+        ).fetchall())  # fmt: skip
+        reasons = {r for (r,) in conn.execute(
+            "SELECT DISTINCT compensation_reason FROM billing.transactions"
+            " WHERE customer_id = 'racer' AND state = 'compensated'"
+        ).fetchall()}  # fmt: skip
+    assert states == {"reserved": 9, "compensated": 111}
+    assert reasons == {CREDITS_EXHAUSTED}
+    assert _audit(settings, ingest_ledger) == []
+
+
+def test_a_grant_that_expires_mid_stream_is_not_consumed_after_its_expiry(
+    ingest_ledger: BillingLedger, settings: Settings
+) -> None:
+    expires = datetime.now(UTC) + timedelta(seconds=2)
+    ingest_ledger.change_account("exp", "USD", lambda a: a.grant_credit(
+        "short", 1000, effective_at=expires - timedelta(days=1), expires_at=expires,
+        source="promotional", reason="flash sale",
+    ))  # fmt: skip
+    before = record(ingest_ledger, "exp", ["e-1"], qty=1000)  # 100 cents, covered
+    wait_for(lambda: datetime.now(UTC) >= expires, what="the grant's expiry")
+    after = record(ingest_ledger, "exp", ["e-2"], qty=1000)  # overage: billed in full
+    account = ingest_ledger.account("exp", "USD")
+    assert account is not None
+    grant = account.grants["short"]
+    assert (grant.consumed, grant.expired, grant.remaining) == (100, 900, 0)
+    expired = [e for e in ingest_ledger.events.get(account.id)
+               if isinstance(e, CustomerAccount.CreditExpired)]  # fmt: skip
+    assert [(e.grant_id, e.amount) for e in expired] == [("short", Decimal(900))]
+    line = ingest_ledger.line_by_id(ingest_ledger.transaction(after[0]).line_id)  # type: ignore[arg-type]
+    credit_id = CreditLine.id_for("exp", "USD", line.period)
+    credit = ingest_ledger.line_by_id(credit_id)
+    assert isinstance(credit, CreditLine) and credit.billed == -100
+    assert list(credit.per_line) == [str(ingest_ledger.transaction(before[0]).line_id)]
+    assert _audit(settings, ingest_ledger) == []
