@@ -358,7 +358,13 @@ _OBJECTS: dict[str, str] = {
     " `metered`, `charged`, `compensated`, `in_flight` (= metered - charged - compensated),"
     " `spend_limit` (NULL: unlimited) and `available` (NULL when unlimited).",
     "billing.invoice_lines": "Read model: one row per invoice line (customer, currency,"
-    " meter, period): its exact total, what it bills, what Stripe holds.",
+    " meter, period): its exact total, what it bills, what Stripe holds. An invoice's"
+    " `Prepaid credits applied` line bills minus the credit its usage consumed.",
+    "billing.credit_grants": "Read model: one row per prepaid credit grant, its terms and"
+    " where its amount went, exact: `remaining` = amount - consumed - expired - voided, as"
+    " of the last save projected (`billing-ledger credits show` reads the account itself).",
+    "billing.credit_balances": "Read model: per customer and currency with credit, the sums"
+    " of its grants (exact minor units) and its `policy` (`block` or `overage`).",
     "billing.line_pushes": "Read model: one row per push outcome of a line (`pushed` or"
     " `failed`) with the Stripe requests it sent.",
     "billing.invoices": "Read model: one row per invoice (customer, currency, period).",
@@ -394,6 +400,11 @@ _OBJECTS: dict[str, str] = {
 # What a column means, where its name does not say it all ("table.column"); checked
 # against the catalog like _OBJECTS.
 _COLUMNS: dict[str, str] = {
+    "billing.credit_grants.amount": "granted, whole minor units (1 to 10^13)",
+    "billing.credit_grants.priority": "lower burns first; then the soonest expiry, the oldest",
+    "billing.credit_grants.consumed": "exact minor units usage consumed",
+    "billing.credit_grants.expires_at": "NULL: never expires",
+    "billing.credit_grants.source": "`purchased`, `promotional` or `manual`",
     "billing.transactions.transaction_id": "derived from `customer_id` and `usage_id`",
     "billing.transactions.amount": "exact price, minor units (`0.38` is 0.38 cents)",
     "billing.transactions.state": "`metered`, `reserved`, `charged` or `compensated`"

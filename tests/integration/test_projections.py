@@ -55,6 +55,12 @@ def _snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
             "line_pushes": conn.execute(
                 "SELECT * FROM billing.line_pushes ORDER BY push_id, version"
             ).fetchall(),
+            "credit_grants": conn.execute(
+                "SELECT * FROM billing.credit_grants ORDER BY customer_id, currency, grant_id"
+            ).fetchall(),
+            "credit_balances": conn.execute(
+                "SELECT * FROM billing.credit_balances ORDER BY customer_id, currency"
+            ).fetchall(),
         }
 
 
