@@ -23,7 +23,7 @@ from adapters.cli.args import (
 )
 from adapters.cli.output import MONEY_COLUMNS, ROUNDING_NOTE, event_row, money_cell, print_table
 
-__all__ = ["add_commands"]
+__all__ = ["add_commands", "query_read_model"]
 
 
 def add_commands(sub: Any) -> None:
@@ -255,7 +255,7 @@ def _balances(args: argparse.Namespace) -> int:
         from adapters.cli.audit import print_balances_as_of
 
         return print_balances_as_of(args.as_of, args.customer, columns, as_json=args.json)
-    rows = _query(lambda conn: balances(conn, customer=args.customer))
+    rows = query_read_model(lambda conn: balances(conn, customer=args.customer))
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     else:
@@ -266,7 +266,7 @@ def _balances(args: argparse.Namespace) -> int:
 def _transactions(args: argparse.Namespace) -> int:
     from projections.transactions import transactions
 
-    rows = _query(
+    rows = query_read_model(
         lambda conn: transactions(conn, state=args.state, customer=args.customer, limit=args.limit)
     )
     if args.json:
@@ -280,7 +280,7 @@ def _transactions(args: argparse.Namespace) -> int:
 def _lines(args: argparse.Namespace) -> int:
     from projections.invoice_lines import lines
 
-    rows = _query(lambda conn: lines(conn, customer=args.customer, limit=args.limit))
+    rows = query_read_model(lambda conn: lines(conn, customer=args.customer, limit=args.limit))
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     else:
@@ -303,7 +303,7 @@ INVOICE_COLUMNS = [
 def _invoices(args: argparse.Namespace) -> int:
     from projections.invoices import invoices
 
-    rows = _query(
+    rows = query_read_model(
         lambda conn: invoices(
             conn, customer=args.customer, period=args.period, state=args.state, limit=args.limit
         )
@@ -319,7 +319,7 @@ def _preview_invoice(args: argparse.Namespace) -> int:
     from domain.money import format_money
     from projections.invoices import invoice_preview
 
-    rows = _query(
+    rows = query_read_model(
         lambda conn: invoice_preview(
             conn, customer=args.preview_customer, period=args.preview_period
         )
@@ -438,7 +438,7 @@ def _rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
-def _query(run: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def query_read_model(run: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Run a read-model query; an invalid filter is misuse (exit 2)."""
     from adapters.bootstrap import database
     from adapters.settings import Settings

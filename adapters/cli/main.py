@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from importlib import metadata
 
-from adapters.cli import audit, dead_letters, ledger, prices, service, tools
+from adapters.cli import audit, credits, dead_letters, ledger, prices, service, tools
 from adapters.cli.args import Parser
 from adapters.cli.errors import explain
 from adapters.cli.help import teach
@@ -59,7 +59,7 @@ def build_parser() -> Parser:
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     p.add_argument("--debug", action="store_true", help="on an error, print its traceback as well")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for group in (tools, service, ledger, prices, dead_letters, audit):
+    for group in (tools, service, ledger, prices, credits, dead_letters, audit):
         group.add_commands(sub)
     completion = sub.add_parser("completion", help="print a shell completion script")
     completion.add_argument("shell", choices=("bash", "zsh", "tcsh"), help="your shell")

@@ -4,6 +4,7 @@ back with the other items and finalized at usage minus credits, equal to the led
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -127,3 +128,58 @@ def test_a_grant_that_expires_mid_stream_is_not_consumed_after_its_expiry(
     assert isinstance(credit, CreditLine) and credit.billed == -100
     assert list(credit.per_line) == [str(ingest_ledger.transaction(before[0]).line_id)]
     assert _audit(settings, ingest_ledger) == []
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "adapters.cli", *args],
+        env=settings_env(settings), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_the_cli_grants_shows_voids_lists_and_sets_the_policy(
+    ingest_ledger: BillingLedger, settings: Settings
+) -> None:
+    grant = [
+        "credits", "grant", "acme", "12.50", "USD", "--source", "manual", "--reason", "outage",
+        "--id", "sorry", "--expires-at", "2099-01-01T00:00:00Z",
+    ]  # fmt: skip
+    first, again = _cli(settings, *grant), _cli(settings, *grant)
+    assert first.returncode == 0 and first.stdout.startswith("granted: grant sorry of 12.50 USD")
+    assert again.returncode == 0 and "already granted (nothing recorded)" in again.stdout
+    record(ingest_ledger, "acme", ["c-1"], qty=1000)  # 1.00 USD of it
+    shown = _cli(settings, "credits", "show", "acme", "USD", "--json")
+    body = json.loads(shown.stdout)
+    assert (body["policy"], body["remaining"]) == ("overage", "1150")
+    assert body["grants"][0]["consumed"] == "100" and body["grants"][0]["live"] is True
+    voided = _cli(settings, "credits", "void", "acme", "USD", "sorry", "--reason", "typo")
+    assert voided.returncode == 0 and "voided 11.50 USD of grant sorry" in voided.stdout
+    policy = _cli(settings, "credits", "policy", "--customer", "acme", "block")
+    assert policy.stdout.strip() == "credit policy of acme in USD: block"
+    with Database(settings.database_url) as db:
+        _project(db, ingest_ledger)
+    listed = json.loads(_cli(settings, "credits", "list", "--customer", "acme", "--json").stdout)
+    assert [(r["grant_id"], r["consumed"], r["voided"], r["remaining"]) for r in listed] == [
+        ("sorry", "100", "1150", "0")
+    ]
+    account = ingest_ledger.account("acme", "USD")
+    assert account is not None and account.credit_policy == "block"
+
+
+def test_cli_misuse_is_one_line_and_exit_2_recording_nothing(
+    ingest_ledger: BillingLedger, settings: Settings
+) -> None:
+    base = ["credits", "grant", "acme", "5.00", "USD", "--source", "manual", "--reason", "r"]
+    cases = [
+        [*base, "--effective-from", "2027-01-01T00:00:00"],  # no time zone
+        [*base, "--effective-from", "2027-01-02T00:00:00Z", "--expires-at", "2027-01-01T00:00:00Z"],
+        ["credits", "grant", "acme", "0", "USD", "--source", "manual", "--reason", "r"],
+        ["credits", "grant", "acme", "5.001", "USD", "--source", "manual", "--reason", "r"],
+        ["credits", "void", "acme", "USD", "nope", "--reason", "r"],
+        ["credits", "show", "nobody", "USD"],
+    ]
+    for args in cases:
+        done = _cli(settings, *args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert ingest_ledger.account("acme", "USD") is None
