@@ -34,6 +34,7 @@ __all__ = [
     "CreditProjection",
     "credit_balances",
     "credit_grants",
+    "due_expiries",
 ]
 
 GRANT_COLUMNS = (
@@ -203,6 +204,16 @@ def _write_balances(cur: psycopg.Cursor[Any], target: sql.Identifier, folded: _F
 
 CREDIT_GRANTS = CreditProjection("credit_grants", _write_grants)
 CREDIT_BALANCES = CreditProjection("credit_balances", _write_balances)
+
+
+def due_expiries(conn: psycopg.Connection[Any], now: datetime) -> list[tuple[str, str]]:
+    """The accounts with a grant past its expiry that is not recorded expired (nor
+    voided) and had something left as of the last save projected."""
+    query = sql.SQL(
+        "SELECT DISTINCT customer_id, currency FROM {} WHERE expires_at <= %s"
+        " AND remaining > 0 AND expired = 0 AND voided = 0 ORDER BY customer_id, currency"
+    ).format(sql.Identifier(SCHEMA, CREDIT_GRANTS.name))
+    return [(c, str(cur).strip()) for c, cur in conn.execute(query, (now,)).fetchall()]
 
 
 def credit_grants(

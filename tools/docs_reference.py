@@ -284,6 +284,7 @@ _EVENT_INPUT = {
 def render_dead_letter_reasons() -> str:
     from adapters.charging.messages import EVENT_REASON_CODES, event_error_code
     from adapters.ingest.letters import REASON_CODES, error_code
+    from domain.credits import CREDITS_EXHAUSTED
 
     usage_rows = []
     for prefix, code in REASON_CODES:
@@ -321,6 +322,22 @@ def render_dead_letter_reasons() -> str:
             "`amount_not_exact: ...` | Lower the quantity's precision or the price's. |",
             "| `invalid` | one transaction's exact amount of 10^12 minor units or more | "
             "`amount_too_large: ...` | Split the usage into several records. |",
+            "",
+            "## Usage the customer's account refuses (not dead letters)",
+            "",
+            "A valid record that the customer's account refuses is recorded, not set aside:"
+            " its transaction is `compensated` at once with the reason (the"
+            " `compensation_reason` of `billing.transactions`; `billing-ledger transactions"
+            " --state compensated`) and is never billed.",
+            "",
+            "| reason (starts with) | why | what to do |",
+            "| --- | --- | --- |",
+            "| `spend limit: ` | the record would take what the customer owes past its spend"
+            " limit | Raise the limit (`accounts set-limit`); it applies to usage recorded"
+            " after. |",
+            f"| `{CREDITS_EXHAUSTED}` | the credit policy is `block` and the customer's live"
+            " grants cannot cover the whole record | Grant credit (`credits grant`) or set"
+            " `credits policy --customer C overage`; it applies to usage recorded after. |",
             "",
             "## Billing events set aside (`billing.events` topic)",
             "",
