@@ -37,10 +37,9 @@ that remainder): what usage consumed stays consumed, and is on its invoices.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
@@ -52,15 +51,22 @@ from domain.credits import (
     check_grant,
 )
 from domain.ids import account_id
-from domain.money import add_exact, canonical, check_spend_limit, format_money
+from domain.money import (
+    add_exact,
+    canonical,
+    check_spend_limit,
+    format_money,
+    running_difference,
+    sum_exact,
+)
 
 __all__ = ["Burn", "CustomerAccount"]
 
 
-@dataclass(frozen=True)
-class Burn:
+class Burn(NamedTuple):
     """What ``reserve_and_burn`` decided for one record: reserved (or refused by the
-    limit), blocked by the ``block`` policy, and the credit it consumed."""
+    limit), blocked by the ``block`` policy, and the credit it consumed (a tuple: one
+    is made per record, in the ingest's hot loop)."""
 
     reserved: bool
     blocked: bool = False
@@ -386,6 +392,7 @@ class CustomerAccount(Aggregate):
         grant_ids: list[str] = []
         amounts: list[str] = []
         burns: list[Burn] = []
+        k = 0  # grants before k are used up: usage always burns the first with something left
         for (txn_id, amount), was_blocked in zip(requests, blocked, strict=True):
             if was_blocked:
                 burns.append(Burn(reserved=False, blocked=True))
@@ -393,32 +400,63 @@ class CustomerAccount(Aggregate):
             if not next(reserved):
                 burns.append(_REFUSED)
                 continue
-            credit = Decimal(0)
-            owed = amount
-            for k, grant in enumerate(live):
-                if owed <= 0:
-                    break
-                take = min(owed, left[k])
-                if take <= 0:
-                    continue
-                left[k] = add_exact(left[k], -take)
-                owed = add_exact(owed, -take)
-                credit = add_exact(credit, take)
+            while k < len(live) and left[k] <= 0:
+                k += 1
+            if k == len(live) or amount <= 0:
+                burns.append(_NOT_BURNT)
+                continue
+            if amount <= left[k]:  # the usual case: one grant covers the record
+                left[k] = running_difference(left[k], amount)
                 ids.append(str(txn_id))
-                grant_ids.append(grant.grant_id)
-                amounts.append(f"{canonical(take):f}")
-            burns.append(Burn(reserved=True, credit=credit))
+                grant_ids.append(live[k].grant_id)
+                amounts.append(f"{amount:f}")  # canonical: a transaction's exact amount
+                burns.append(Burn(reserved=True, credit=amount))
+                continue
+            burns.append(
+                Burn(
+                    reserved=True,
+                    credit=self._split(txn_id, amount, live, left, k, (ids, grant_ids, amounts)),
+                )
+            )
         if ids:
             self._credits_consumed(ids, grant_ids, amounts, now)
         return burns
+
+    @staticmethod
+    def _split(  # noqa: PLR0917 (the burn-down's state, shared with its loop)
+        txn_id: UUID,
+        amount: Decimal,
+        live: list[Grant],
+        left: list[Decimal],
+        k: int,
+        out: tuple[list[str], list[str], list[str]],
+    ) -> Decimal:
+        """Burn ``amount`` down the grants from ``k`` on, as far as they go; the credit."""
+        credit, owed = Decimal(0), amount
+        for i in range(k, len(live)):
+            take = min(owed, left[i])
+            if take <= 0:
+                continue
+            left[i] = add_exact(left[i], -take)
+            owed = add_exact(owed, -take)
+            credit = add_exact(credit, take)
+            out[0].append(str(txn_id))
+            out[1].append(live[i].grant_id)
+            out[2].append(f"{canonical(take):f}")
+            if owed <= 0:
+                break
+        return credit
 
     @event(CreditsConsumed)
     def _credits_consumed(
         self, transaction_ids: list[str], grant_ids: list[str], amounts: list[str], at: datetime
     ) -> None:
+        by_grant: dict[str, list[Decimal]] = {}
         for grant_id, amount in zip(grant_ids, amounts, strict=True):
+            by_grant.setdefault(grant_id, []).append(Decimal(amount))
+        for grant_id, taken in by_grant.items():
             grant = self.grants[grant_id]
-            grant.consumed = add_exact(grant.consumed, Decimal(amount))
+            grant.consumed = add_exact(grant.consumed, sum_exact(taken))
 
     def _grant(self, grant_id: str) -> Grant:
         grant = self.grants.get(grant_id)

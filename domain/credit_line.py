@@ -25,7 +25,7 @@ not give the credit back (not built yet): see the concept page.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -35,7 +35,7 @@ from eventsourcing.domain import event
 
 from domain.errors import IllegalTransition
 from domain.invoice_line import InvoiceLine
-from domain.money import add_exact, canonical, round_minor
+from domain.money import add_exact, round_minor, sum_exact
 from domain.periods import Period
 
 __all__ = ["CREDIT_KEY", "CREDIT_METER", "CreditLine"]
@@ -78,22 +78,22 @@ class CreditLine(InvoiceLine):
         raise IllegalTransition("a credit line holds credit, not usage: use apply")
 
     def apply(self, entries: Sequence[tuple[UUID, UUID, Decimal]]) -> None:
-        """Add each (transaction, usage line, exact credit) in one event."""
+        """Add each (transaction, usage line, exact credit) in one event; the credits in
+        canonical form (``domain.money.canonical``, as ``reserve_and_burn`` gives them)."""
         entries = [e for e in entries if e[2] > 0]
         if not entries:
             return
         if self.frozen:
             raise IllegalTransition(f"line {self.id} is frozen: its invoice has closed")
-        per_line = dict(self.per_line)
-        for _, usage_line, credit in entries:
-            key = str(usage_line)
-            per_line[key] = add_exact(per_line.get(key, Decimal(0)), credit)
-        exact = sum(per_line.values(), Decimal(0))
+        texts = {line: str(line) for line in {line for _, line, _ in entries}}
+        line_ids = [texts[line] for _, line, _ in entries]
+        per_line = _added(self.per_line, zip(line_ids, (c for _, _, c in entries), strict=True))
+        exact = sum_exact(per_line.values())
         billed = -sum(round_minor(c) for c in per_line.values())
         self._applied(
             [str(t) for t, _, _ in entries],
-            [str(line) for _, line, _ in entries],
-            [f"{canonical(c):f}" for _, _, c in entries],
+            line_ids,
+            [f"{c:f}" for _, _, c in entries],  # canonical already (see ``apply``)
             -exact,
             billed,
             self.transactions + len(entries),
@@ -109,10 +109,8 @@ class CreditLine(InvoiceLine):
         billed: int,
         transactions: int,
     ) -> None:
-        per_line = dict(self.per_line)
-        for line, amount in zip(line_ids, amounts, strict=True):
-            per_line[line] = add_exact(per_line.get(line, Decimal(0)), Decimal(amount))
-        self.per_line = per_line
+        pairs = zip(line_ids, map(Decimal, amounts), strict=True)
+        self.per_line = _added(self.per_line, pairs)
         self.exact_total = exact_total
         self.billed = billed
         self.transactions = transactions
@@ -124,3 +122,16 @@ class CreditLine(InvoiceLine):
     ) -> UUID:  # fmt: skip
         """Whatever ``meter`` reads, the id is ``CREDIT_KEY``'s."""
         return InvoiceLine.create_id(customer_id, currency, CREDIT_KEY, period_start)
+
+
+def _added(
+    per_line: dict[str, Decimal], credits: Iterable[tuple[str, Decimal]]
+) -> dict[str, Decimal]:
+    """``per_line`` with ``credits`` (usage line, exact credit) added, as a new dict."""
+    grouped: dict[str, list[Decimal]] = {}
+    for line, credit in credits:
+        grouped.setdefault(line, []).append(credit)
+    added = dict(per_line)
+    for line, credit_list in grouped.items():
+        added[line] = add_exact(per_line.get(line, Decimal(0)), sum_exact(credit_list))
+    return added

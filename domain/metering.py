@@ -173,7 +173,7 @@ class LineBook:
         self.lines: dict[UUID, InvoiceLine] = {}
         self.invoices: dict[UUID, Invoice | None] = {}
         self._chosen: dict[tuple[str, Period], InvoiceLine] = {}
-        self._credit_lines: dict[UUID, CreditLine] = {}
+        self._credit_lines: dict[Period, CreditLine] = {}  # by the period of their invoice
 
     def line_for(self, meter: str, occurred: Period) -> InvoiceLine:
         """The line usage of ``meter`` that occurred in ``occurred`` joins (the same line
@@ -207,24 +207,25 @@ class LineBook:
         """Record each (transaction, its usage line, credit it consumed) on the credit line
         of the usage line's invoice (``domain.credit_line``), one event per credit line;
         the credit lines changed."""
-        by_credit_line: dict[UUID, list[tuple[UUID, UUID, Decimal]]] = {}
+        by_credit_line: dict[UUID, tuple[CreditLine, list[tuple[UUID, UUID, Decimal]]]] = {}
+        of_line: dict[UUID, list[tuple[UUID, UUID, Decimal]]] = {}
         for txn_id, line, credit in credited:
-            credit_line = self._credit_line(line.period)
-            by_credit_line.setdefault(credit_line.id, []).append((txn_id, line.id, credit))
-        changed = []
-        for credit_line_id, entries in by_credit_line.items():
-            credit_line = self._credit_lines[credit_line_id]
+            found = of_line.get(line.id)
+            if found is None:
+                credit_line = self._credit_line(line.period)
+                found = by_credit_line.setdefault(credit_line.id, (credit_line, []))[1]
+                of_line[line.id] = found
+            found.append((txn_id, line.id, credit))
+        for credit_line, entries in by_credit_line.values():
             credit_line.apply(entries)
-            changed.append(credit_line)
-        return changed
+        return [credit_line for credit_line, _ in by_credit_line.values()]
 
     def _credit_line(self, period: Period) -> CreditLine:
         """The credit line of ``period``'s invoice (open: a usage line of it took usage in
         this batch), opened and added to the invoice when new."""
-        credit_id = CreditLine.id_for(self.customer_id, self.currency, period)
-        found = self._credit_lines.get(credit_id)
+        found = self._credit_lines.get(period)
         if found is None:
-            loaded = self.load_line(credit_id)
+            loaded = self.load_line(CreditLine.id_for(self.customer_id, self.currency, period))
             if isinstance(loaded, CreditLine):
                 found = loaded
             else:
@@ -232,7 +233,7 @@ class LineBook:
                 invoice = self._invoice(period)
                 assert invoice is not None  # opened with its first usage line
                 invoice.add_line(found.id)
-            self._credit_lines[credit_id] = found
+            self._credit_lines[period] = found
         return found
 
     def touched_invoices(self) -> list[Invoice]:

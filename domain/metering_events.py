@@ -31,6 +31,7 @@ from uuid import UUID
 from eventsourcing.utils import get_topic
 
 from domain.account import CustomerAccount
+from domain.credit_line import CreditLine
 from domain.errors import InvalidUsage
 from domain.ids import account_id
 from domain.invoice import Invoice
@@ -171,8 +172,9 @@ def meter_batch_events(
 
     ``expect``, when given, is called once before anything is loaded with the ids of
     the accounts and lines the batch will load (each meter and period's own line: a
-    late line or an invoice is loaded only when that one is closed or new), so the
-    caller can read them all in one query instead of one by one. It decides nothing.
+    late line or an invoice is loaded only when that one is closed or new; and each
+    period's credit line, loaded only for an account with credit), so the caller can
+    read them all in one query instead of one by one. It decides nothing.
     """
     result = MeteredBatch()
     seen: set[UUID] = set(already_recorded)
@@ -240,4 +242,7 @@ def _expected(
             InvoiceLine.create_id(customer_id, currency, meter, period.start)
             for meter, period in pairs
         )
+        # Each period's credit line, in the same read: loaded only for an account with
+        # credit (domain.credit_line), it costs the others nothing but an id in the query.
+        ids.extend(CreditLine.id_for(customer_id, currency, p) for p in {p for _, p in pairs})
     return ids

@@ -23,6 +23,7 @@ Bounds (each a documented refusal, never a silent rounding):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from decimal import (
     ROUND_HALF_UP,
@@ -54,7 +55,9 @@ __all__ = [
     "format_money",
     "parse_exact_amount",
     "round_minor",
+    "running_difference",
     "split_for_items",
+    "sum_exact",
     "to_minor_units",
 ]
 
@@ -180,6 +183,23 @@ def add_exact(total: Decimal, amount: Decimal) -> Decimal:
     if abs(result) >= MAX_LINE_MINOR:
         raise ValueError(f"a line total of {result} minor units is beyond {MAX_LINE_MINOR:f}")
     return canonical(result)
+
+
+def running_difference(total: Decimal, amount: Decimal) -> Decimal:
+    """``total - amount`` exactly (raises ``Inexact`` rather than round), not brought to
+    canonical form: for a running balance that is compared, never stored."""
+    return _SUM.subtract(total, amount)
+
+
+def sum_exact(amounts: Iterable[Decimal]) -> Decimal:
+    """The exact sum of ``amounts`` (``add_exact`` of each, its checks once at the end)."""
+    add = _SUM.add
+    total = Decimal(0)
+    for amount in amounts:
+        total = add(total, amount)
+    if abs(total) >= MAX_LINE_MINOR:
+        raise ValueError(f"a line total of {total} minor units is beyond {MAX_LINE_MINOR:f}")
+    return canonical(total)
 
 
 def round_minor(exact: Decimal) -> int:

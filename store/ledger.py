@@ -54,6 +54,7 @@ from eventsourcing.persistence import (
 )
 
 from domain.account import CustomerAccount
+from domain.credit_line import CreditLine
 from domain.credits import Grant
 from domain.customer import CustomerLink
 from domain.ids import (
@@ -139,6 +140,7 @@ class BillingLedger(Application[UUID]):
     snapshotting_intervals: ClassVar[dict[type[Any], int]] = {
         CustomerAccount: 200,
         InvoiceLine: 500,
+        CreditLine: 500,
         LinePush: 200,
     }
     max_attempts = 8

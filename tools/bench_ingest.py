@@ -10,6 +10,9 @@ with each other rather than with another machine:
   settled: each worker holds its partitions paused until all are assigned);
   with ``saves_inline``, one process again with its saves in line (``INGEST_OVERLAP_SAVES``
   off: each batch saved before the next is decided), which is what saving behind gains;
+  with ``credits``, one process again where every customer holds a prepaid credit grant
+  in each of its currencies (never exhausted: every record consumes credit and every
+  invoice gets a credit line), which is what burning credit down in the save costs;
 * store append: the same batches saved straight to the event store (no Kafka), 1 and
   2 concurrent writers (threads of one process, so client CPU does not add up; the
   figure shows what the database lets through), with
@@ -30,6 +33,7 @@ import multiprocessing
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from adapters.bootstrap import (
@@ -43,6 +47,7 @@ from adapters.broker import make_producer
 from adapters.progress import Progress, step
 from adapters.runtime import tune_gc, tune_switching
 from adapters.settings import Settings
+from domain.credits import MAX_GRANT_MINOR
 from domain.usage import UsageRecord
 from infra.embedded import EmbeddedPostgres, TansuBroker
 from tools.bench_store import (
@@ -71,6 +76,7 @@ def run_ingest_bench(
     workers: int = 1,
     end_to_end_only: bool = False,
     saves_inline: bool = False,
+    credits: bool = False,
 ) -> dict[str, Any]:
     """The figures above; ``end_to_end_only`` measures end to end and the raw ``COPY``
     of its rows only (no store appends: a third of the time)."""
@@ -86,6 +92,7 @@ def run_ingest_bench(
             "e2e",
             *(("e2e_workers",) if workers > 1 else ()),
             *(("e2e_inline",) if saves_inline else ()),
+            *(("e2e_credits",) if credits else ()),
             *(() if end_to_end_only else RECORDERS),
         )
         urls = {name: fresh_database(admin_url, f"bench_{name}") for name in names}
@@ -125,6 +132,14 @@ def run_ingest_bench(
             migrate(inline)
             prepare(inline, topics=False)
             result["end_to_end_inline"] = _end_to_end(inline, records, 1)
+        if credits:
+            credited = settings.model_copy(
+                update={"database_url": urls["e2e_credits"], "ingest_group": "bench-credits"}
+            )
+            migrate(credited)
+            prepare(credited, topics=False)
+            _grant_everyone(credited, usage)
+            result["end_to_end_credits"] = _end_to_end(credited, records, 1)
         if end_to_end_only:
             result["raw_copy"] = raw_copy(urls["e2e"])
             result["ratios"] = _ratios(result, 0)
@@ -153,6 +168,10 @@ def _ratios(r: dict[str, Any], small: int) -> dict[str, float]:
                 many["records_per_s"] / r["end_to_end"]["records_per_s"], 2
             ),
         }
+    if "end_to_end_credits" in r:
+        scaling["end_to_end_credits_vs_none"] = round(
+            r["end_to_end_credits"]["records_per_s"] / r["end_to_end"]["records_per_s"], 2
+        )
     if "end_to_end_inline" in r:
         scaling["end_to_end_behind_vs_inline"] = round(
             r["end_to_end"]["records_per_s"] / r["end_to_end_inline"]["records_per_s"], 2
@@ -180,6 +199,19 @@ def _ratios(r: dict[str, Any], small: int) -> dict[str, float]:
             for w in ("1_writer", "2_writers")
         },
     }
+
+
+def _grant_everyone(settings: Settings, usage: list[UsageRecord]) -> None:
+    """A grant that never runs out for each customer in each currency of its usage."""
+    prices = settings.load_prices()
+    accounts = {(r.customer_id, prices.price_of(r.meter).currency) for r in usage}
+    step(f"granting credit to {len(accounts)} accounts")
+    at = datetime.now(UTC) - timedelta(days=1)
+    with open_ledger(settings) as ledger:
+        for customer_id, currency in sorted(accounts):
+            ledger.change_account(customer_id, currency, lambda a: a.grant_credit(
+                "bench", MAX_GRANT_MINOR, effective_at=at, source="promotional", reason="bench",
+            ))  # fmt: skip
 
 
 def _produce(settings: Settings, usage: list[UsageRecord]) -> dict[str, float]:
@@ -357,6 +389,19 @@ def render(r: dict[str, Any]) -> str:
                 f"{inline['batch_commit_ms_p50']} / {inline['batch_commit_ms_p99']} ms",
             ),
             ("  saving behind / in line", f"{ratios['end_to_end_behind_vs_inline']:>10}"),
+        ]
+    credited = r.get("end_to_end_credits")
+    if credited is not None:
+        rows += [
+            (
+                "end to end, every customer with credit",
+                _RATE(credited["records_per_s"], "records/s"),
+            ),
+            (
+                "  batch commit p50 / p99",
+                f"{credited['batch_commit_ms_p50']} / {credited['batch_commit_ms_p99']} ms",
+            ),
+            ("  with credit / without", f"{ratios['end_to_end_credits_vs_none']:>10}"),
         ]
     rows += [
         ("raw binary COPY of the same rows", _RATE(r["raw_copy"]["rows_per_s"], "rows/s")),

@@ -56,6 +56,11 @@ def add_commands(sub: Any) -> None:
         action="store_true",
         help="also measure 1 process saving each batch before deciding the next",
     )
+    b_ingest.add_argument(
+        "--credits",
+        action="store_true",
+        help="also measure 1 process with a prepaid credit grant for every customer",
+    )
     b_ingest.add_argument("--json", action="store_true")
     b_ingest.set_defaults(handler=_bench_ingest)
     _add_pipeline_benches(bench_sub)
@@ -175,6 +180,7 @@ def _bench_ingest(args: argparse.Namespace) -> int:
         workers=args.workers,
         end_to_end_only=args.end_to_end_only,
         saves_inline=args.saves_inline,
+        credits=args.credits,
     )
     print(json.dumps(result, indent=2) if args.json else bench.render(result))
     return 0
