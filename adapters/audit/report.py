@@ -19,6 +19,7 @@ import psycopg
 
 from adapters.audit.compare import (
     compare_balances,
+    compare_credit_grants,
     compare_invoices,
     compare_lines,
     compare_transactions,
@@ -132,6 +133,7 @@ def audit(
                 )
                 findings += compare_invoices(conn, result, scope.customer)
                 findings += compare_balances(conn, balances, scope.customer)
+                findings += compare_credit_grants(conn, result.credits, scope.customer)
                 findings += compare_lines(conn, result, scope.customer)
                 findings += [
                     Finding("snapshot", f"{i} v{v}", f"{why}: never used on load")

@@ -183,3 +183,16 @@ def test_cli_misuse_is_one_line_and_exit_2_recording_nothing(
         assert done.returncode == 2, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     assert ingest_ledger.account("acme", "USD") is None
+
+
+def test_the_audit_finds_a_credit_grants_row_that_differs_from_the_history(
+    ingest_ledger: BillingLedger, settings: Settings
+) -> None:
+    ingest_ledger.change_account("acme", "USD", _grant)
+    record(ingest_ledger, "acme", ["t-1"], qty=1000)
+    assert _audit(settings, ingest_ledger) == []
+    with psycopg.connect(settings.database_url) as conn:
+        conn.execute("UPDATE billing.credit_grants SET consumed = 0 WHERE grant_id = 'promo'")
+    found = _audit(settings, ingest_ledger)
+    assert [(f.kind, f.subject) for f in found] == [("projection", "acme/USD/promo")]
+    assert "credit_grants.consumed: 0.00 USD, history says 1.00 USD" in found[0].detail
