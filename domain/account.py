@@ -27,24 +27,68 @@ Histories from before exact amounts (integers) load through upcasting.
 
 Spend alerts (``domain.alerts``) live here too, in methods and events of their own
 (``set_alerts``, ``check_alerts``; ``AlertsSet``, ``AlertCrossed``, ``AlertPeriodSpent``):
-the ingest calls ``check_alerts`` once per account right after ``reserve_all``, so a
-crossing is an event of the very save that reserved the record.
+the ingest calls ``check_alerts`` once per account right after the reservation (and the
+credits' burn-down, which leaves the spend the limit counts alone), so a crossing is an
+event of the very save that reserved the record.
+**Prepaid credits** live here too (``domain.credits`` has the grant's rules): the grants
+are the customer's money in this currency, and a record must be decided against them
+in the same save that records it, under the same version check as its reservation,
+so that any number of ingest processes keep every balance exact and current without a
+lock (a process that loses the race reloads the account and decides again). The
+account is already loaded and written by every ingest batch, so the grants cost no
+extra read or write there. ``reserve_and_burn`` is the ingest's one call: it expires
+grants past their expiry (``CreditExpired``), reserves against the limit, and burns
+the reserved usage down the live grants (one ``CreditsConsumed`` per batch, like
+``AmountsReserved``); under the ``block`` policy a record the grants cannot cover is
+not reserved at all. ``grant_credit``, ``void_credit`` and ``set_credit_policy`` are the
+operator's commands. A void takes only what is left of a grant (``CreditVoided`` with
+that remainder): what usage consumed stays consumed, and is on its invoices.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
 from domain.alerts import Spend, Threshold, Watch, alert_id, crossings, parse_thresholds
+from domain.credits import (
+    CreditPolicy,
+    Grant,
+    burn_order,
+    check_grant,
+)
 from domain.ids import account_id
-from domain.money import add_exact, canonical, check_spend_limit, format_money
+from domain.money import (
+    add_exact,
+    canonical,
+    check_spend_limit,
+    format_money,
+    running_difference,
+    sum_exact,
+)
 
-__all__ = ["CustomerAccount", "Hold"]
+__all__ = ["Burn", "Burner", "CustomerAccount", "Hold"]
+
+
+class Burn(NamedTuple):
+    """What ``reserve_and_burn`` decided for one record: reserved (or refused by the
+    limit), blocked by the ``block`` policy, and the credit it consumed (a tuple: one
+    is made per record, in the ingest's hot loop)."""
+
+    reserved: bool
+    blocked: bool = False
+    credit: Decimal = Decimal(0)
+
+
+_NO_GRANTS: dict[str, Grant] = {}
+_NOT_BURNT = Burn(reserved=True)
+_REFUSED = Burn(reserved=False)
+_BLOCKED = Burn(reserved=False, blocked=True)
 
 
 class CustomerAccount(Aggregate):
@@ -127,6 +171,42 @@ class CustomerAccount(Aggregate):
     alert_period: str | None = None
     alert_period_spend: Decimal = Decimal(0)
     alerts_crossed: Sequence[str] = ()  # in ``alert_period``
+    # Prepaid credits (domain.credits).
+
+    class CreditGranted(Aggregate.Event):
+        grant_id: str
+        amount: int
+        priority: int
+        effective_at: datetime
+        expires_at: datetime | None
+        source: str
+        reason: str
+
+    class CreditVoided(Aggregate.Event):
+        grant_id: str
+        amount: Decimal  # the remainder voided
+        reason: str
+
+    class CreditExpired(Aggregate.Event):
+        grant_id: str
+        amount: Decimal  # the remainder at its expiry
+        expires_at: datetime
+
+    class CreditsConsumed(Aggregate.Event):
+        """One per ingest batch: each (transaction, grant, exact amount) consumed."""
+
+        transaction_ids: list[str]
+        grant_ids: list[str]
+        amounts: list[str]  # exact minor units, canonical decimal text
+        at: datetime  # the save's moment, which decided which grants were live
+
+    class CreditPolicySet(Aggregate.Event):
+        policy: str
+
+    # State added after the first account histories: class defaults, so an older
+    # snapshot (which lacks them) loads with them. The dict is replaced, never changed.
+    grants = _NO_GRANTS
+    credit_policy = CreditPolicy.OVERAGE.value
 
     @staticmethod
     def create_id(customer_id: str, currency: str, **_: Any) -> UUID:
@@ -147,6 +227,8 @@ class CustomerAccount(Aggregate):
         self.spend_limit = spend_limit
         self.reserved = Decimal(0)
         self.charged = Decimal(0)
+        self.grants = {}
+        self.credit_policy = CreditPolicy.OVERAGE.value
 
     @property
     def committed(self) -> Decimal:
@@ -338,6 +420,146 @@ class CustomerAccount(Aggregate):
             self.alert_period, self.alerts_crossed = period, ()
         self.alert_period_spend = Decimal(spend)
 
+    # Prepaid credits (domain.credits): the operator's commands, then the ingest's call.
+
+    @property
+    def credit_remaining(self) -> Decimal:
+        """What is left on every grant (live or not yet effective)."""
+        total = Decimal(0)
+        for grant in self.grants.values():
+            total = add_exact(total, grant.remaining)
+        return total
+
+    def grant_credit(
+        self,
+        grant_id: str,
+        amount: int,
+        *,
+        priority: int = 0,
+        effective_at: datetime,
+        expires_at: datetime | None = None,
+        source: str,
+        reason: str,
+    ) -> bool:
+        """Add a grant; False when the same grant exists already (a repeated command),
+        ValueError when the id is taken by other terms or the terms are not valid."""
+        terms = Grant(grant_id, amount, priority, effective_at, expires_at, source, reason, -1)
+        check_grant(terms)
+        found = self.grants.get(grant_id)
+        if found is not None:
+            if found.terms == terms.terms:
+                return False
+            raise ValueError(f"grant {grant_id} exists already with other terms")
+        self._credit_granted(grant_id, amount, priority, effective_at, expires_at, source, reason)
+        return True
+
+    @event(CreditGranted)
+    def _credit_granted(  # noqa: PLR0917 (the event's fields)
+        self,
+        grant_id: str,
+        amount: int,
+        priority: int,
+        effective_at: datetime,
+        expires_at: datetime | None,
+        source: str,
+        reason: str,
+    ) -> None:
+        grant = Grant(
+            grant_id, amount, priority, effective_at, expires_at, source, reason,
+            order=len(self.grants),
+        )  # fmt: skip
+        self.grants = {**self.grants, grant_id: grant}  # never the class's empty default
+
+    def void_credit(self, grant_id: str, reason: str) -> Decimal:
+        """Void what is left of a grant (what usage consumed stays consumed); returns
+        the amount voided. ValueError for an unknown grant, or one closed already."""
+        grant = self._grant(grant_id)
+        if not reason.strip():
+            raise ValueError("voiding a grant needs a reason")
+        if grant.closed:
+            raise ValueError(f"grant {grant_id} has nothing left to void")
+        remainder = grant.remaining
+        self._credit_voided(grant_id, remainder, reason)
+        return remainder
+
+    @event(CreditVoided)
+    def _credit_voided(self, grant_id: str, amount: Decimal, reason: str) -> None:
+        grant = self.grants[grant_id]
+        grant.voided = add_exact(grant.voided, amount)
+
+    def set_credit_policy(self, policy: str) -> None:
+        """``block`` or ``overage`` (see ``domain.credits``)."""
+        chosen = CreditPolicy(policy)
+        if chosen != self.credit_policy:
+            self._credit_policy_set(str(chosen))
+
+    @event(CreditPolicySet)
+    def _credit_policy_set(self, policy: str) -> None:
+        self.credit_policy = str(CreditPolicy(policy))
+
+    def expire_credits(self, now: datetime) -> list[str]:
+        """Record the expiry of every grant past its expiry with something left."""
+        due = [g for g in self.grants.values() if g.due_to_expire(now)]
+        for grant in due:
+            assert grant.expires_at is not None
+            self._credit_expired(grant.grant_id, grant.remaining, grant.expires_at)
+        return [g.grant_id for g in due]
+
+    @event(CreditExpired)
+    def _credit_expired(self, grant_id: str, amount: Decimal, expires_at: datetime) -> None:
+        grant = self.grants[grant_id]
+        grant.expired = add_exact(grant.expired, amount)
+
+    def reserve_and_burn(
+        self, requests: Sequence[tuple[UUID, Decimal]], now: datetime
+    ) -> list[Burn]:
+        """The ingest's decision for a batch of this account's records: expire what is
+        due, refuse under ``block`` what the live grants cannot cover, reserve the rest
+        against the limit (``reserve_all``), and burn the reserved down the live grants
+        in order. Per request, what was decided (see ``Burn``). The same decisions, one
+        record at a time, are ``burner`` with ``hold`` (records priced by line quantity)."""
+        if not self.grants:  # no credit, ever: only the limit decides
+            return [_NOT_BURNT if ok else _REFUSED for ok in self.reserve_all(requests)]
+        burner = self.burner(now)
+        blocked = [burner.blocks(amount) for _, amount in requests]
+        wanted = [r for r, b in zip(requests, blocked, strict=True) if not b]
+        reserved = iter(self.reserve_all(wanted))
+        burns: list[Burn] = []
+        for (txn_id, amount), was_blocked in zip(requests, blocked, strict=True):
+            if was_blocked:
+                burns.append(_BLOCKED)
+            elif not next(reserved):
+                burns.append(_REFUSED)
+            else:
+                credit = burner.burn(txn_id, amount)
+                burns.append(Burn(reserved=True, credit=credit) if credit else _NOT_BURNT)
+        burner.record()
+        return burns
+
+    def burner(self, now: datetime) -> Burner:
+        """Expire the grants due at ``now``, then burn records down the live grants one at
+        a time (``Burner``): ``reserve_and_burn``'s steps, for a batch whose amounts are
+        decided in order (``hold``)."""
+        self.expire_credits(now)
+        return Burner(self, now)
+
+    @event(CreditsConsumed)
+    def _credits_consumed(
+        self, transaction_ids: list[str], grant_ids: list[str], amounts: list[str], at: datetime
+    ) -> None:
+        by_grant: dict[str, list[Decimal]] = {}
+        for grant_id, amount in zip(grant_ids, amounts, strict=True):
+            by_grant.setdefault(grant_id, []).append(Decimal(amount))
+        for grant_id, taken in by_grant.items():
+            grant = self.grants[grant_id]
+            grant.consumed = add_exact(grant.consumed, sum_exact(taken))
+
+    def _grant(self, grant_id: str) -> Grant:
+        grant = self.grants.get(grant_id)
+        if grant is None:
+            raise ValueError(f"no grant {grant_id} for {self.customer_id} in {self.currency}")
+        return grant
+
     def _money(self, amount: Decimal) -> str:
         return format_money(amount, self.currency)
 
@@ -385,3 +607,79 @@ class Hold:
         if self._ids:
             self._account._amounts_reserved(self._ids, self._amounts)
             self._ids, self._amounts = [], []
+
+
+class Burner:
+    """The burn-down of one account's live grants, decided one record at a time
+    (``CustomerAccount.burner``), then recorded as one ``CreditsConsumed``.
+
+    Per record, in order: ``blocks`` (under ``block``, whether the grants cannot cover
+    it; a record it lets through counts against what they can cover whether or not the
+    limit then reserves it), then, when the limit reserved it, ``burn``. Only positive
+    amounts consume credit: a negative one (a record that moved its line to a cheaper
+    volume tier) is never blocked and gives nothing back to the grants, so what a grant
+    consumed only grows (I11 holds) and the credit line is not reduced by it either.
+    """
+
+    __slots__ = (
+        "_account", "_amounts", "_available", "_block", "_grant_ids", "_ids", "_k",
+        "_left", "_live", "_now",
+    )  # fmt: skip
+
+    def __init__(self, account: CustomerAccount, now: datetime) -> None:
+        self._account = account
+        self._now = now
+        self._live = sorted((g for g in account.grants.values() if g.live(now)), key=burn_order)
+        self._left = [g.remaining for g in self._live]
+        self._block = account.credit_policy == CreditPolicy.BLOCK
+        self._available = sum(self._left, Decimal(0)) if self._block else Decimal(0)
+        self._k = 0  # grants before k are used up: usage burns the first with something left
+        self._ids: list[str] = []
+        self._grant_ids: list[str] = []
+        self._amounts: list[str] = []
+
+    def blocks(self, amount: Decimal) -> bool:
+        """Under ``block``, whether the grants cannot cover ``amount`` (then it is not
+        reserved at all, nor does it consume)."""
+        if not self._block or amount <= 0:
+            return False
+        if amount > self._available:
+            return True
+        self._available = add_exact(self._available, -amount)
+        return False
+
+    def burn(self, txn_id: UUID, amount: Decimal) -> Decimal:
+        """Burn a reserved record's ``amount`` down the live grants; the credit taken."""
+        live, left = self._live, self._left
+        k = self._k
+        while k < len(live) and left[k] <= 0:
+            k += 1
+        self._k = k
+        if k == len(live) or amount <= 0:
+            return Decimal(0)
+        if amount <= left[k]:  # the usual case: one grant covers the record
+            left[k] = running_difference(left[k], amount)
+            self._ids.append(str(txn_id))
+            self._grant_ids.append(live[k].grant_id)
+            self._amounts.append(f"{amount:f}")  # canonical: a transaction's exact amount
+            return amount
+        credit, owed = Decimal(0), amount
+        for i in range(k, len(live)):
+            take = min(owed, left[i])
+            if take <= 0:
+                continue
+            left[i] = add_exact(left[i], -take)
+            owed = add_exact(owed, -take)
+            credit = add_exact(credit, take)
+            self._ids.append(str(txn_id))
+            self._grant_ids.append(live[i].grant_id)
+            self._amounts.append(f"{canonical(take):f}")
+            if owed <= 0:
+                break
+        return credit
+
+    def record(self) -> None:
+        """Record what was consumed, as one event (nothing when nothing was)."""
+        if self._ids:
+            self._account._credits_consumed(self._ids, self._grant_ids, self._amounts, self._now)
+            self._ids, self._grant_ids, self._amounts = [], [], []

@@ -27,7 +27,7 @@ from domain.closing import is_true_up
 from domain.money import format_money, round_minor
 from domain.transaction import TxnState
 
-__all__ = ["LineAudit", "PushAudit", "check_line_items", "check_lines"]
+__all__ = ["LineAudit", "PushAudit", "check_line_items", "check_lines", "credit_applied"]
 
 
 @dataclass(slots=True)
@@ -54,6 +54,9 @@ class LineAudit:
     quantity: Decimal = Decimal(0)
     settled: list[tuple[str, Decimal, Decimal]] = field(default_factory=list)
     removed: Decimal = Decimal(0)
+    # A credit line (domain.credit_line): each usage line's and each transaction's credit.
+    credit_of_line: dict[str, Decimal] = field(default_factory=dict)
+    credit_of: dict[str, Decimal] = field(default_factory=dict)
 
     @classmethod
     def opened(cls, line_id: str, data: Mapping[str, Any]) -> LineAudit:
@@ -93,6 +96,9 @@ class LineAudit:
             self.sequence = version
             self.billed_at[version] = self.billed
             return
+        if name == "CreditsApplied":
+            self._credits_applied(data, version)
+            return
         ids, amounts = data["transaction_ids"], [Decimal(a) for a in data["amounts"]]
         if name == "Repriced":
             self._repriced(ids, [Decimal(a) for a in data["old_amounts"]], amounts, version)
@@ -101,15 +107,7 @@ class LineAudit:
         self.sequence = version
         self.billed = round_minor(self.exact_total)
         self.transactions = len(self.members)
-        self.billed_at[version] = self.billed
-        recorded = (Decimal(data["exact_total"]), data["billed"], data["transactions"])
-        if recorded != (self.exact_total, self.billed, self.transactions):
-            self.problems.append(
-                f"v{version}: records total {self._money(recorded[0])}, billed"
-                f" {self._money(recorded[1])}, {recorded[2]} transactions; its amounts make"
-                f" {self._money(self.exact_total)}, {self._money(self.billed)},"
-                f" {self.transactions} transactions"
-            )
+        self._check_recorded(data, version)
 
     def _settled_or_removed(
         self,
@@ -142,6 +140,32 @@ class LineAudit:
                             f" line holds as {holds}"
                         )
                     self.exact_total -= amount
+
+    def _credits_applied(self, data: Mapping[str, Any], version: int) -> None:
+        """A credit line's total is minus the credit, rounded once per usage line."""
+        with localcontext(prec=80):
+            for txn_id, line, text in zip(
+                data["transaction_ids"], data["line_ids"], data["amounts"], strict=True
+            ):
+                amount = Decimal(text)
+                self.credit_of_line[line] = self.credit_of_line.get(line, Decimal(0)) + amount
+                self.credit_of[txn_id] = self.credit_of.get(txn_id, Decimal(0)) + amount
+                self.exact_total -= amount
+        self.sequence = version
+        self.billed = -sum(round_minor(c) for c in self.credit_of_line.values())
+        self.transactions = len(self.credit_of)
+        self._check_recorded(data, version)
+
+    def _check_recorded(self, data: Mapping[str, Any], version: int) -> None:
+        self.billed_at[version] = self.billed
+        recorded = (Decimal(data["exact_total"]), data["billed"], data["transactions"])
+        if recorded != (self.exact_total, self.billed, self.transactions):
+            self.problems.append(
+                f"v{version}: records total {self._money(recorded[0])}, billed"
+                f" {self._money(recorded[1])}, {recorded[2]} transactions; its amounts make"
+                f" {self._money(self.exact_total)}, {self._money(self.billed)},"
+                f" {self.transactions} transactions"
+            )
 
     def _repriced(
         self, ids: list[str], old: list[Decimal], new: list[Decimal], version: int
@@ -214,6 +238,16 @@ class PushAudit:
                     f" {self.pushed_sequence}, charged through {self.charged_through}"
                 )
             self.charged_through = data["through"]
+
+
+def credit_applied(lines: Mapping[str, LineAudit]) -> dict[str, Decimal]:
+    """Each transaction's credit as the invoices' credit lines record it."""
+    applied: dict[str, Decimal] = {}
+    for line in lines.values():
+        for txn_id, credit in line.credit_of.items():
+            with localcontext(prec=80):
+                applied[txn_id] = applied.get(txn_id, Decimal(0)) + credit
+    return applied
 
 
 def check_lines(

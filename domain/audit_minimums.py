@@ -21,7 +21,7 @@ from typing import Any
 from domain.audit import Finding
 from domain.audit_invoices import InvoiceAudit
 from domain.audit_lines import LineAudit
-from domain.closing import is_true_up, true_ups
+from domain.closing import counts_toward_minimum, is_true_up, true_ups
 from domain.contract import ContractSchedule, ContractVersion
 from domain.ids import contract_id
 from domain.invoice_states import InvoiceState
@@ -44,8 +44,10 @@ def check_true_ups(
         found: dict[str, int] = {}
         billed: dict[str, int] = {}
         for line in (lines[i] for i in invoice.lines if i in lines):
-            into = found if is_true_up(line.meter) else billed
-            into[line.meter] = into.get(line.meter, 0) + line.billed
+            if is_true_up(line.meter):
+                found[line.meter] = found.get(line.meter, 0) + line.billed
+            elif counts_toward_minimum(line.meter):
+                billed[line.meter] = billed.get(line.meter, 0) + line.billed
         schedule = schedules.get(str(contract_id(invoice.customer_id)))
         end = datetime.fromisoformat(invoice.period_end)
         owed = true_ups(schedule, end, invoice.currency, billed)

@@ -27,8 +27,10 @@ entry, the shortfall ``max(0, minimum - usage)`` in whole minor units
 (``domain.contract.true_up``: nothing to round), recorded in the save of ``Closed`` with
 the lines frozen. From there it is a line like any other: pushed to its own
 Stripe invoice item under the line's keys, part of ``FinalizeStarted``'s total, compared
-by the read-back. Its entry's id is ``domain.ids.true_up_id(invoice, meter)``: no transaction, no
-account (a minimum does not count against a spend limit).
+by the read-back. Only usage lines count toward a minimum: the prepaid credit line
+(``domain.credit_line``) does not, so credit pays the true-up like the usage. Its entry's
+id is ``domain.ids.true_up_id(invoice, meter)``: no transaction, no account (a minimum
+does not count against a spend limit).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from decimal import Decimal
 from uuid import UUID
 
 from domain.contract import ContractSchedule, true_up
+from domain.credit_line import CREDIT_METER
 from domain.ids import true_up_id
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LineChange, LinePush
@@ -129,6 +132,13 @@ def shares_in_order(held: Mapping[str, Decimal]) -> dict[str, int]:
     return shares
 
 
+def counts_toward_minimum(meter: str) -> bool:
+    """Whether a line of ``meter`` counts toward a minimum commitment: usage lines do;
+    true-up lines (the minimum's own) and the prepaid credit line do not (a minimum is
+    of usage: credit the customer paid in advance pays the invoice, it is not usage)."""
+    return meter != CREDIT_METER and not is_true_up(meter)
+
+
 def is_true_up(meter: str) -> bool:
     """Whether a line of ``meter`` is a true-up line (of the whole invoice or of a meter)."""
     return meter == TRUE_UP_METER or meter.startswith(TRUE_UP_PREFIX)
@@ -142,7 +152,7 @@ def true_up_lines(
     the module docstring)."""
     billed: dict[str, int] = {}
     for line in lines:
-        if not is_true_up(line.meter):
+        if counts_toward_minimum(line.meter):
             billed[line.meter] = billed.get(line.meter, 0) + line.billed
     out = []
     for meter, owed in true_ups(contract, invoice.period_end, invoice.currency, billed).items():

@@ -39,13 +39,15 @@ from functools import cached_property
 from typing import Any
 from uuid import UUID
 
-from domain.account import CustomerAccount
+from domain.account import Burn, CustomerAccount
 from domain.alerts import Spend
+from domain.credit_line import CreditLine
+from domain.credits import CREDITS_EXHAUSTED
 from domain.errors import IllegalTransition, InvalidUsage
 from domain.ids import transaction_id
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine
-from domain.money import format_money
+from domain.money import canonical, format_money
 from domain.periods import Period, PeriodPolicy
 from domain.price_book import PriceSchedule, as_schedule
 from domain.pricing import Price, PriceList
@@ -148,7 +150,7 @@ def meter_batch(
         customer_id, currency = key
         account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
         book = LineBook(customer_id, currency, load_line, load_invoice, periods, now)
-        settled = settle_account(account, book, items, by_line=key in by_line)
+        settled, credit_lines = settle_account(account, book, items, by_line=key in by_line)
         for item in items:
             if item.rejected is not None:
                 decision.rejected.append((item.metering, item.rejected))
@@ -163,6 +165,7 @@ def meter_batch(
                 assert item.transaction is not None
                 item.transaction.reserve(account.id, line.line.id, line.line.sequence)
             decision.lines.append(line.line)
+        decision.lines.extend(credit_lines)
         decision.invoices.extend(book.touched_invoices())
         decision.accounts.append(account)
     decision.transactions.sort(key=batch_order(batch))
@@ -209,28 +212,37 @@ def settle_account(
     items: Sequence[Pending],
     *,
     by_line: bool,
-) -> list[SettledLine]:
-    """Decide one account's records of a batch, in order: reserve each against the limit,
-    settle each reserved one into its line (one ``Settled`` per line), mark the refused
-    (``Pending.refused``) and those that cannot be priced on their line
-    (``Pending.rejected``: a dead letter). Shared by both forms of the decision.
+) -> tuple[list[SettledLine], list[CreditLine]]:
+    """Decide one account's records of a batch, in order: reserve each against the limit
+    and burn it down the account's prepaid credit (``CustomerAccount.reserve_and_burn``),
+    settle each reserved one into its line (one ``Settled`` per line), record the credit
+    it consumed on its invoice's credit line (``LineBook.apply_credits``), mark the
+    refused (``Pending.refused``: by the limit, or by the credit policy ``block``) and
+    those that cannot be priced on their line (``Pending.rejected``: a dead letter).
+    Shared by both forms of the decision. The usage lines, and the credit lines changed.
 
     A record priced by line quantity is priced when its line is chosen, *before* the
     account reserves it: its amount is what it adds to the line's quantity so far in
     settlement order (``BillingTransaction.priced_on_line``); a refused one adds nothing.
-    A batch with no such record (``by_line`` False) reserves as it always has, at once."""
+    A batch with no such record (``by_line`` False) reserves as it always has, at once.
+    A negative amount (a cheaper volume tier reached) consumes no credit and gives none
+    back (``domain.account.Burner``)."""
     lines: dict[UUID, SettledLine] = {}
+    credited: list[tuple[UUID, InvoiceLine, Decimal]] = []
     if not by_line:
-        granted = account.reserve_all(
-            [(i.metering.transaction_id, i.fields["amount"]) for i in items]
+        burns = account.reserve_and_burn(
+            [(i.metering.transaction_id, i.fields["amount"]) for i in items], book.now
         )
-        for item, ok in zip(items, granted, strict=True):
-            if ok:
-                _join(lines, book.line_for(item.fields["meter"], item.period), item)
+        for item, burn in zip(items, burns, strict=True):
+            if burn.reserved:
+                line = book.line_for(item.fields["meter"], item.period)
+                _join(lines, line, item)
+                if burn.credit:
+                    credited.append((item.metering.transaction_id, line, burn.credit))
             else:
-                item.refused = refusal(account, item.fields["amount"])
+                item.refused = refusal(account, item.fields["amount"], burn)
     else:
-        _settle_by_line(account, book, items, lines)
+        _settle_by_line(account, book, items, lines, credited)
     if account.alert_thresholds:  # spend alerts: one call, right after the reservation
         decided = [i for i in items if i.rejected is None]
         account.check_alerts([_spend(i) for i in decided], [i.refused is None for i in decided])
@@ -242,7 +254,7 @@ def settle_account(
         else:
             tier = price.tier_reached(settled.quantity)
             line.settle(entries, [m.fields["quantity"] for m in members], tier)
-    return list(lines.values())
+    return list(lines.values()), book.apply_credits(credited) if credited else []
 
 
 def _spend(item: Pending) -> Spend:
@@ -265,8 +277,11 @@ def _settle_by_line(
     book: LineBook,
     items: Sequence[Pending],
     lines: dict[UUID, SettledLine],
+    credited: list[tuple[UUID, InvoiceLine, Decimal]],
 ) -> None:
-    """``settle_account`` for a batch holding records priced by line quantity."""
+    """``settle_account`` for a batch holding records priced by line quantity: the
+    same decisions as ``reserve_and_burn``, one record at a time (``Hold``, ``Burner``)."""
+    burner = account.burner(book.now) if account.grants else None
     hold = account.hold()
     running: dict[UUID, tuple[Decimal, Decimal]] = {}  # a line's quantity and f so far
     for item in items:
@@ -285,17 +300,28 @@ def _settle_by_line(
             except InvalidUsage as exc:
                 item.rejected = str(exc)
                 continue
-        if not hold.take(item.metering.transaction_id, fields["amount"]):
-            item.refused = refusal(account, fields["amount"])
+        txn_id, amount = item.metering.transaction_id, fields["amount"]
+        if burner is not None and burner.blocks(amount):
+            item.refused = CREDITS_EXHAUSTED
+            continue
+        if not hold.take(txn_id, amount):
+            item.refused = refusal(account, amount)
             continue
         if price is None or after is None:
-            _join(lines, book.line_for(fields["meter"], item.period), item)
+            line = book.line_for(fields["meter"], item.period)
+            _join(lines, line, item)
         else:
             line = book.line_for(fields["meter"], item.period, version, price.model)
             running[line.id] = after
             settled = _join(lines, line, item)
             settled.price, settled.quantity = price, after[0]
+        if burner is not None:
+            credit = burner.burn(txn_id, canonical(amount))
+            if credit:
+                credited.append((txn_id, line, credit))
     hold.record()
+    if burner is not None:
+        burner.record()
 
 
 class LineBook:
@@ -321,6 +347,7 @@ class LineBook:
         self.lines: dict[UUID, InvoiceLine] = {}
         self.invoices: dict[UUID, Invoice | None] = {}
         self._chosen: dict[tuple[str, Period, int | None], InvoiceLine] = {}
+        self._credit_lines: dict[Period, CreditLine] = {}  # by the period of their invoice
 
     def line_for(
         self,
@@ -376,6 +403,41 @@ class LineBook:
             f"no open invoice within {MAX_LATE_HOPS} periods after {occurred.key}"
         )
 
+    def apply_credits(
+        self, credited: Sequence[tuple[UUID, InvoiceLine, Decimal]]
+    ) -> list[CreditLine]:
+        """Record each (transaction, its usage line, credit it consumed) on the credit line
+        of the usage line's invoice (``domain.credit_line``), one event per credit line;
+        the credit lines changed."""
+        by_credit_line: dict[UUID, tuple[CreditLine, list[tuple[UUID, UUID, Decimal]]]] = {}
+        of_line: dict[UUID, list[tuple[UUID, UUID, Decimal]]] = {}
+        for txn_id, line, credit in credited:
+            found = of_line.get(line.id)
+            if found is None:
+                credit_line = self._credit_line(line.period)
+                found = by_credit_line.setdefault(credit_line.id, (credit_line, []))[1]
+                of_line[line.id] = found
+            found.append((txn_id, line.id, credit))
+        for credit_line, entries in by_credit_line.values():
+            credit_line.apply(entries)
+        return [credit_line for credit_line, _ in by_credit_line.values()]
+
+    def _credit_line(self, period: Period) -> CreditLine:
+        """The credit line of ``period``'s invoice (open: a usage line of it took usage in
+        this batch), opened and added to the invoice when new."""
+        found = self._credit_lines.get(period)
+        if found is None:
+            loaded = self.load_line(CreditLine.id_for(self.customer_id, self.currency, period))
+            if isinstance(loaded, CreditLine):
+                found = loaded
+            else:
+                found = CreditLine.open_for(self.customer_id, self.currency, period)
+                invoice = self._invoice(period)
+                assert invoice is not None  # opened with its first usage line
+                invoice.add_line(found.id)
+            self._credit_lines[period] = found
+        return found
+
     def touched_invoices(self) -> list[Invoice]:
         return [i for i in self.invoices.values() if i is not None and i.pending_events]
 
@@ -429,8 +491,11 @@ class LineBook:
         return self.invoices[key]
 
 
-def refusal(account: CustomerAccount, amount: Decimal) -> str:
-    """Why the account's limit refuses ``amount`` (the Compensated event's reason)."""
+def refusal(account: CustomerAccount, amount: Decimal, burn: Burn | None = None) -> str:
+    """Why the account refuses ``amount`` (the Compensated event's reason): the credit
+    policy ``block`` when its grants could not cover it, else the limit."""
+    if burn is not None and burn.blocked:
+        return CREDITS_EXHAUSTED
     assert account.spend_limit is not None  # only a limit refuses
     return (
         f"spend limit: {format_money(amount, account.currency)} would exceed the limit of"

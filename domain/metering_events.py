@@ -31,6 +31,7 @@ from uuid import UUID
 from eventsourcing.utils import get_topic
 
 from domain.account import CustomerAccount
+from domain.credit_line import CreditLine
 from domain.errors import InvalidUsage
 from domain.ids import account_id
 from domain.invoice import Invoice
@@ -175,8 +176,9 @@ def meter_batch_events(
 
     ``expect``, when given, is called once before anything is loaded with the ids of
     the accounts and lines the batch will load (each meter and period's own line: a
-    late line or an invoice is loaded only when that one is closed or new), so the
-    caller can read them all in one query instead of one by one. It decides nothing.
+    late line or an invoice is loaded only when that one is closed or new; and each
+    period's credit line, loaded only for an account with credit), so the caller can
+    read them all in one query instead of one by one. It decides nothing.
     """
     result = MeteredBatch()
     schedule = as_schedule(prices)
@@ -215,12 +217,14 @@ def meter_batch_events(
         customer_id, currency = key
         account = load_account(customer_id, currency) or CustomerAccount.open(customer_id, currency)
         book = LineBook(customer_id, currency, load_line, load_invoice, periods, now)
-        for settled in settle_account(account, book, txns, by_line=key in by_line):
+        settled_lines, credit_lines = settle_account(account, book, txns, by_line=key in by_line)
+        for settled in settled_lines:
             line = settled.line
             reservation = Reservation(account.id, line.id, line.sequence)
             for txn in cast("list[NewTransaction]", settled.members):
                 txn.reservation = reservation
             result.lines.append(line)
+        result.lines.extend(credit_lines)
         result.invoices.extend(book.touched_invoices())
         result.accounts.append(account)
     if by_line:  # a record priced on its line may yet be rejected (its amount is too large)
@@ -248,4 +252,7 @@ def _expected(by_account: dict[tuple[str, str], list[NewTransaction]]) -> list[U
             )
             for meter, period, version in keys
         )
+        # Each period's credit line, in the same read: loaded only for an account with
+        # credit (domain.credit_line), it costs the others nothing but an id in the query.
+        ids.extend(CreditLine.id_for(customer_id, currency, p) for p in {p for _, p, _ in keys})
     return ids

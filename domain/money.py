@@ -23,6 +23,7 @@ Bounds (each a documented refusal, never a silent rounding):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from decimal import (
     ROUND_HALF_UP,
@@ -59,7 +60,9 @@ __all__ = [
     "line_product",
     "parse_exact_amount",
     "round_minor",
+    "running_difference",
     "split_for_items",
+    "sum_exact",
     "to_minor_units",
 ]
 
@@ -250,6 +253,23 @@ def add_quantity(total: Decimal, quantity: Decimal) -> Decimal:
     return line_add(total, quantity)
 
 
+def running_difference(total: Decimal, amount: Decimal) -> Decimal:
+    """``total - amount`` exactly (raises ``Inexact`` rather than round), not brought to
+    canonical form: for a running balance that is compared, never stored."""
+    return _SUM.subtract(total, amount)
+
+
+def sum_exact(amounts: Iterable[Decimal]) -> Decimal:
+    """The exact sum of ``amounts`` (``add_exact`` of each, its checks once at the end)."""
+    add = _SUM.add
+    total = Decimal(0)
+    for amount in amounts:
+        total = add(total, amount)
+    if abs(total) >= MAX_LINE_MINOR:
+        raise ValueError(f"a line total of {total} minor units is beyond {MAX_LINE_MINOR:f}")
+    return canonical(total)
+
+
 def round_minor(exact: Decimal) -> int:
     """The one rounding: an exact line total to whole minor units, half up."""
     return int(exact.quantize(Decimal(1), rounding=ROUNDING, context=_ROUND))
@@ -257,9 +277,11 @@ def round_minor(exact: Decimal) -> int:
 
 def split_for_items(billed: int, maximum: int = MAX_ITEM_AMOUNT) -> list[int]:
     """``billed`` as invoice-item amounts of at most ``maximum`` each, in order (always
-    at least one, possibly 0): 250,000,000 -> [99,999,999, 99,999,999, 50,000,002]."""
+    at least one, possibly 0): 250,000,000 -> [99,999,999, 99,999,999, 50,000,002]. A
+    negative total (the credit line, ``domain.credit_line``) is split the same way, into
+    items of at least ``-maximum``."""
     if billed < 0:
-        raise ValueError(f"a billed total cannot be negative: {billed}")
+        return [-part for part in split_for_items(-billed, maximum)]
     parts = [maximum] * (billed // maximum)
     if billed % maximum or not parts:
         parts.append(billed % maximum)

@@ -30,6 +30,9 @@ billed rounded once), the account's ``AmountsRepriced`` (its hold moves by the
 differences, never refused by the spend limit: ``domain.account``) and, on a closed
 invoice, its ``Adjusted`` (so a closer that starts finalizing meanwhile loses the
 version race, and the line's new total is pushed before the invoice finalizes).
+Prepaid credit a re-priced transaction consumed (``domain.credit_line``) stays as it
+was: its grant and the invoice's credit line are not changed (a limitation, documented
+with the credits: a lower price can leave the credit line above its usage line).
 
 **Once the invoice is finalizing or final** nothing is changed: the decision is reported
 (what the ledger bills, what the version in force would make it). On a final invoice

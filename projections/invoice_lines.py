@@ -28,6 +28,7 @@ from eventsourcing.utils import get_topic
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from domain.credit_line import CreditLine
 from domain.invoice_line import InvoiceLine, LinePush
 from projections.base import SCHEMA, History, check_customer, check_limit
 from store.schema import EVENTS_TABLE, PROJECTION_POSITIONS
@@ -77,6 +78,7 @@ _LINE_EVENTS = (
     InvoiceLine.Removed,
     InvoiceLine.Repriced,
     InvoiceLine.Frozen,
+    CreditLine.CreditsApplied,  # the credit line\'s Opened and Frozen are a line\'s
 )
 _PUSH_EVENTS = (LinePush.Pushed, LinePush.PushFailed, LinePush.ChargesRecorded)
 
@@ -156,7 +158,13 @@ def _fold(rows: dict[UUID, dict[str, Any]], event: Any, line: UUID) -> None:
         return
     row = rows[line]
     row["updated_at"] = max(row["updated_at"], at)
-    if isinstance(event, InvoiceLine.Settled | InvoiceLine.Removed | InvoiceLine.Repriced):
+    if isinstance(
+        event,
+        InvoiceLine.Settled
+        | InvoiceLine.Removed
+        | InvoiceLine.Repriced
+        | CreditLine.CreditsApplied,
+    ):
         row.update(
             exact_total=event.exact_total,
             billed=event.billed,
@@ -310,7 +318,11 @@ def open_lines(conn: psycopg.Connection[Any]) -> list[tuple[UUID, str | None, An
     (line id, customer, oldest unsent change, next attempt due). Those the projection
     has not reached yet are found in the events past its position (with no times), so
     a projector that is behind never hides a line from the reconciler."""
-    topics = [get_topic(e) for e in (InvoiceLine.Opened, InvoiceLine.Settled, InvoiceLine.Repriced)]
+    topics = [
+        get_topic(InvoiceLine.Opened), get_topic(InvoiceLine.Settled),
+        get_topic(InvoiceLine.Repriced),
+        get_topic(CreditLine.Opened), get_topic(CreditLine.CreditsApplied),
+    ]  # fmt: skip
     rows = conn.execute(
         _OPEN.format(
             table=sql.Identifier(SCHEMA, InvoiceLinesProjection.name),

@@ -35,6 +35,7 @@ from psycopg import sql
 from projections.balances import BalancesProjection
 from projections.base import SCHEMA, Decode, History, Projection, UnknownProjection
 from projections.charge_attempts import ChargeAttemptsProjection
+from projections.credits import CREDIT_BALANCES, CREDIT_GRANTS
 from projections.invoice_lines import InvoiceLinesProjection, LinePushesProjection
 from projections.invoices import InvoiceEventsProjection, InvoicesProjection
 from projections.transactions import TransactionsProjection
@@ -54,6 +55,8 @@ PROJECTIONS: tuple[Projection, ...] = (
     LinePushesProjection(),
     InvoicesProjection(),
     InvoiceEventsProjection(),
+    CREDIT_GRANTS,
+    CREDIT_BALANCES,
 )
 
 

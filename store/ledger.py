@@ -26,9 +26,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import Any, ClassVar, cast
+from decimal import Decimal
+from typing import Any, ClassVar, TypeVar, cast
 from uuid import UUID
 
 from eventsourcing.application import (
@@ -49,10 +50,13 @@ from eventsourcing.persistence import (
     JSONTranscoder,
     Recording,
     Transcoder,
+    Transcoding,
 )
 
 from domain.account import CustomerAccount
 from domain.contract import Contract, ContractSchedule, ContractTerms, ContractVersion
+from domain.credit_line import CreditLine
+from domain.credits import Grant
 from domain.customer import CustomerLink
 from domain.ids import (
     account_id,
@@ -101,6 +105,30 @@ class Decided:
 
 
 MONTHLY = PeriodPolicy()
+_T = TypeVar("_T")
+
+
+class GrantAsDict(Transcoding):
+    """A credit grant in an account's snapshot: its fields, moments and amounts as text."""
+
+    type = Grant
+    name = "credit_grant"
+
+    def encode(self, obj: Grant) -> dict[str, Any]:
+        data = {f.name: getattr(obj, f.name) for f in fields(Grant)}
+        for key in ("effective_at", "expires_at"):
+            data[key] = data[key].isoformat() if data[key] is not None else None
+        for key in ("consumed", "expired", "voided"):
+            data[key] = f"{data[key]:f}"
+        return data
+
+    def decode(self, data: dict[str, Any]) -> Grant:
+        values = dict(data)
+        for key in ("effective_at", "expires_at"):
+            values[key] = datetime.fromisoformat(values[key]) if values[key] else None
+        for key in ("consumed", "expired", "voided"):
+            values[key] = Decimal(values[key])
+        return Grant(**values)
 
 
 class BillingLedger(Application[UUID]):
@@ -114,6 +142,7 @@ class BillingLedger(Application[UUID]):
     snapshotting_intervals: ClassVar[dict[type[Any], int]] = {
         CustomerAccount: 200,
         InvoiceLine: 500,
+        CreditLine: 500,
         LinePush: 200,
     }
     max_attempts = 8
@@ -243,6 +272,7 @@ class BillingLedger(Application[UUID]):
         """The library's JSON format, written by orjson (see ``OrjsonTranscoder``)."""
         transcoder: JSONTranscoder = OrjsonTranscoder()
         self.register_transcodings(transcoder)
+        transcoder.register(GrantAsDict())  # an account's grants, in its snapshots
         return transcoder
 
     def save(
@@ -378,35 +408,47 @@ class BillingLedger(Application[UUID]):
 
     def set_spend_limit(self, customer_id: str, currency: str, spend_limit: int | None) -> None:
         """Set a customer's spend limit in one currency (None: unlimited)."""
-        self._change_account(
-            customer_id, currency, "limit", lambda a: a.set_limit(spend_limit), spend_limit
+        self.change_account(
+            customer_id,
+            currency,
+            lambda a: a.set_limit(spend_limit),
+            what="limit",
+            opening_limit=spend_limit,
         )
 
     def set_alerts(self, customer_id: str, currency: str, thresholds: Sequence[str]) -> None:
         """Set a customer's spend alert thresholds in one currency (``kind:value``,
         ``domain.alerts``; none clears them). ValueError on a bad threshold."""
-        self._change_account(customer_id, currency, "alerts", lambda a: a.set_alerts(thresholds))
+        self.change_account(
+            customer_id, currency, lambda a: a.set_alerts(thresholds), what="alerts"
+        )
 
-    def _change_account(
+    def change_account(
         self,
         customer_id: str,
         currency: str,
-        what: str,
-        change: Callable[[CustomerAccount], None],
+        change: Callable[[CustomerAccount], _T],
+        *,
+        what: str = "account",
         opening_limit: int | None = None,
-    ) -> None:
-        """Apply ``change`` to the account (opened with ``opening_limit`` when new) and
-        save it, deciding again when another writer won the version race."""
+    ) -> _T:
+        """Apply ``change`` to the customer's account in one currency (opened with
+        ``opening_limit`` when new) and save it, deciding again on a fresh load when
+        another writer won the version race; ``change``'s answer. What ``change`` raises
+        (a refused command) is raised, with nothing saved. The limit, the alerts and the
+        credit commands (``adapters.cli.credits``) use it."""
         for _ in range(self.max_attempts):
             account = self._load_account(customer_id, currency)
             if account is None:
                 account = CustomerAccount.open(customer_id, currency, opening_limit)
-            change(account)
+            answer = change(account)
+            if not account.pending_events:
+                return answer
             try:
                 self.save(account)
             except IntegrityError:
                 continue
-            return
+            return answer
         raise ConcurrencyExhausted(f"could not set the {what} of {customer_id}/{currency}")
 
     def claim_partition(self, topic: str, partition: int, owner: str) -> Claim:

@@ -14,6 +14,9 @@ with each other rather than with another machine:
   meter 10 percent off, and a minimum), then once more without (each on a database of its
   own): what reading and applying contracts costs, against the mean of the runs without
   before and after it (the machine's drift during the run);
+  with ``credits``, one process again where every customer holds a prepaid credit grant
+  in each of its currencies (never exhausted: every record consumes credit and every
+  invoice gets a credit line), which is what burning credit down in the save costs;
 * store append: the same batches saved straight to the event store (no Kafka), 1 and
   2 concurrent writers (threads of one process, so client CPU does not add up; the
   figure shows what the database lets through), with
@@ -39,6 +42,7 @@ import multiprocessing
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -54,6 +58,7 @@ from adapters.progress import Progress, step
 from adapters.runtime import tune_gc, tune_switching
 from adapters.settings import Settings
 from domain.contract import check_terms
+from domain.credits import MAX_GRANT_MINOR
 from domain.ids import transaction_id
 from domain.price_book import EPOCH
 from domain.pricing import Price, PriceList, Tier
@@ -88,6 +93,7 @@ def run_ingest_bench(
     saves_inline: bool = False,
     contracts: bool = False,
     prices: str = "flat",
+    credits: bool = False,
 ) -> dict[str, Any]:
     """The figures above; ``end_to_end_only`` measures end to end and the raw ``COPY``
     of its rows only (no store appends: a third of the time); ``prices="tiered"`` also
@@ -106,6 +112,7 @@ def run_ingest_bench(
             *(("e2e_inline",) if saves_inline else ()),
             *(("e2e_contracts", "e2e_again") if contracts else ()),
             *(("e2e_tiered", "e2e_flat_again") if prices == "tiered" else ()),
+            *(("e2e_credits",) if credits else ()),
             *(() if end_to_end_only else RECORDERS),
         )
         urls = {name: fresh_database(admin_url, f"bench_{name}") for name in names}
@@ -147,22 +154,20 @@ def run_ingest_bench(
             result["end_to_end_inline"] = _end_to_end(inline, records, 1)
         if contracts:  # then none again: the machine's drift during the run, measured
             result["end_to_end_contracts"] = _with_contracts(settings, urls["e2e_contracts"], usage)
-            again = settings.model_copy(
-                update={"database_url": urls["e2e_again"], "ingest_group": "bench-again"}
+            result["end_to_end_again"] = _fresh_run(
+                settings, urls["e2e_again"], "bench-again", records
             )
-            migrate(again)
-            prepare(again, topics=False)
-            result["end_to_end_again"] = _end_to_end(again, records, 1)
         if prices == "tiered":
             result["end_to_end_tiered"] = _end_to_end_tiered(settings, urls["e2e_tiered"], records)
             # Flat again after it, on a database of its own: a run second pays for the
             # first one's writes (checkpoints, vacuum), so tiered is set against both.
-            again = settings.model_copy(
-                update={"database_url": urls["e2e_flat_again"], "ingest_group": "bench-flat"}
+            result["end_to_end_flat_again"] = _fresh_run(
+                settings, urls["e2e_flat_again"], "bench-flat", records
             )
-            migrate(again)
-            prepare(again, topics=False)
-            result["end_to_end_flat_again"] = _end_to_end(again, records, 1)
+        if credits:
+            result["end_to_end_credits"] = _with_credits(
+                settings, urls["e2e_credits"], usage, records
+            )
         if end_to_end_only:
             result["raw_copy"] = raw_copy(urls["e2e"])
             result["ratios"] = _ratios(result, 0)
@@ -195,6 +200,10 @@ def _ratios(r: dict[str, Any], small: int) -> dict[str, float]:
         flat = (r["end_to_end"]["records_per_s"] + r["end_to_end_flat_again"]["records_per_s"]) / 2
         scaling["end_to_end_tiered_vs_flat"] = round(
             r["end_to_end_tiered"]["records_per_s"] / flat, 2
+        )
+    if "end_to_end_credits" in r:
+        scaling["end_to_end_credits_vs_none"] = round(
+            r["end_to_end_credits"]["records_per_s"] / r["end_to_end"]["records_per_s"], 2
         )
     if "end_to_end_inline" in r:
         scaling["end_to_end_behind_vs_inline"] = round(
@@ -283,6 +292,39 @@ def _end_to_end_tiered(settings: Settings, url: str, records: int) -> dict[str, 
         line = ledger.line_by_id(txn.line_id)
         result["first_record"] = {"price_version": txn.price_version, "line_model": line.model}
     return result
+
+
+def _fresh_run(settings: Settings, url: str, group: str, records: int) -> dict[str, Any]:
+    """End to end by 1 process, on a database of its own."""
+    this = settings.model_copy(update={"database_url": url, "ingest_group": group})
+    migrate(this)
+    prepare(this, topics=False)
+    return _end_to_end(this, records, 1)
+
+
+def _with_credits(
+    settings: Settings, url: str, usage: list[UsageRecord], records: int
+) -> dict[str, Any]:
+    """End to end by 1 process, on a database of its own where every customer holds a
+    prepaid credit grant in each of its currencies."""
+    credited = settings.model_copy(update={"database_url": url, "ingest_group": "bench-credits"})
+    migrate(credited)
+    prepare(credited, topics=False)
+    _grant_everyone(credited, usage)
+    return _end_to_end(credited, records, 1)
+
+
+def _grant_everyone(settings: Settings, usage: list[UsageRecord]) -> None:
+    """A grant that never runs out for each customer in each currency of its usage."""
+    prices = settings.load_prices()
+    accounts = {(r.customer_id, prices.price_of(r.meter).currency) for r in usage}
+    step(f"granting credit to {len(accounts)} accounts")
+    at = datetime.now(UTC) - timedelta(days=1)
+    with open_ledger(settings) as ledger:
+        for customer_id, currency in sorted(accounts):
+            ledger.change_account(customer_id, currency, lambda a: a.grant_credit(
+                "bench", MAX_GRANT_MINOR, effective_at=at, source="promotional", reason="bench",
+            ))  # fmt: skip
 
 
 def _produce(settings: Settings, usage: list[UsageRecord]) -> dict[str, float]:
@@ -480,6 +522,19 @@ def render(r: dict[str, Any]) -> str:
                 _RATE(r["end_to_end_again"]["records_per_s"], "records/s"),
             ),
             ("  with contracts / none (mean)", f"{ratios['end_to_end_contracts_vs_none']:>10}"),
+        ]
+    credited = r.get("end_to_end_credits")
+    if credited is not None:
+        rows += [
+            (
+                "end to end, every customer with credit",
+                _RATE(credited["records_per_s"], "records/s"),
+            ),
+            (
+                "  batch commit p50 / p99",
+                f"{credited['batch_commit_ms_p50']} / {credited['batch_commit_ms_p99']} ms",
+            ),
+            ("  with credit / without", f"{ratios['end_to_end_credits_vs_none']:>10}"),
         ]
     rows += [
         ("raw binary COPY of the same rows", _RATE(r["raw_copy"]["rows_per_s"], "rows/s")),

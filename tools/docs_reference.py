@@ -296,6 +296,7 @@ _EVENT_INPUT = {
 def render_dead_letter_reasons() -> str:
     from adapters.charging.messages import EVENT_REASON_CODES, event_error_code
     from adapters.ingest.letters import REASON_CODES, error_code
+    from domain.credits import CREDITS_EXHAUSTED
 
     usage_rows = []
     for prefix, code in REASON_CODES:
@@ -334,6 +335,22 @@ def render_dead_letter_reasons() -> str:
             "| `invalid` | one transaction's exact amount of 10^12 minor units or more | "
             "`amount_too_large: ...` | Split the usage into several records. |",
             "",
+            "## Usage the customer's account refuses (not dead letters)",
+            "",
+            "A valid record that the customer's account refuses is recorded, not set aside:"
+            " its transaction is `compensated` at once with the reason (the"
+            " `compensation_reason` of `billing.transactions`; `billing-ledger transactions"
+            " --state compensated`) and is never billed.",
+            "",
+            "| reason (starts with) | why | what to do |",
+            "| --- | --- | --- |",
+            "| `spend limit: ` | the record would take what the customer owes past its spend"
+            " limit | Raise the limit (`accounts set-limit`); it applies to usage recorded"
+            " after. |",
+            f"| `{CREDITS_EXHAUSTED}` | the credit policy is `block` and the customer's live"
+            " grants cannot cover the whole record | Grant credit (`credits grant`) or set"
+            " `credits policy --customer C overage`; it applies to usage recorded after. |",
+            "",
             "## Billing events set aside (`billing.events` topic)",
             "",
             "The charge worker reads `billing.events`, which anyone allowed to produce to it"
@@ -370,7 +387,13 @@ _OBJECTS: dict[str, str] = {
     " `metered`, `charged`, `compensated`, `in_flight` (= metered - charged - compensated),"
     " `spend_limit` (NULL: unlimited) and `available` (NULL when unlimited).",
     "billing.invoice_lines": "Read model: one row per invoice line (customer, currency,"
-    " meter, period): its exact total, what it bills, what Stripe holds.",
+    " meter, period): its exact total, what it bills, what Stripe holds. An invoice's"
+    " `Prepaid credits applied` line bills minus the credit its usage consumed.",
+    "billing.credit_grants": "Read model: one row per prepaid credit grant, its terms and"
+    " where its amount went, exact: `remaining` = amount - consumed - expired - voided, as"
+    " of the last save projected (`billing-ledger credits show` reads the account itself).",
+    "billing.credit_balances": "Read model: per customer and currency with credit, the sums"
+    " of its grants (exact minor units) and its `policy` (`block` or `overage`).",
     "billing.line_pushes": "Read model: one row per push outcome of a line (`pushed` or"
     " `failed`) with the Stripe requests it sent.",
     "billing.invoices": "Read model: one row per invoice (customer, currency, period).",
@@ -406,6 +429,11 @@ _OBJECTS: dict[str, str] = {
 # What a column means, where its name does not say it all ("table.column"); checked
 # against the catalog like _OBJECTS.
 _COLUMNS: dict[str, str] = {
+    "billing.credit_grants.amount": "granted, whole minor units (1 to 10^13)",
+    "billing.credit_grants.priority": "lower burns first; then the soonest expiry, the oldest",
+    "billing.credit_grants.consumed": "exact minor units usage consumed",
+    "billing.credit_grants.expires_at": "NULL: never expires",
+    "billing.credit_grants.source": "`purchased`, `promotional` or `manual`",
     "billing.transactions.transaction_id": "derived from `customer_id` and `usage_id`",
     "billing.transactions.amount": "exact price, minor units (`0.38` is 0.38 cents)",
     "billing.transactions.state": "`metered`, `reserved`, `charged` or `compensated`"

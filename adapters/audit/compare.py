@@ -10,10 +10,10 @@ repeatable-read connection (``adapters.audit.report.audit``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -22,12 +22,14 @@ from psycopg.rows import dict_row
 
 from adapters.audit.replay import Replay, Scope
 from domain.audit import Balance, Finding, TxnAudit, amount_text
+from domain.audit_credits import CreditAudit
 from projections.transactions import COLUMNS as TXN_COLUMNS
 from store.schema import EVENTS_TABLE
 
 __all__ = [
     "BALANCE_COLUMNS",
     "compare_balances",
+    "compare_credit_grants",
     "compare_invoices",
     "compare_lines",
     "compare_transactions",
@@ -126,7 +128,6 @@ def compare_balances(
     conn: psycopg.Connection[Any], balances: dict[tuple[str, str], Balance], customer: str | None
 ) -> list[Finding]:
     """Every difference between the replayed balances and ``billing.customer_balances``."""
-    findings: list[Finding] = []
     query = sql.SQL("SELECT customer_id, currency, {} FROM billing.customer_balances{}").format(
         sql.SQL(", ").join(map(sql.Identifier, BALANCE_COLUMNS)),
         sql.SQL(" WHERE customer_id = %s" if customer else ""),
@@ -134,24 +135,63 @@ def compare_balances(
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query, [customer] if customer else []).fetchall()
     live = {(r["customer_id"], r["currency"]): r for r in rows}
-    for key in sorted(live.keys() | balances.keys()):
+    return _row_differences(live, balances, "customer_balances", BALANCE_COLUMNS, "balance")
+
+
+_Key = TypeVar("_Key", bound=tuple[str, ...])
+
+
+def _row_differences(
+    live: Mapping[_Key, Mapping[str, Any]],
+    replayed: Mapping[_Key, Any],
+    table: str,
+    columns: tuple[str, ...],
+    what: str,
+) -> list[Finding]:
+    """Each row of ``table`` (keyed by customer, currency, ...) against what the history
+    says (an object with those columns as attributes): missing on either side, or a
+    column that differs."""
+    findings: list[Finding] = []
+    for key in sorted(live.keys() | replayed.keys()):
         subject = "/".join(key)
-        row, bal = live.get(key), balances.get(key)
-        if row is None or bal is None:
-            where = "billing.customer_balances" if row is None else "history"
-            findings.append(Finding("projection", subject, f"balance missing from {where}"))
+        row, said = live.get(key), replayed.get(key)
+        if row is None or said is None:
+            where = f"billing.{table}" if row is None else "history"
+            findings.append(Finding("projection", subject, f"{what} missing from {where}"))
             continue
-        for column in BALANCE_COLUMNS:
-            if row[column] != getattr(bal, column):
+        for column in columns:
+            if row[column] != getattr(said, column):
                 findings.append(
                     Finding(
                         "projection",
                         subject,
-                        f"customer_balances.{column}: {_shown(column, row[column], key[1])},"
-                        f" history says {_shown(column, getattr(bal, column), key[1])}",
+                        f"{table}.{column}: {_shown(column, row[column], key[1])},"
+                        f" history says {_shown(column, getattr(said, column), key[1])}",
                     )
                 )
     return findings
+
+
+def compare_credit_grants(
+    conn: psycopg.Connection[Any],
+    credits: Mapping[tuple[str, str], CreditAudit],
+    customer: str | None,
+) -> list[Finding]:
+    """Every difference between the replayed grants and ``billing.credit_grants``."""
+    query = sql.SQL(
+        "SELECT customer_id, currency, grant_id, amount, consumed, expired, voided"
+        " FROM billing.credit_grants{}"
+    ).format(sql.SQL(" WHERE customer_id = %s" if customer else ""))
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query, [customer] if customer else []).fetchall()
+    live = {(r["customer_id"], r["currency"].strip(), r["grant_id"]): r for r in rows}
+    replayed = {
+        (*account, grant_id): grant
+        for account, audit in credits.items()
+        for grant_id, grant in audit.grants.items()
+    }
+    columns = ("amount", "consumed", "expired", "voided")
+    return _row_differences(live, replayed, "credit_grants", columns, "grant")
 
 
 def projection_lag(conn: psycopg.Connection[Any]) -> list[Finding]:
@@ -189,7 +229,7 @@ def dead_letters_without_reason(conn: psycopg.Connection[Any]) -> list[Finding]:
 _AMOUNTS = frozenset(
     {"amount", "metered", "charged", "compensated", "in_flight", "spend_limit", "available",
      "exact_total", "billed", "stripe_amount", "expected_total", "total", "amount_paid",
-     "credited"}
+     "credited", "consumed", "expired", "voided"}
 )  # fmt: skip
 
 

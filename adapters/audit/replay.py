@@ -32,10 +32,12 @@ from domain.audit import (
     balances_of,
     uuid_text,
 )
+from domain.audit_credits import CreditAudit
 from domain.audit_invoices import InvoiceAudit
 from domain.audit_lines import LineAudit, PushAudit
 from domain.chain import GENESIS, ChainBreak, ChainLink, link_hash, link_problem, topic_header
 from domain.contract import Contract
+from domain.credit_line import CreditLine
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.money import add_exact
@@ -60,6 +62,7 @@ __all__ = [
 TXN_TOPICS = get_topic(BillingTransaction.Metered).removesuffix("Metered")
 ACCOUNT_TOPICS = get_topic(CustomerAccount.Opened).removesuffix("Opened")
 LINE_TOPICS = get_topic(InvoiceLine.Opened).removesuffix("Opened")
+CREDIT_LINE_TOPICS = get_topic(CreditLine.Opened).removesuffix("Opened")
 PUSH_TOPICS = get_topic(LinePush.Opened).removesuffix("Opened")
 INVOICE_TOPICS = get_topic(Invoice.Opened).removesuffix("Opened")
 BOOK_PUBLISHED = get_topic(PriceBook.Published)
@@ -127,6 +130,8 @@ class Replay:
     # every reservation that took it past the limit in force at that event.
     committed: dict[tuple[str, str], Decimal] = field(default_factory=dict)
     overdrawn: list[Overdrawn] = field(default_factory=list)
+    # Each account's prepaid credits, as its credit events say (domain.audit_credits).
+    credits: dict[tuple[str, str], CreditAudit] = field(default_factory=dict)
     # Every version of the price book: (book id, number) -> its [meters] table as stored.
     prices: dict[tuple[str | None, int], Any] = field(default_factory=dict)
     # Every contract version: (contract id, number) -> its Set event's fields as stored.
@@ -190,6 +195,7 @@ _WRAPPED = {
     "line:Settled": ("exact_total",),
     "line:Removed": ("exact_total",),
     "line:Repriced": ("exact_total",),
+    "line:CreditsApplied": ("exact_total",),
 }
 
 
@@ -273,6 +279,8 @@ def _kind(topic: str) -> str:
         return "account:" + topic[len(ACCOUNT_TOPICS) :]
     if topic.startswith(LINE_TOPICS):
         return "line:" + topic[len(LINE_TOPICS) :]
+    if topic.startswith(CREDIT_LINE_TOPICS):  # a credit line is a line of its invoice
+        return "line:" + topic[len(CREDIT_LINE_TOPICS) :]
     if topic.startswith(INVOICE_TOPICS):
         return "invoice:" + topic[len(INVOICE_TOPICS) :]
     if topic == BOOK_PUBLISHED:
@@ -334,6 +342,15 @@ def _pricing(out: Replay, agg: _Aggregate, kind: str, state: bytes) -> None:
         out.contracts[_uuid_text(agg.id), found["number"]] = found
 
 
+# The account's credit events, and their fields stored as registered types.
+_CREDIT_EVENTS: dict[str, tuple[str, ...]] = {
+    "CreditGranted": ("effective_at", "expires_at"),
+    "CreditVoided": ("amount",),
+    "CreditExpired": ("amount",),
+    "CreditsConsumed": ("at",),
+    "CreditPolicySet": (),
+}
+
 # How each account event moves what counts against the limit (reserved + charged).
 _COMMITS = {"AmountsReserved": 1, "ReservationReleased": -1, "ChargeReversed": -1}
 
@@ -349,6 +366,14 @@ def _account_event(
         for old, new in zip(data["old_amounts"], data["amounts"], strict=True):
             committed = add_exact(add_exact(committed, -Decimal(old)), Decimal(new))
         out.committed[account] = committed
+        return
+    if name in _CREDIT_EVENTS:
+        for key in _CREDIT_EVENTS[name]:
+            data[key] = unwrap(data[key])
+        credits = out.credits.get(account)
+        if credits is None:
+            credits = out.credits[account] = CreditAudit(*account)
+        credits.apply(name, data, version)
         return
     sign = _COMMITS.get(name)
     if sign is None:  # settled: moves reserved to charged, the sum is the same

@@ -19,6 +19,7 @@ import psycopg
 
 from adapters.audit.compare import (
     compare_balances,
+    compare_credit_grants,
     compare_invoices,
     compare_lines,
     compare_transactions,
@@ -39,13 +40,14 @@ from domain.audit import (
     check_stripe,
     check_transactions,
 )
+from domain.audit_credits import check_credits
 from domain.audit_invoices import (
     StripeInvoice,
     check_invoices,
     check_stripe_invoices,
     credited_transactions,
 )
-from domain.audit_lines import check_line_items, check_lines
+from domain.audit_lines import check_line_items, check_lines, credit_applied
 from domain.audit_minimums import check_true_ups
 from domain.audit_prices import check_line_prices, check_prices
 from domain.money import format_money
@@ -126,11 +128,15 @@ def audit(
                 findings += check_lines(result.lines, result.pushes, result.transactions, credited)
                 findings += check_true_ups(result.invoices.values(), result.lines, result.contracts)
                 findings += check_line_prices(result.lines, result.transactions, result.prices)
+                findings += check_credits(
+                    result.credits, credit_applied(result.lines), result.transactions
+                )
                 findings += check_invoices(
                     result.invoices, result.lines, result.transactions, webhook_ids(conn)
                 )
                 findings += compare_invoices(conn, result, scope.customer)
                 findings += compare_balances(conn, balances, scope.customer)
+                findings += compare_credit_grants(conn, result.credits, scope.customer)
                 findings += compare_lines(conn, result, scope.customer)
                 findings += [
                     Finding("snapshot", f"{i} v{v}", f"{why}: never used on load")

@@ -1,7 +1,8 @@
 """The charge process manager: consumes ``billing.events`` and schedules line pushes.
 
-Every change of an invoice line (``InvoiceLine.Settled``, ``Removed`` or ``Repriced``,
-published by the relay in commit order, keyed by customer) is handed to the ``LineScheduler``,
+Every change of an invoice line (``InvoiceLine.Settled``, ``Removed`` or ``Repriced``, or
+a credit line's ``CreditsApplied``, published by the relay in commit order, keyed by
+customer) is handed to the ``LineScheduler``,
 which pushes the line when its settle interval allows, oldest change first. Nothing
 here writes the event store, so the Kafka offsets are committed after each poll: a
 message lost with a crash only delays a line until the reconciler finds its unsent
@@ -31,6 +32,7 @@ from adapters.charging.messages import MalformedEvent, decode_event, event_error
 from adapters.charging.scheduler import LineScheduler
 from adapters.observability.logs import step_fields
 from adapters.observability.metrics import metrics
+from domain.credit_line import CreditLine
 from domain.invoice_line import InvoiceLine
 from domain.ports import DeadLetter, DeadLetterSink
 
@@ -39,7 +41,13 @@ __all__ = ["ChargeWorker"]
 log = logging.getLogger(__name__)
 
 LINE_CHANGES = frozenset(
-    get_topic(e) for e in (InvoiceLine.Settled, InvoiceLine.Removed, InvoiceLine.Repriced)
+    get_topic(e)
+    for e in (
+        InvoiceLine.Settled,
+        InvoiceLine.Removed,
+        InvoiceLine.Repriced,
+        CreditLine.CreditsApplied,
+    )
 )
 
 

@@ -5,8 +5,11 @@ Every ``reconcile_interval_s`` it reads the lines with unsent changes, failed pu
 or charges not yet recorded (``projections.invoice_lines.open_lines``, which also sees
 what the projector has not reached) and hands them to the scheduler with the time of
 their oldest unsent change and their next attempt; it settles open transactions that
-have no line yet (histories from before lines). Forward progress never depends on a
-message being delivered again.
+have no line yet (histories from before lines); and it records the expiry of every
+prepaid credit grant past its expiry with something left (``projections.credits
+.due_expiries``), which the next ingest save of that customer would record otherwise
+(an expired grant is never consumed either way: ``domain.credits``). Forward progress
+never depends on a message being delivered again.
 
 It also runs a pass of the re-pricer (``adapters.charging.repricing``) while one is due:
 usage a price version published for the past prices again, on lines still open, is
@@ -31,6 +34,7 @@ from adapters.charging.pusher import utcnow
 from adapters.charging.repricing import Repricer
 from adapters.charging.scheduler import LineScheduler
 from domain.saga import StepResult
+from projections.credits import due_expiries
 from projections.invoice_lines import open_lines
 from projections.transactions import unlined_transaction_ids
 from store.connections import Database
@@ -46,6 +50,7 @@ class ReconcileReport:
     adopted: int = 0
     others: int = 0  # open lines another process owns
     repriced: int = 0  # lines re-priced (``adapters.charging.repricing``)
+    expired: int = 0  # accounts whose grants' expiry was recorded here
 
 
 class Reconciler:
@@ -73,16 +78,21 @@ class Reconciler:
         is set, no further transaction is adopted."""
         stop = stop or threading.Event()
         report = ReconcileReport()
+        now = self.clock()
         if self.repricer is not None and self.repricer.due():
             report.repriced = self.repricer.pass_once(stop)[0].lines
         with self.database.connection() as conn:
             lines = open_lines(conn)
             legacy = unlined_transaction_ids(conn)
+            expiring = due_expiries(conn, now)
+        ledger = self.corrections.ledger
+        for customer_id, currency in expiring:  # idempotent: a racer records nothing more
+            expired = ledger.change_account(customer_id, currency, lambda a: a.expire_credits(now))
+            report.expired += bool(expired)
         for txn_id in legacy:  # the projection may lag: adopt() decides from the aggregate
             if stop.is_set():
                 break
             report.adopted += self.corrections.adopt(txn_id) is StepResult.SETTLED
-        now = self.clock()
         for line, customer, oldest, due in lines:
             if self.ownership is not None and not self.ownership.pushes(customer, oldest, now):
                 report.others += 1  # its owner's

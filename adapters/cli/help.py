@@ -146,6 +146,29 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
         ),
         DB,
     ),
+    "credits": (("billing-ledger credits show acme USD",), DB),
+    "credits grant": (
+        (
+            'billing-ledger credits grant acme 50.00 USD --source promotional --reason "welcome"'
+            " --id welcome-2027 --expires-at 2027-03-31T23:59:59Z",
+            'billing-ledger credits grant acme 10.00 USD --source manual --reason "outage"'
+            " --priority -1",
+        ),
+        DB,
+    ),
+    "credits void": (
+        ('billing-ledger credits void acme USD welcome-2027 --reason "granted in error"',),
+        DB,
+    ),
+    "credits list": (("billing-ledger credits list --customer acme --json",), DB),
+    "credits show": (("billing-ledger credits show acme USD --json",), DB),
+    "credits policy": (
+        (
+            "billing-ledger credits policy --customer acme block",
+            "billing-ledger credits policy --customer acme --currency EUR overage",
+        ),
+        DB,
+    ),
     "dead-letters": (("billing-ledger dead-letters list",), DB),
     "dead-letters list": (
         ("billing-ledger dead-letters list --reason unknown_meter --since 2026-12-04",),

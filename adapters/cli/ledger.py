@@ -26,7 +26,7 @@ from adapters.cli.output import MONEY_COLUMNS, ROUNDING_NOTE, event_row, money_c
 if TYPE_CHECKING:
     from domain.account import CustomerAccount
 
-__all__ = ["add_commands", "existing_account"]
+__all__ = ["add_commands", "existing_account", "query_read_model"]
 
 
 def add_commands(sub: Any) -> None:
@@ -267,7 +267,7 @@ def _balances(args: argparse.Namespace) -> int:
         from adapters.cli.audit import print_balances_as_of
 
         return print_balances_as_of(args.as_of, args.customer, columns, as_json=args.json)
-    rows = _query(lambda conn: balances(conn, customer=args.customer))
+    rows = query_read_model(lambda conn: balances(conn, customer=args.customer))
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     else:
@@ -278,7 +278,7 @@ def _balances(args: argparse.Namespace) -> int:
 def _transactions(args: argparse.Namespace) -> int:
     from projections.transactions import transactions
 
-    rows = _query(
+    rows = query_read_model(
         lambda conn: transactions(conn, state=args.state, customer=args.customer, limit=args.limit)
     )
     if args.json:
@@ -292,7 +292,7 @@ def _transactions(args: argparse.Namespace) -> int:
 def _lines(args: argparse.Namespace) -> int:
     from projections.invoice_lines import lines
 
-    rows = _query(lambda conn: lines(conn, customer=args.customer, limit=args.limit))
+    rows = query_read_model(lambda conn: lines(conn, customer=args.customer, limit=args.limit))
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     else:
@@ -315,7 +315,7 @@ INVOICE_COLUMNS = [
 def _invoices(args: argparse.Namespace) -> int:
     from projections.invoices import invoices
 
-    rows = _query(
+    rows = query_read_model(
         lambda conn: invoices(
             conn, customer=args.customer, period=args.period, state=args.state, limit=args.limit
         )
@@ -331,7 +331,7 @@ def _preview_invoice(args: argparse.Namespace) -> int:
     from domain.money import format_money
     from projections.invoices import invoice_preview
 
-    rows = _query(
+    rows = query_read_model(
         lambda conn: invoice_preview(
             conn, customer=args.preview_customer, period=args.preview_period
         )
@@ -370,7 +370,7 @@ def _with_true_ups(customer: str, rows: list[dict[str, Any]]) -> list[dict[str, 
     the writer (nothing is read when there is no row)."""
     from adapters.bootstrap import open_ledger
     from adapters.settings import Settings
-    from domain.closing import true_ups
+    from domain.closing import counts_toward_minimum, true_ups
 
     if not rows:
         return rows
@@ -386,7 +386,8 @@ def _with_true_ups(customer: str, rows: list[dict[str, Any]]) -> list[dict[str, 
         first = lines[0]
         billed: dict[str, int] = {}
         for line in lines:
-            billed[line["meter"]] = billed.get(line["meter"], 0) + int(line["billed"])
+            if counts_toward_minimum(line["meter"]):
+                billed[line["meter"]] = billed.get(line["meter"], 0) + int(line["billed"])
         owed = true_ups(contract.schedule, first["period_end"], first["currency"], billed)
         total = int(first["invoice_total"]) + sum(owed.values())
         count = first["invoice_lines"] + len(owed)
@@ -497,7 +498,7 @@ def _rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
-def _query(run: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def query_read_model(run: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Run a read-model query; an invalid filter is misuse (exit 2)."""
     from adapters.bootstrap import database
     from adapters.settings import Settings

@@ -16,7 +16,17 @@ import traceback
 from collections.abc import Callable, Sequence
 from importlib import metadata
 
-from adapters.cli import alerts, audit, contracts, dead_letters, ledger, prices, service, tools
+from adapters.cli import (
+    alerts,
+    audit,
+    contracts,
+    credits,
+    dead_letters,
+    ledger,
+    prices,
+    service,
+    tools,
+)
 from adapters.cli.args import Parser
 from adapters.cli.errors import explain
 from adapters.cli.help import teach
@@ -59,7 +69,7 @@ def build_parser() -> Parser:
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     p.add_argument("--debug", action="store_true", help="on an error, print its traceback as well")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for group in (tools, service, ledger, prices, contracts, dead_letters, audit, alerts):
+    for group in (tools, service, ledger, prices, contracts, credits, dead_letters, audit, alerts):
         group.add_commands(sub)
     completion = sub.add_parser("completion", help="print a shell completion script")
     completion.add_argument("shell", choices=("bash", "zsh", "tcsh"), help="your shell")

@@ -20,6 +20,7 @@ MONEY_COLUMNS = frozenset({
     "amount", "metered", "in_flight", "charged", "compensated", "spend_limit", "available",
     "held", "exact_total", "billed", "stripe_amount", "expected_total", "total",
     "amount_paid", "credited", "stripe_total", "invoice_total",
+    "consumed", "expired", "voided", "remaining", "granted",
 })  # fmt: skip
 
 ROUNDING_NOTE = (

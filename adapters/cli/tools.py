@@ -68,6 +68,11 @@ def add_commands(sub: Any) -> None:
         help="tiered: also measure 1 process with every meter priced by graduated tiers"
         " (against the flat prices of the same run)",
     )
+    b_ingest.add_argument(
+        "--credits",
+        action="store_true",
+        help="also measure 1 process with a prepaid credit grant for every customer",
+    )
     b_ingest.add_argument("--json", action="store_true")
     b_ingest.set_defaults(handler=_bench_ingest)
     _add_pipeline_benches(bench_sub)
@@ -189,6 +194,7 @@ def _bench_ingest(args: argparse.Namespace) -> int:
         saves_inline=args.saves_inline,
         contracts=args.contracts,
         prices=args.prices,
+        credits=args.credits,
     )
     print(json.dumps(result, indent=2) if args.json else bench.render(result))
     return 0

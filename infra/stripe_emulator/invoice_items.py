@@ -133,7 +133,8 @@ def create_invoice_item(store: Store, call: Call) -> Result:
     raw_amount = params.get("amount")
     if raw_amount in (None, ""):
         raise invalid("Missing required param: amount.", "amount", code="parameter_missing")
-    amount = parse_int(raw_amount, "amount", low=0, high=MAX_AMOUNT)
+    # Negative: a credit or discount on the invoice, as Stripe allows.
+    amount = parse_int(raw_amount, "amount", low=-MAX_AMOUNT, high=MAX_AMOUNT)
     currency = opt_str(params, "currency")
     if currency is not None:
         currency = currency.lower()
@@ -188,7 +189,7 @@ def update_invoice_item(store: Store, call: Call) -> Result:
     """``POST /v1/invoiceitems/{id}``: metadata merges; an empty value unsets a key."""
     params = call.params
     check_params(params, _UPDATE)
-    amount = opt_amount(params, "amount")
+    amount = opt_amount(params, "amount", low=-MAX_AMOUNT)
     description = opt_str(params, "description")
     record = live_item(store, call.path_id or "")
     new_metadata = merge_metadata(record.obj["metadata"], params)
@@ -282,7 +283,7 @@ def update_invoice_lines(store: Store, call: Call) -> Result:
             raise invalid(
                 f"Missing required param: {param}[id].", f"{param}[id]", code="parameter_missing"
             )
-        changes.append((line, opt_amount(fields, "amount"), fields))
+        changes.append((line, opt_amount(fields, "amount", low=-MAX_AMOUNT), fields))
     invoice_id = call.path_id or ""
     inv = require_invoice(store, invoice_id).obj
     invoice_metadata = merge_metadata(inv["metadata"], _as_metadata(params))

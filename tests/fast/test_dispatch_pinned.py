@@ -373,11 +373,13 @@ def test_a_push_that_raises_is_logged_by_its_worker_and_the_line_taken_again_soo
 class OpenWork:
     """The database as the reconciler reads it: the open lines the invoice-lines
     projection returns (line, customer, oldest unsent change, next attempt) and the
-    transactions in no line. Any other statement is refused."""
+    transactions in no line; the accounts with a credit grant due to expire. Any other
+    statement is refused."""
 
     def __init__(self, lines: list[tuple[UUID, str | None, Any, Any]], unlined: list[UUID]):
         self.lines = lines
         self.unlined = unlined
+        self.expiring: list[tuple[str, str]] = []
 
     @contextmanager
     def connection(self) -> Iterator[OpenWork]:
@@ -389,6 +391,8 @@ class OpenWork:
             return self._Rows([(txn,) for txn in self.unlined])
         if "oldest_unsent_at" in text:
             return self._Rows(list(self.lines))
+        if 'FROM "billing"."credit_grants"' in text:
+            return self._Rows(list(self.expiring))
         raise AssertionError(f"unexpected statement: {text}")
 
     class _Rows:
@@ -461,6 +465,21 @@ def test_a_reconcile_pass_settles_each_transaction_from_before_lines_into_its_li
     report = reconciler.pass_once()
     assert (report.lines, report.adopted, report.others) == (0, 2, 0)
     assert all(ledger.transaction(t).line_id is not None for t in work.unlined)
+
+
+def test_a_reconcile_pass_records_the_expiry_of_each_grant_past_it_once() -> None:
+    work = OpenWork([], [])
+    reconciler, _, _, ledger = _reconciler(work)
+    ledger.change_account("acme", "USD", lambda a: a.grant_credit(
+        "promo", 500, effective_at=NOW - timedelta(days=2), expires_at=NOW,
+        source="promotional", reason="welcome",
+    ))  # fmt: skip
+    work.expiring = [("acme", "USD")]
+    assert reconciler.pass_once().expired == 1
+    assert reconciler.pass_once().expired == 0  # recorded already: nothing more
+    account = ledger.account("acme", "USD")
+    assert account is not None
+    assert (account.grants["promo"].expired, account.grants["promo"].remaining) == (500, 0)
 
 
 def test_a_stopped_reconcile_pass_adopts_nothing_more_and_still_schedules_the_open_lines() -> None:

@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from adapters.broker import consumer_lag, make_producer
 from adapters.charging.closer import CloseResult, InvoiceCloser
 from adapters.ingest.worker import IngestWorker
 from adapters.settings import DEFAULT_PRICE_LIST, Settings, child_env
+from domain.account import CustomerAccount
 from domain.audit import InvoiceItem
 from domain.customer import CustomerLink
 from domain.invoice import Invoice
@@ -193,6 +194,7 @@ def mixed_workload(
     assert build_corrections(pusher).reverse(acme[1], "goodwill") is StepResult.REVERSED
     assert pusher.push(line_of(ledger, acme[0])).result is StepResult.CHARGED  # the lower total
     later = record(ledger, "acme", ["a-3", "a-4"])  # not pushed yet
+    _credited(ledger)
     projector.pump_all()
     return {
         "charged": acme[0],
@@ -202,6 +204,22 @@ def mixed_workload(
         "failed": perm[0],
         "retry": slow[1],
     }
+
+
+def _credited(ledger: BillingLedger) -> None:
+    """A customer with prepaid credit: a grant partly consumed, a grant voided, a policy."""
+    at = datetime.now(UTC) - timedelta(days=1)
+
+    def grant(grant_id: str, amount: int) -> Callable[[CustomerAccount], bool]:
+        return lambda a: a.grant_credit(
+            grant_id, amount, effective_at=at, source="promotional", reason="welcome"
+        )
+
+    ledger.change_account("credited", "USD", grant("promo", 300))
+    ledger.change_account("credited", "USD", grant("spare", 100))
+    ledger.change_account("credited", "USD", lambda a: a.void_credit("spare", "sold in error"))
+    record(ledger, "credited", ["k-1"])  # 5.00 USD: 3.00 of it from the grant
+    ledger.change_account("credited", "USD", lambda a: a.set_credit_policy("block"))
 
 
 def run_worker_until(worker: IngestWorker, records: int, what: str) -> None:
@@ -270,6 +288,12 @@ def projection_rows(url: str) -> dict[str, list[tuple[Any, ...]]]:
             ).fetchall(),
             "line_pushes": conn.execute(
                 "SELECT * FROM billing.line_pushes ORDER BY push_id, version"
+            ).fetchall(),
+            "credit_grants": conn.execute(
+                "SELECT * FROM billing.credit_grants ORDER BY customer_id, currency, grant_id"
+            ).fetchall(),
+            "credit_balances": conn.execute(
+                "SELECT * FROM billing.credit_balances ORDER BY customer_id, currency"
             ).fetchall(),
         }
 

@@ -17,6 +17,7 @@ from domain.contract import (
     discounted,
     true_up,
 )
+from domain.credit_line import CreditLine
 from domain.errors import InvalidUsage
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine
@@ -283,6 +284,15 @@ def test_a_close_below_the_minimum_adds_a_true_up_line_of_the_shortfall() -> Non
     assert line.id == InvoiceLine.create_id("acme", "USD", TRUE_UP_METER, invoice.period_start)
     settled = [e for e in line.pending_events if isinstance(e, InvoiceLine.Settled)]
     assert settled[0].transaction_ids == [str(ids.true_up_id(invoice.id, TRUE_UP_METER))]
+
+
+def test_the_prepaid_credit_line_does_not_count_toward_the_minimum() -> None:
+    # 100.00 of usage meets the minimum; 30.00 of it paid by credit changes nothing.
+    invoice, lines, contract = _closing(10_000, "100.00")
+    credit = CreditLine.open_for("acme", "USD", invoice.period)
+    credit.apply([(uuid.uuid4(), lines[0].id, Decimal(3_000))])
+    assert credit.billed == -3_000
+    assert true_up_lines(invoice, [*lines, credit], contract.schedule) == []
 
 
 def test_no_true_up_at_or_above_the_minimum_without_one_or_without_a_contract() -> None:

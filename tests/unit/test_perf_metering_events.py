@@ -16,6 +16,7 @@ from typing import Any
 from eventsourcing.domain import DomainEventProtocol
 
 from domain.account import CustomerAccount
+from domain.credit_line import CreditLine
 from domain.ids import transaction_id
 from domain.metering import Metering, meter_batch
 from domain.metering_events import meter_batch_events
@@ -232,6 +233,18 @@ def _alerted(
     return account
 
 
+def _with_grants(customer_id: str, *, policy: str, grants: list[tuple[str, int, int]]) -> Any:
+    account = CustomerAccount.open(customer_id, "USD")
+    for grant_id, amount, priority in grants:
+        account.grant_credit(
+            grant_id, amount, priority=priority, effective_at=AT - timedelta(days=1),
+            source="manual", reason="test",
+        )  # fmt: skip
+    account.set_credit_policy(policy)
+    account.collect_events()
+    return account
+
+
 def test_both_forms_record_the_same_alert_crossings() -> None:
     accounts = [
         _alerted("acme", "USD", 100, 10, "percent_of_limit:50", "percent_of_limit:100", "spend:60"),
@@ -305,3 +318,85 @@ def test_both_forms_record_the_same_events_with_prices_by_line_quantity() -> Non
     lines = {ln.meter: ln for ln in reference.lines if ln.customer_id == "acme"}
     assert lines["api.requests"].quantity == 90  # a-1, a-3 and z-1 (0)
     assert lines["api.requests"].exact_total == Decimal(90)
+
+
+CREDITED = [
+    _usage("c-1", 60, offset=1),  # 60 cents of acme's 100 of credit
+    _usage("c-2", 50, offset=2),  # 40 left: blocked
+    _usage("t-1", "1999", meter="gpt.tokens", offset=3),  # 0.49975 cents: covered
+    _usage("g-1", 70, customer_id="globex", offset=4),  # globex: 50 credit, 20 billed
+    _usage("g-2", 5, customer_id="globex", offset=5),  # billed in full
+]
+CREDIT_ACCOUNTS = [
+    _with_grants("acme", policy="block", grants=[("a", 30, 1), ("b", 70, 0)]),
+    _with_grants("globex", policy="overage", grants=[("p", 50, 0)]),
+]
+
+
+def test_both_forms_burn_the_same_credits_and_refuse_the_same_records() -> None:
+    reference, fast = _both(CREDITED, CREDIT_ACCOUNTS, set())
+    for ours, theirs in zip(fast.accounts, reference.accounts, strict=True):
+        assert [_fields(e) for e in ours.pending_events] == [
+            _fields(e) for e in theirs.pending_events
+        ]
+    assert [_fields(e) for e in fast.transaction_events] == [
+        _fields(e) for t in reference.transactions for e in t.pending_events
+    ]
+    assert [(t.usage_id, t.compensation_reason) for t in reference.refused] == [
+        ("c-2", "credits exhausted")
+    ]
+    acme = fast.accounts[0]
+    assert {g: acme.grants[g].remaining for g in "ab"} == {
+        "a": Decimal("30"),
+        "b": Decimal("9.50025"),  # the lower priority number burns first, exactly
+    }
+
+
+def test_both_forms_put_the_same_credit_lines_on_the_invoices() -> None:
+    reference, fast = _both(CREDITED, CREDIT_ACCOUNTS, set())
+    assert [ln.id for ln in fast.lines] == [ln.id for ln in reference.lines]
+    for ours, theirs in zip(fast.lines, reference.lines, strict=True):
+        assert [_fields(e) for e in ours.pending_events] == [
+            _fields(e) for e in theirs.pending_events
+        ]
+    credit = {ln.customer_id: ln.billed for ln in fast.lines if isinstance(ln, CreditLine)}
+    # acme: 60 on api.requests, 0.49975 on gpt.tokens (rounds to 0); globex: 50.
+    assert credit == {"acme": -60, "globex": -50}
+    invoices = {i.customer_id: i for i in fast.invoices}
+    for ln in fast.lines:
+        assert ln.id in invoices[ln.customer_id].lines
+
+
+def test_both_forms_burn_the_same_credits_with_prices_by_line_quantity() -> None:
+    reference, fast = _both(CREDITED, CREDIT_ACCOUNTS, set(), TIERED)
+    for ours, theirs in [*zip(fast.lines, reference.lines, strict=True),
+                         *zip(fast.accounts, reference.accounts, strict=True)]:  # fmt: skip
+        assert [_fields(e) for e in ours.pending_events] == [
+            _fields(e) for e in theirs.pending_events
+        ]
+    # c-1: 60 requests at 0.01 (volume past 50) = 60 of acme's 100; c-2 would add 50 of
+    # the 40 left: blocked (the limit would have let it through).
+    assert [(t.usage_id, t.compensation_reason) for t in reference.refused] == [
+        ("c-2", "credits exhausted")
+    ]
+    # and t-1's 1999 tokens (graduated, its flat fee first) the 0.4499 more.
+    assert fast.accounts[0].grants["b"].consumed == Decimal("60.4499")
+
+
+def test_a_cheaper_volume_tier_consumes_no_credit_and_gives_none_back() -> None:
+    # 40 requests at 0.02 = 80; 20 more reach the cheaper tier: the line falls to 60 (-20).
+    batch = [_usage("v-1", 40, offset=1), _usage("v-2", 20, offset=2)]
+    accounts = [_with_grants("acme", policy="block", grants=[("a", 100, 0)])]
+    reference, fast = _both(batch, accounts, set(), TIERED)
+    assert [(t.usage_id, t.amount) for t in reference.transactions] == [
+        ("v-1", Decimal(80)), ("v-2", Decimal(-20)),
+    ]  # fmt: skip
+    for decision in (reference, fast):
+        (account,) = decision.accounts
+        assert account.grants["a"].consumed == Decimal(80)  # the -20 gave nothing back
+        (consumed,) = [
+            e for e in account.pending_events if isinstance(e, CustomerAccount.CreditsConsumed)
+        ]
+        assert consumed.amounts == ["80"]
+        credit = next(ln for ln in decision.lines if isinstance(ln, CreditLine))
+        assert credit.billed == -80

@@ -147,10 +147,10 @@ def test_split_for_items_fills_items_in_order(billed: int, parts: list[int]) -> 
     assert split_for_items(billed, 10) == parts
 
 
-def test_split_for_items_refuses_a_negative_total() -> None:
-    with pytest.raises(ValueError) as raised:
-        split_for_items(-1)
-    assert str(raised.value) == "a billed total cannot be negative: -1"
+def test_split_for_items_splits_a_negative_total_the_same_way() -> None:
+    """The credit line's total is negative: its items are the positive split, negated."""
+    assert split_for_items(-1) == [-1]
+    assert split_for_items(-25, 10) == [-10, -10, -5]
 
 
 def test_an_amount_the_exact_context_cannot_compute_is_refused_as_too_large() -> None:

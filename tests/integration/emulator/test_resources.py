@@ -12,6 +12,8 @@ from infra.stripe_emulator import StripeEmulator
 
 from .support import (
     API_KEY,
+    attach,
+    draft,
     err_header,
     executions,
     header,
@@ -131,7 +133,7 @@ def test_unknown_customer_and_bad_amount_are_invalid_requests(
 
     customer = new_customer(client)
     bad = cast(dict[str, Any], item_params(customer.id, "txn-bad"))
-    for amount in (-5, "12.5"):
+    for amount in (-100_000_000, "12.5"):  # a negative item (a credit) is fine above that
         bad["amount"] = amount
         with pytest.raises(stripe.InvalidRequestError) as invalid:
             client.v1.invoice_items.create(
@@ -145,6 +147,20 @@ def test_unknown_customer_and_bad_amount_are_invalid_requests(
     )
     assert header(good, "Idempotent-Replayed") is None
     assert len(executions(emulator, "bad-amount")) == 1
+
+
+def test_a_drafts_bulk_update_sets_a_negative_amount_a_credit(
+    client: stripe.StripeClient,
+) -> None:
+    invoice = draft(client, new_customer(client).id)
+    attach(client, invoice, 500, line="usage")
+    credit = attach(client, invoice, -100, line="credit")
+    lines = client.v1.invoices.line_items.list(invoice.id).data
+    [line] = [ln for ln in lines if ln.invoice_item == credit.id]
+    change = {"lines": [{"id": line.id, "amount": -300, "metadata": {"sequence": "2"}}]}
+    client.v1.invoices.update_lines(invoice.id, params=change)  # type: ignore[arg-type]
+    assert client.v1.invoice_items.retrieve(credit.id).amount == -300
+    assert client.v1.invoices.retrieve(invoice.id).amount_due == 200
 
 
 def test_missing_api_key_is_401(emulator: StripeEmulator) -> None:

@@ -1,0 +1,193 @@
+"""``billing-ledger credits``: prepaid credit grants (``domain.credits``) — grant, void,
+list, show, and the policy when they run out.
+
+Each command is one change of the customer's account in one currency (``CustomerAccount``),
+decided and saved under its version check like every ingest batch, so it is exact and
+current whatever the ingest processes are doing. A grant is usable from its effective
+moment until its expiry; usage consumes live grants by priority, soonest expiry, oldest.
+A void takes only what is left of a grant (what usage consumed stays on its invoices).
+``--id`` names a grant: the same command run twice records it once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from adapters.cli.args import EXIT_USAGE, CliError, Parser
+from adapters.cli.output import print_table
+
+if TYPE_CHECKING:
+    from domain.account import CustomerAccount
+
+__all__ = ["add_commands"]
+
+_SOURCES = ("purchased", "promotional", "manual")
+
+
+def aware_timestamp(text: str) -> datetime:
+    """An ISO 8601 instant with its offset (``2027-01-01T00:00:00Z``): a grant's moments
+    decide money, so a moment without a time zone is refused, not guessed."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 timestamp") from None
+    if value.utcoffset() is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no time zone (add Z or +01:00)")
+    return value
+
+
+def add_commands(sub: Any) -> None:
+    credits = sub.add_parser(
+        "credits",
+        help="prepaid credit grants: grant, void, list, show; the policy when they run out",
+        description="Prepaid credit: grants per customer and currency that usage burns down"
+        " in the save that records it (priority, then soonest expiry, then oldest). What"
+        " usage of a period consumed comes off that period's invoice as its own item.",
+    )
+    cmds = credits.add_subparsers(dest="credits_command", required=True, parser_class=Parser)
+    grant = cmds.add_parser("grant", help="grant credit to a customer in one currency")
+    grant.add_argument("customer")
+    grant.add_argument("amount", help="in major units, e.g. 50.00 (at most 10^13 minor units)")
+    grant.add_argument("currency")
+    grant.add_argument("--source", choices=_SOURCES, required=True, help="where it comes from")
+    grant.add_argument("--reason", required=True)
+    grant.add_argument("--id", dest="grant_id", help="the grant's id (default: g<next number>)")
+    grant.add_argument("--priority", type=int, default=0, help="lower burns first (default 0)")
+    grant.add_argument(
+        "--effective-from", type=aware_timestamp, help="usable from (ISO 8601 with offset; now)"
+    )
+    grant.add_argument(
+        "--expires-at", type=aware_timestamp, help="usable until (ISO 8601 with offset; never)"
+    )
+    grant.set_defaults(handler=_grant)
+    void = cmds.add_parser("void", help="void what is left of a grant (consumed stays consumed)")
+    void.add_argument("customer")
+    void.add_argument("currency")
+    void.add_argument("grant_id", help="the grant's id (`credits show` lists them)")
+    void.add_argument("--reason", required=True)
+    void.set_defaults(handler=_void)
+    listed = cmds.add_parser("list", help="every grant (the SQL read model billing.credit_grants)")
+    listed.add_argument("--customer", help="one customer only")
+    listed.add_argument("--json", action="store_true")
+    listed.set_defaults(handler=_list)
+    shown = cmds.add_parser("show", help="a customer's grants and policy, current (the account)")
+    shown.add_argument("customer")
+    shown.add_argument("currency")
+    shown.add_argument("--json", action="store_true")
+    shown.set_defaults(handler=_show)
+    policy = cmds.add_parser("policy", help="what usage does when the grants run out")
+    policy.add_argument("--customer", required=True)
+    policy.add_argument("--currency", default="USD", help="the account's currency (default USD)")
+    policy.add_argument(
+        "policy", choices=("block", "overage"),
+        help="block: refuse usage the grants cannot cover; overage: bill it as always",
+    )  # fmt: skip
+    policy.set_defaults(handler=_policy)
+
+
+def _change(customer: str, currency: str, change: Any) -> Any:
+    from adapters.bootstrap import open_ledger
+    from adapters.settings import Settings
+    from projections.base import check_customer
+
+    try:
+        check_customer(customer)
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    with open_ledger(Settings()) as ledger:
+        return ledger.change_account(customer, currency, change)
+
+
+def _grant(args: argparse.Namespace) -> int:
+    from domain.money import check_currency, format_money, parse_exact_amount
+
+    currency = check_currency(args.currency)
+    amount = parse_exact_amount(args.amount, currency)
+    now = datetime.now(UTC)
+
+    def grant(account: CustomerAccount) -> tuple[str, bool, datetime]:
+        grant_id = args.grant_id or f"g{len(account.grants) + 1}"
+        found = account.grants.get(grant_id)
+        # Run again without --effective-from: the moment the first run chose.
+        effective = args.effective_from or (found.effective_at if found else now)
+        new = account.grant_credit(
+            grant_id, amount, priority=args.priority, effective_at=effective,
+            expires_at=args.expires_at, source=args.source, reason=args.reason,
+        )  # fmt: skip
+        return grant_id, new, effective
+
+    grant_id, new, effective = _change(args.customer, currency, grant)
+    said = "granted" if new else "already granted (nothing recorded)"
+    until = f" until {args.expires_at.isoformat()}" if args.expires_at else ""
+    print(
+        f"{said}: grant {grant_id} of {format_money(amount, currency)} to {args.customer},"
+        f" from {effective.isoformat()}{until}"
+    )
+    return 0
+
+
+def _void(args: argparse.Namespace) -> int:
+    from domain.money import check_currency, format_money
+
+    currency = check_currency(args.currency)
+    voided = _change(args.customer, currency, lambda a: a.void_credit(args.grant_id, args.reason))
+    print(f"voided {format_money(voided, currency)} of grant {args.grant_id} of {args.customer}")
+    return 0
+
+
+def _policy(args: argparse.Namespace) -> int:
+    from domain.money import check_currency
+
+    currency = check_currency(args.currency)
+    _change(args.customer, currency, lambda a: a.set_credit_policy(args.policy))
+    print(f"credit policy of {args.customer} in {currency}: {args.policy}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from adapters.cli.ledger import query_read_model
+    from projections.credits import credit_grants
+
+    rows = query_read_model(lambda conn: credit_grants(conn, customer=args.customer))
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    columns = ["customer_id", "currency", "grant_id", "amount", "consumed", "expired",
+               "voided", "remaining", "priority", "expires_at", "source"]  # fmt: skip
+    print_table(rows, columns, note="as of the last save projected; `credits show`: current")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from adapters.bootstrap import open_ledger
+    from adapters.settings import Settings
+    from domain.money import check_currency
+
+    currency = check_currency(args.currency)
+    with open_ledger(Settings()) as ledger:
+        account = ledger.account(args.customer, currency)
+    if account is None or not account.grants:
+        raise CliError(f"no credit for {args.customer} in {currency}", EXIT_USAGE)
+    now = datetime.now(UTC)
+    rows = [
+        {"grant_id": g.grant_id, "amount": g.amount, "consumed": g.consumed,
+         "expired": g.expired, "voided": g.voided, "remaining": g.remaining,
+         "live": g.live(now), "priority": g.priority, "effective_at": g.effective_at.isoformat(),
+         "expires_at": g.expires_at.isoformat() if g.expires_at else None,
+         "source": g.source, "reason": g.reason, "currency": currency}
+        for g in account.grants.values()
+    ]  # fmt: skip
+    if args.json:
+        body = {"customer_id": args.customer, "currency": currency,
+                "policy": account.credit_policy, "remaining": account.credit_remaining,
+                "grants": rows}  # fmt: skip
+        print(json.dumps(body, indent=2, default=lambda d: f"{d:f}"))
+        return 0
+    print(f"{args.customer} in {currency}: policy {account.credit_policy}")
+    columns = ["grant_id", "amount", "consumed", "expired", "voided", "remaining", "live",
+               "priority", "expires_at", "source", "reason"]  # fmt: skip
+    print_table(rows, columns)
+    return 0

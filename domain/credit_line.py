@@ -1,0 +1,141 @@
+"""The invoice's "Prepaid credits applied" line: the credit usage of a period consumed.
+
+Credit that usage consumed (``CustomerAccount.reserve_and_burn``) must come off the
+invoice that bills that usage, or the customer pays twice. ``CreditLine`` is an
+``InvoiceLine`` of its own kind on that invoice (one per customer, currency and
+period; its meter reads ``CREDIT_METER``, and its id is derived like a line's from
+``CREDIT_KEY``, which no usage meter can be: a usage meter has no leading space): ingest records its
+``CreditsApplied`` in the batch's save, beside the usage lines' ``Settled``. Its
+``billed`` is **negative**: the credit, which the pushers set on its own Stripe
+invoice item like any line's (keys from the line's id and sequence) and the closer
+reads back with the other items before finalizing (the invoice's expected total is
+the sum of its lines, this one included).
+
+**Rounding, and never below zero.** The credit is kept exactly per usage line it was
+consumed by, and rounded once per usage line, half up, like that line:
+``billed = -sum(round(credit of line))``. A record consumes at most its own amount, so
+a line's credit is at most the line's exact total, and rounding half up is monotone:
+each line's rounded credit is at most that line's billed total. So the credit item is
+at most the usage of its invoice and Stripe's total never goes below zero; credit a
+rounding leaves over (less than half a minor unit per line) is not billed either way.
+
+Usage removed from a line after it consumed credit (a compensation, a reversal) does
+not give the credit back (not built yet): see the concept page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import event
+
+from domain.errors import IllegalTransition
+from domain.invoice_line import InvoiceLine
+from domain.money import add_exact, round_minor, sum_exact
+from domain.periods import Period
+
+__all__ = ["CREDIT_KEY", "CREDIT_METER", "CreditLine"]
+
+CREDIT_METER = "Prepaid credits applied"
+_NO_CREDIT: dict[str, Decimal] = {}
+CREDIT_KEY = " prepaid credits"  # usage meters are stripped of whitespace: never this
+
+
+class CreditLine(InvoiceLine):
+    """The credit consumed by one invoice's usage (its ``billed`` is negative)."""
+
+    class CreditsApplied(InvoiceLine.Event):
+        """One per batch: each transaction's exact credit and the usage line it is on."""
+
+        transaction_ids: list[str]
+        line_ids: list[str]
+        amounts: list[str]  # exact minor units, canonical decimal text
+        exact_total: Decimal  # negative: the credit
+        billed: int  # negative: -sum(round(credit per usage line))
+        transactions: int
+
+    # Each usage line's exact credit: replaced by every CreditsApplied, never changed.
+    per_line = _NO_CREDIT
+
+    # A line's own: InvoiceLine's class defaults are annotated (a dataclass to the
+    # library), which would otherwise give this subclass a generated __init__ of them.
+    __init__ = InvoiceLine.__init__
+
+    @classmethod
+    def open_for(cls, customer_id: str, currency: str, period: Period) -> CreditLine:
+        # The line's own Opened (eventsourcing gives a subclass its own copy of it).
+        return cls._create(
+            cls.Opened, id=None, customer_id=customer_id, currency=currency,
+            meter=CREDIT_METER, period_start=period.start, period_end=period.end,
+            late_of_start=None, price_version=None, model=None,
+        )  # fmt: skip
+
+    @staticmethod
+    def id_for(customer_id: str, currency: str, period: Period) -> UUID:
+        return InvoiceLine.create_id(customer_id, currency, CREDIT_KEY, period.start)
+
+    def settle(self, entries: Sequence[tuple[UUID, Decimal]], *_: Any, **__: Any) -> None:
+        raise IllegalTransition("a credit line holds credit, not usage: use apply")
+
+    def apply(self, entries: Sequence[tuple[UUID, UUID, Decimal]]) -> None:
+        """Add each (transaction, usage line, exact credit) in one event; the credits in
+        canonical form (``domain.money.canonical``, as ``reserve_and_burn`` gives them)."""
+        entries = [e for e in entries if e[2] > 0]
+        if not entries:
+            return
+        if self.frozen:
+            raise IllegalTransition(f"line {self.id} is frozen: its invoice has closed")
+        texts = {line: str(line) for line in {line for _, line, _ in entries}}
+        line_ids = [texts[line] for _, line, _ in entries]
+        per_line = _added(self.per_line, zip(line_ids, (c for _, _, c in entries), strict=True))
+        exact = sum_exact(per_line.values())
+        billed = -sum(round_minor(c) for c in per_line.values())
+        self._applied(
+            [str(t) for t, _, _ in entries],
+            line_ids,
+            [f"{c:f}" for _, _, c in entries],  # canonical already (see ``apply``)
+            -exact,
+            billed,
+            self.transactions + len(entries),
+        )
+
+    @event(CreditsApplied)
+    def _applied(  # noqa: PLR0917 (the event's fields, applied on every load)
+        self,
+        transaction_ids: list[str],
+        line_ids: list[str],
+        amounts: list[str],
+        exact_total: Decimal,
+        billed: int,
+        transactions: int,
+    ) -> None:
+        pairs = zip(line_ids, map(Decimal, amounts), strict=True)
+        self.per_line = _added(self.per_line, pairs)
+        self.exact_total = exact_total
+        self.billed = billed
+        self.transactions = transactions
+
+    @staticmethod
+    def create_id(
+        customer_id: str, currency: str, meter: str, period_start: datetime,
+        late_of_start: datetime | None = None, **_: Any,
+    ) -> UUID:  # fmt: skip
+        """Whatever ``meter`` reads, the id is ``CREDIT_KEY``'s."""
+        return InvoiceLine.create_id(customer_id, currency, CREDIT_KEY, period_start)
+
+
+def _added(
+    per_line: dict[str, Decimal], credits: Iterable[tuple[str, Decimal]]
+) -> dict[str, Decimal]:
+    """``per_line`` with ``credits`` (usage line, exact credit) added, as a new dict."""
+    grouped: dict[str, list[Decimal]] = {}
+    for line, credit in credits:
+        grouped.setdefault(line, []).append(credit)
+    added = dict(per_line)
+    for line, credit_list in grouped.items():
+        added[line] = add_exact(per_line.get(line, Decimal(0)), sum_exact(credit_list))
+    return added

@@ -1,0 +1,103 @@
+"""The credits audit (I11) finds what breaks conservation, consumes beyond what is
+left, bills a blocked record, or credits an invoice other than the grants gave."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+from uuid import uuid4
+
+from domain.account import CustomerAccount
+from domain.audit import TxnAudit
+from domain.audit_credits import CreditAudit, check_credits
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+NOW = T0 + timedelta(days=1)
+
+
+def _stored(value: Any) -> Any:
+    """A field as the replay hands it over: registered types as their strings."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return f"{value:f}"
+    return value
+
+
+def _fold(account: CustomerAccount) -> CreditAudit:
+    audit = CreditAudit(account.customer_id, account.currency)
+    for event in account.collect_events():
+        data = {k: _stored(v) for k, v in vars(event).items()}
+        audit.apply(type(event).__name__, data, event.originator_version)
+    return audit
+
+
+def _account(policy: str = "block") -> CustomerAccount:
+    account = CustomerAccount.open("acme", "USD")
+    account.set_credit_policy(policy)
+    account.grant_credit("g", 100, effective_at=T0, expires_at=NOW + timedelta(days=1),
+                         source="manual", reason="r")  # fmt: skip
+    return account
+
+
+def _txn(txn_id: str, amount: str) -> TxnAudit:
+    return TxnAudit(txn_id, "acme", "u", "api.requests", "1", Decimal(amount), "USD", "")
+
+
+def test_a_history_the_account_decided_has_no_finding() -> None:
+    account = _account()
+    txns = [(uuid4(), Decimal("60.5")), (uuid4(), Decimal("50"))]
+    account.reserve_and_burn(txns, NOW)
+    account.expire_credits(NOW + timedelta(days=2))
+    audit = _fold(account)
+    applied = {str(txns[0][0]): Decimal("60.5")}
+    known = {str(t): _txn(str(t), f"{a}") for t, a in txns}
+    assert check_credits({("acme", "USD"): audit}, applied, known) == []
+    g = audit.grants["g"]
+    assert (g.consumed, g.expired, g.remaining) == (Decimal("60.5"), Decimal("39.5"), 0)
+
+
+def test_consumption_beyond_what_is_left_and_a_grant_below_zero_are_findings() -> None:
+    account = _account()
+    audit = _fold(account)
+    audit.apply("CreditsConsumed", {"transaction_ids": ["t"], "grant_ids": ["g"],
+                                    "amounts": ["120"], "at": NOW.isoformat()}, 5)  # fmt: skip
+    found = check_credits({("acme", "USD"): audit}, {"t": Decimal(120)}, {"t": _txn("t", "120")})
+    details = [f.detail for f in found]
+    assert any("consumed" in d and "which had" in d for d in details)
+    assert any(d.startswith("below zero") for d in details)
+
+
+def test_an_expiry_that_takes_other_than_what_was_left_is_a_finding() -> None:
+    audit = _fold(_account())
+    audit.apply("CreditExpired", {"grant_id": "g", "amount": "99", "expires_at": ""}, 4)
+    assert [p for p in audit.problems if "was left" in p]
+
+
+def test_a_record_only_partly_covered_under_block_is_a_finding() -> None:
+    audit = _fold(_account())
+    audit.apply("CreditsConsumed", {"transaction_ids": ["t"], "grant_ids": ["g"],
+                                    "amounts": ["10"], "at": NOW.isoformat()}, 5)  # fmt: skip
+    found = check_credits({("acme", "USD"): audit}, {"t": Decimal(10)}, {"t": _txn("t", "25")})
+    assert [f.subject for f in found] == ["t"]
+    assert "under the block policy" in found[0].detail
+
+
+def test_consuming_an_expired_grant_is_a_finding_even_without_its_expiry_event() -> None:
+    audit = _fold(_account())
+    late = (NOW + timedelta(days=1)).isoformat()  # the grant's expiry moment
+    audit.apply("CreditsConsumed", {"transaction_ids": ["t"], "grant_ids": ["g"],
+                                    "amounts": ["1"], "at": late}, 5)  # fmt: skip
+    assert [p for p in audit.problems if "not live" in p]
+
+
+def test_a_credit_line_that_differs_from_the_consumption_is_a_finding() -> None:
+    account = _account("overage")
+    t = uuid4()
+    account.reserve_and_burn([(t, Decimal(30))], NOW)
+    audit = _fold(account)
+    found = check_credits({("acme", "USD"): audit}, {str(t): Decimal(29)}, {})
+    assert [f.subject for f in found] == [str(t)]
+    missing = check_credits({("acme", "USD"): audit}, {}, {})
+    assert "took off 0" in missing[0].detail

@@ -1,0 +1,170 @@
+"""Prepaid credits on the customer's account: burn-down order, exact fractions,
+expiry, the block and overage policies, voids, and conservation per grant (I11)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from uuid import UUID, uuid4
+
+import pytest
+
+from domain.account import CustomerAccount
+from domain.credits import MAX_GRANT_MINOR
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+NOW = T0 + timedelta(days=3)
+
+
+def _account(policy: str = "overage") -> CustomerAccount:
+    account = CustomerAccount.open("acme", "USD")
+    account.set_credit_policy(policy)
+    return account
+
+
+def _grant(account: CustomerAccount, grant_id: str, amount: int, **terms: object) -> None:
+    defaults: dict[str, object] = {
+        "effective_at": T0, "source": "manual", "reason": "goodwill",
+    }  # fmt: skip
+    account.grant_credit(grant_id, amount, **{**defaults, **terms})  # type: ignore[arg-type]
+
+
+def _usage(*amounts: str) -> list[tuple[UUID, Decimal]]:
+    return [(uuid4(), Decimal(a)) for a in amounts]
+
+
+def _conserved(account: CustomerAccount) -> None:
+    for g in account.grants.values():
+        assert g.consumed + g.expired + g.voided + g.remaining == g.amount
+        assert g.remaining >= 0
+
+
+def _replayed(account: CustomerAccount) -> CustomerAccount:
+    rebuilt = None
+    for e in account.collect_events():
+        rebuilt = e.mutate(rebuilt)
+    assert isinstance(rebuilt, CustomerAccount)
+    return rebuilt
+
+
+def test_usage_burns_priority_first_then_soonest_expiry_then_oldest() -> None:
+    account = _account()
+    _grant(account, "late-prio", 10, priority=5)
+    _grant(account, "never", 10)
+    _grant(account, "soon", 10, expires_at=T0 + timedelta(days=10))
+    _grant(account, "sooner", 10, expires_at=T0 + timedelta(days=5))
+    _grant(account, "sooner-younger", 10, expires_at=T0 + timedelta(days=5))
+    burns = account.reserve_and_burn(_usage("15", "10", "12"), NOW)
+    assert [b.credit for b in burns] == [Decimal(15), Decimal(10), Decimal(12)]
+    remaining = {g: account.grants[g].remaining for g in account.grants}
+    assert remaining == {
+        "sooner": 0, "sooner-younger": 0, "soon": 0, "never": 3, "late-prio": 10,
+    }  # fmt: skip
+    _conserved(account)
+
+
+def test_fractions_are_consumed_exactly_and_never_rounded_per_record() -> None:
+    account = _account()
+    _grant(account, "g", 1)
+    burns = account.reserve_and_burn(_usage(*["0.00125"] * 3), NOW)
+    assert [b.credit for b in burns] == [Decimal("0.00125")] * 3
+    assert account.grants["g"].remaining == Decimal("0.99625")
+    consumed = account.pending_events[-1]
+    assert isinstance(consumed, CustomerAccount.CreditsConsumed)
+    assert consumed.amounts == ["0.00125"] * 3  # one event for the batch
+    assert _replayed(account).grants["g"].remaining == Decimal("0.99625")
+
+
+def test_overage_bills_beyond_the_grants_and_block_refuses_what_they_cannot_cover() -> None:
+    over, block = _account("overage"), _account("block")
+    for account in (over, block):
+        _grant(account, "g", 100)
+    over_burns = over.reserve_and_burn(_usage("60", "50", "40"), NOW)
+    assert [(b.reserved, b.credit) for b in over_burns] == [
+        (True, Decimal(60)), (True, Decimal(40)), (True, Decimal(0)),
+    ]  # fmt: skip
+    assert over.reserved == 150  # billed as always: the usage is reserved in full
+    block_burns = block.reserve_and_burn(_usage("60", "50", "40"), NOW)
+    assert [(b.reserved, b.blocked, b.credit) for b in block_burns] == [
+        (True, False, Decimal(60)), (False, True, Decimal(0)), (True, False, Decimal(40)),
+    ]  # fmt: skip
+    assert block.reserved == 100 and block.grants["g"].remaining == 0
+    _conserved(over), _conserved(block)
+
+
+def test_block_with_no_live_grant_refuses_everything_above_zero() -> None:
+    account = _account("block")
+    _grant(account, "g", 5, effective_at=NOW + timedelta(days=1))  # not yet effective
+    burns = account.reserve_and_burn(_usage("1", "0"), NOW)
+    assert [b.blocked for b in burns] == [True, False]
+
+
+def test_expiry_is_recorded_in_the_save_that_finds_it_and_nothing_expired_is_consumed() -> None:
+    account = _account("block")
+    _grant(account, "g", 100, expires_at=NOW)  # expires exactly at the save's moment
+    _grant(account, "h", 10)
+    burns = account.reserve_and_burn(_usage("20"), NOW)
+    assert burns[0].blocked  # only h's 10 is live
+    expired = [e for e in account.pending_events if isinstance(e, CustomerAccount.CreditExpired)]
+    assert [(e.grant_id, e.amount) for e in expired] == [("g", Decimal(100))]
+    assert account.expire_credits(NOW) == []  # recorded once
+    _conserved(account)
+    assert _replayed(account).grants["g"].expired == 100
+
+
+def test_a_void_takes_only_the_remainder_and_a_second_void_is_refused() -> None:
+    account = _account()
+    _grant(account, "g", 100)
+    account.reserve_and_burn(_usage("30.5"), NOW)
+    assert account.void_credit("g", "sold in error") == Decimal("69.5")
+    g = account.grants["g"]
+    assert (g.consumed, g.voided, g.remaining) == (Decimal("30.5"), Decimal("69.5"), 0)
+    with pytest.raises(ValueError, match="nothing left to void"):
+        account.void_credit("g", "again")
+    with pytest.raises(ValueError, match="no grant nope"):
+        account.void_credit("nope", "x")
+    assert account.reserve_and_burn(_usage("1"), NOW)[0].credit == 0
+    _conserved(account)
+
+
+@pytest.mark.parametrize(
+    ("terms", "message"),
+    [
+        ({"amount": 0}, "from 1 to"),
+        ({"amount": MAX_GRANT_MINOR + 1}, "from 1 to"),
+        ({"effective_at": datetime(2026, 12, 1)}, "time zone"),
+        ({"expires_at": T0}, "after its effective"),
+        ({"source": "gift"}, "source must be one of"),
+        ({"reason": " "}, "reason"),
+    ],
+)
+def test_a_grant_with_bad_terms_is_refused_in_one_line(
+    terms: dict[str, object], message: str
+) -> None:
+    account = _account()
+    amount = terms.pop("amount", 10)
+    with pytest.raises(ValueError, match=message):
+        _grant(account, "g", amount, **terms)  # type: ignore[arg-type]
+    assert account.grants == {}
+
+
+def test_a_repeated_grant_is_a_no_op_and_other_terms_under_its_id_are_refused() -> None:
+    account = _account()
+    _grant(account, "g", 10)
+    assert (
+        account.grant_credit("g", 10, effective_at=T0, source="manual", reason="goodwill") is False
+    )
+    with pytest.raises(ValueError, match="other terms"):
+        _grant(account, "g", 11)
+    assert len(account.grants) == 1
+
+
+def test_an_account_without_grants_decides_as_the_limit_alone() -> None:
+    account = CustomerAccount.open("acme", "USD", spend_limit=10)
+    burns = account.reserve_and_burn(_usage("6", "6", "4"), NOW)
+    assert [(b.reserved, b.blocked) for b in burns] == [
+        (True, False),
+        (False, False),
+        (True, False),
+    ]
+    assert [type(e).__name__ for e in account.pending_events] == ["Opened", "AmountsReserved"]
