@@ -236,6 +236,13 @@ class StripeGateway:
     def invoice_line_items(self, stripe_invoice_id: str) -> dict[str, str]:
         """Invoice item id -> line item id of every line of the invoice (100 a page, each
         page one call through the pressure)."""
+        return _traced(
+            "stripe line_items",
+            lambda: self._line_items(stripe_invoice_id),
+            stripe__invoice_id=stripe_invoice_id,
+        )
+
+    def _line_items(self, stripe_invoice_id: str) -> dict[str, str]:
         found: dict[str, str] = {}
         after: str | None = None
         while True:
@@ -264,20 +271,19 @@ class StripeGateway:
             for part in update.parts
             for s in part.sets
         ]
-        span = telemetry.span(
+        _traced(
             "stripe update_lines",
-            stripe__invoice_id=update.stripe_invoice_id,
-            billing__lines=len(update.parts),
-        )
-        with span:
-            self._call(
+            lambda: self._call(
                 "invoices.update_lines",
                 lambda: self.client.v1.invoices.update_lines(
                     update.stripe_invoice_id,
                     params={"lines": lines},  # type: ignore[typeddict-item]
                     options={"idempotency_key": update.key},
                 ),
-            )
+            ),
+            stripe__invoice_id=update.stripe_invoice_id,
+            billing__lines=len(update.parts),
+        )
 
     def create_credit_note(self, note: CreditNote) -> str:
         """A credit note of ``note.amount`` on the invoice, once (key from the transaction)."""
@@ -303,22 +309,13 @@ class StripeGateway:
 
     def push_line(self, items: LineItems) -> list[str]:
         """Set the line's items to the plan's amounts; their ids in chunk order."""
-        span = telemetry.span(
+        return _traced(
             "stripe push_line",
+            lambda: [self._item(items, step) for step in items.plan.items],
             billing__line_id=str(items.line_id),
             billing__sequence=items.plan.sequence,
             billing__requests=items.plan.calls,
         )
-        with span as current:
-            try:
-                ids = [self._item(items, step) for step in items.plan.items]
-            except Exception as exc:
-                current.set_attributes(
-                    {"billing.outcome": "error", "error.type": _trace_error_type(exc)}
-                )
-                raise
-            current.set_attribute("billing.outcome", "ok")
-            return ids
 
     def _item(self, items: LineItems, step: ItemStep) -> str:
         item_id = step.item_id
@@ -437,6 +434,21 @@ def _answer(fn: Callable[[], T]) -> T | ChargeFailure:
         return fn()
     except Exception as exc:
         return classify(exc)
+
+
+def _traced(name: str, call: Callable[[], T], **attributes: Any) -> T:
+    """``call()`` in a span named ``name``, its outcome recorded on it (``billing.outcome``
+    ok or error, and on an error ``error.type``, the error's class)."""
+    with telemetry.span(name, **attributes) as current:
+        try:
+            result = call()
+        except Exception as exc:
+            current.set_attributes(
+                {"billing.outcome": "error", "error.type": _trace_error_type(exc)}
+            )
+            raise
+        current.set_attribute("billing.outcome", "ok")
+        return result
 
 
 def _trace_error_type(exc: Exception) -> str:  # pragma: no mutate block

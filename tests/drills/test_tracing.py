@@ -187,7 +187,9 @@ def test_a_failed_push_is_traced_and_logged_with_its_error_class_and_retried_in_
     charged_drives = [s for s in mine if _attrs(s).get("billing.result") == "charged"]
     root = line.int & 0xFFFF_FFFF_FFFF_FFFF
     assert {_parent_id(s) for s in [failed_drive, *charged_drives]} == {root}
-    failed = _one(mine, "stripe push_line", **{"billing.outcome": "error"})
+    # The item exists, so the push reads the draft's line items first, to set the new
+    # amount in its invoice's one update_lines request: that read is what failed.
+    failed = _one(mine, "stripe line_items", **{"billing.outcome": "error"})
     assert _attrs(failed)["error.type"] == "http_503"
     assert failed.status.status_code is StatusCode.ERROR
     assert _parent_id(failed) == _span_id(failed_drive)
