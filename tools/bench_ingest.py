@@ -23,7 +23,9 @@ with each other rather than with another machine:
   - our lock-free recorder at the configured batch;
   - at 250 records per batch, because eventsourcing's stock recorder stalls on
     larger ones (its psycopg pipeline with a large parameter never syncs; seen at
-    500 on a 50,000-record run): the stock recorder (LOCK TABLE + NOTIFY +
+    500 on a 50,000-record run, and now and then at 250 on the embedded PostgreSQL:
+    a writer count with no save for 30 s is reported as stalled, its connections
+    terminated, and the run goes on): the stock recorder (LOCK TABLE + NOTIFY +
     composite-array insert), ours, and ours with the stock LOCK TABLE + NOTIFY
     added, which isolates what the lock and the NOTIFY cost;
 * with ``prices="tiered"``, end to end again by one process on a database of its own
@@ -185,7 +187,7 @@ def run_ingest_bench(
         return result
 
 
-def _ratios(r: dict[str, Any], small: int) -> dict[str, float]:
+def _ratios(r: dict[str, Any], small: int) -> dict[str, float | None]:
     copy = r["raw_copy"]["rows_per_s"]
     scaling: dict[str, float] = {}
     if "end_to_end_workers" in r:
@@ -223,8 +225,13 @@ def _ratios(r: dict[str, Any], small: int) -> dict[str, float]:
         return ratios
     at_small = r["store_append"][f"at_{small}"]
 
-    def rate(name: str, writers: str) -> float:
-        return float(at_small[name][writers]["events_per_s"])
+    def rate(name: str, writers: str) -> float | None:
+        figures = at_small[name][writers]
+        return None if figures.get("stalled") else float(figures["events_per_s"])
+
+    def versus(name: str, writers: str) -> float | None:
+        theirs, ours = rate(name, writers), rate("ours", writers)
+        return None if theirs is None or ours is None else round(theirs / ours, 3)
 
     return {
         "store_append_vs_copy": round(
@@ -232,7 +239,7 @@ def _ratios(r: dict[str, Any], small: int) -> dict[str, float]:
         ),
         **ratios,
         **{
-            f"{name}_vs_ours_{w}": round(rate(name, w) / rate("ours", w), 3)
+            f"{name}_vs_ours_{w}": versus(name, w)
             for name in ("stock", "ours_locking")
             for w in ("1_writer", "2_writers")
         },
@@ -565,9 +572,15 @@ _ONE_PROCESS_AGAIN = (
 
 def _appends(label: str, figures: dict[str, Any]) -> list[tuple[str, str]]:
     return [
-        (f"{label}, 1 writer", _RATE(figures["1_writer"]["events_per_s"], "events/s")),
-        (f"{label}, 2 writers", _RATE(figures["2_writers"]["events_per_s"], "events/s")),
+        (f"{label}, {n}", _append_rate(figures[key]))
+        for n, key in (("1 writer", "1_writer"), ("2 writers", "2_writers"))
     ]
+
+
+def _append_rate(figures: dict[str, Any]) -> str:
+    if figures.get("stalled"):
+        return f"stalled after {figures['batches_saved']} batches"
+    return _RATE(figures["events_per_s"], "events/s")
 
 
 def _appends_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
@@ -589,8 +602,9 @@ def _appends_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def _pair(ratios: dict[str, float], name: str) -> str:
-    return f"{ratios[f'{name}_vs_ours_1_writer']:>10} / {ratios[f'{name}_vs_ours_2_writers']}"
+def _pair(ratios: dict[str, float | None], name: str) -> str:
+    one, two = (ratios[f"{name}_vs_ours_{w}"] for w in ("1_writer", "2_writers"))
+    return f"{one if one is not None else 'stalled':>10} / {two if two is not None else 'stalled'}"
 
 
 def _ms(lat: dict[str, float]) -> str:

@@ -5,6 +5,7 @@ against raw PostgreSQL (binary ``COPY`` of the very rows, single-row INSERT comm
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import threading
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 STOCK_MAX_BATCH = 250  # eventsourcing's stock recorder stalled at 500 records per batch
+STALL_S = 30.0  # a 250-record save takes well under a second; none for this long is a stall
 RECORDERS = ("ours", "stock", "ours_locking")
 
 
@@ -60,8 +62,18 @@ class LockingLedgerRecorder(LedgerRecorder):
 
 
 def store_append(
-    settings: Settings, url: str, usage: list[UsageRecord], batch: int, recorder: str
+    settings: Settings,
+    url: str,
+    usage: list[UsageRecord],
+    batch: int,
+    recorder: str,
+    *,
+    stall_s: float = STALL_S,
 ) -> dict[str, Any]:
+    """Records and events per second with 1 and 2 writers; ``{"stalled": ...}`` for a
+    writer count whose saves made no progress for ``stall_s`` (the stock recorder's
+    psycopg pipeline can wait forever on a large parameter: its connections are
+    terminated, so the benchmark reports the stall and goes on)."""
     step(f"store append, {recorder} recorder, {batch} records per batch")
     out: dict[str, Any] = {"batch": batch}
     for writers in (1, 2):
@@ -76,28 +88,66 @@ def store_append(
             ]
             for w, share in enumerate(shares)
         ]
+        saved = [0] * writers
         started = time.perf_counter()
         threads = [
-            threading.Thread(target=_save_all, args=(apps[w], batches[w])) for w in range(writers)
+            threading.Thread(target=_save_all, args=(apps[w], batches[w], saved, w), daemon=True)
+            for w in range(writers)
         ]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        stalled = _join_unless_stalled(threads, saved, stall_s)
         elapsed = time.perf_counter() - started
+        label = f"{writers}_writer{'s' if writers > 1 else ''}"
+        if stalled:
+            step(f"  {recorder}, {writers} writer(s): no save for {stall_s:.0f} s; stopping it")
+            batches_saved = sum(saved)  # before the writers' connections are ended
+            _terminate_backends(url)
+            for t in threads:
+                t.join(30)
+            for app in apps:
+                with contextlib.suppress(psycopg.Error):
+                    app.close()
+            out[label] = {"stalled": True, "batches_saved": batches_saved}
+            continue
         events = count_events(url)
         for app in apps:
             app.close()
-        out[f"{writers}_writer{'s' if writers > 1 else ''}"] = {
+        out[label] = {
             "records_per_s": round(len(usage) / elapsed),
             "events_per_s": round(events / elapsed),
         }
     return out
 
 
-def _save_all(app: BillingLedger, batches: list[list[Metering]]) -> None:
-    for b in batches:
-        app.record_usage(b)
+def _save_all(app: BillingLedger, batches: list[list[Metering]], saved: list[int], w: int) -> None:
+    try:
+        for b in batches:
+            app.record_usage(b)
+            saved[w] += 1
+    except psycopg.Error:  # its connection terminated after a stall; reported by the caller
+        return
+
+
+def _join_unless_stalled(threads: list[threading.Thread], saved: list[int], stall_s: float) -> bool:
+    """Waits for the writers; True when none of them saved a batch for ``stall_s``."""
+    last, last_at = sum(saved), time.monotonic()
+    while any(t.is_alive() for t in threads):
+        for t in threads:
+            t.join(0.2)
+        if sum(saved) != last:
+            last, last_at = sum(saved), time.monotonic()
+        elif time.monotonic() - last_at > stall_s:
+            return True
+    return False
+
+
+def _terminate_backends(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
 
 
 def raw_copy(url: str) -> dict[str, Any]:

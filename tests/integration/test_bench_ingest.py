@@ -6,11 +6,20 @@ meter by tiers). Only what it counts is asserted, never its rates."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import threading
+from typing import Any
 
+import psycopg
 import pytest
+
+from adapters.settings import Settings
+from store.schema import EVENTS_TABLE
+from tools import bench_store
+from tools.synthetic import bench_usage
 
 pytestmark = pytest.mark.integration
 
@@ -62,3 +71,40 @@ def test_bench_ingest_with_tiered_prices_ingests_every_record_by_tiers_too() -> 
     assert tiered["records_per_s"] > 0
     assert result["ratios"]["end_to_end_tiered_vs_flat"] > 0
     assert tiered["first_record"] == {"price_version": 2, "line_model": "graduated"}
+
+
+def test_a_stalled_store_append_is_reported_and_the_benchmark_goes_on(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writers that save nothing for ``stall_s`` (here: blocked behind a lock another
+    session holds on the event table, as the stock recorder's pipeline can block) are
+    stopped and reported, instead of holding the benchmark until its caller's timeout."""
+    url = settings.database_url
+    locked = threading.Event()
+    ended = threading.Event()
+
+    def hold_the_events_table() -> None:
+        with contextlib.suppress(psycopg.Error), psycopg.connect(url) as conn:
+            conn.execute(f"LOCK TABLE {EVENTS_TABLE} IN ACCESS EXCLUSIVE MODE")
+            locked.set()
+            while True:  # held until the stall's termination of every session ends this one
+                conn.execute("SELECT pg_sleep(1)")
+        ended.set()
+
+    made = bench_store._app
+
+    def app_then_lock_once(*args: Any) -> Any:
+        app = made(*args)
+        if not locked.is_set():  # the first writer's store: locked before it saves anything
+            threading.Thread(target=hold_the_events_table, daemon=True).start()
+            assert locked.wait(10)
+        return app
+
+    monkeypatch.setattr(bench_store, "_app", app_then_lock_once)
+    result = bench_store.store_append(
+        settings, url, bench_usage(400, customers=4), 10, "ours", stall_s=2.0
+    )
+
+    assert result["1_writer"] == {"stalled": True, "batches_saved": 0}
+    assert ended.wait(10)  # the lock went with the terminated sessions
+    assert result["2_writers"]["records_per_s"] > 0
