@@ -55,7 +55,15 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
-from domain.alerts import Spend, Threshold, Watch, alert_id, crossings, parse_thresholds
+from domain.alerts import (
+    Credit,
+    Spend,
+    Threshold,
+    Watch,
+    alert_id,
+    crossings,
+    parse_thresholds,
+)
 from domain.credits import (
     CreditPolicy,
     Grant,
@@ -149,6 +157,8 @@ class CustomerAccount(Aggregate):
     class AlertCrossed(Aggregate.Event):
         """A threshold reached; plain JSON fields: the relay publishes it as it is."""
 
+        class_version = 2
+
         alert_id: str
         customer_id: str
         currency: str
@@ -158,6 +168,11 @@ class CustomerAccount(Aggregate):
         transaction_id: str
         value: str  # the measure that reached it, exact minor units as decimal text
         spend_limit: int | None
+        grant_id: str | None  # the grant a ``percent_of_grant`` threshold watched
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["grant_id"] = None  # crossings before grant thresholds watched no grant
 
     class AlertPeriodSpent(Aggregate.Event):
         """The period the alerts watch and its spend so far, once per ingest save."""
@@ -367,10 +382,14 @@ class CustomerAccount(Aggregate):
     def _alerts_set(self, thresholds: list[str]) -> None:
         self.alert_thresholds = tuple(thresholds)
 
-    def check_alerts(self, records: Sequence[Spend], granted: Sequence[bool]) -> None:
+    def check_alerts(
+        self, records: Sequence[Spend], granted: Sequence[bool], now: datetime | None = None
+    ) -> None:
         """Record the thresholds ``records`` cross: called once, right after
-        ``reserve_all`` reserved them (``granted`` is its answer), with the same records
-        in the same order. Nothing when no threshold is set."""
+        ``reserve_all`` or ``reserve_and_burn`` decided them (``granted``: which were
+        reserved), with the same records in the same order, in the same save (its
+        moment ``now`` decides which grants count in the balance). Nothing when no
+        threshold is set."""
         if not self.alert_thresholds or not records:
             return
         taken = [r.amount for r, ok in zip(records, granted, strict=True) if ok]
@@ -379,21 +398,51 @@ class CustomerAccount(Aggregate):
             before = add_exact(before, -amount)
         watch = Watch(self.alert_period, self.alert_period_spend, set(self.alerts_crossed))
         thresholds = [Threshold.parse(k) for k in self.alert_thresholds]
-        for found in crossings(thresholds, watch, before, self.spend_limit, records, granted):
+        credit = self._credit_before(records, now) if self.grants else None
+        found = crossings(thresholds, watch, before, self.spend_limit, records, granted, credit)
+        for crossing in found:
             self._alert_crossed(
-                alert_id=str(alert_id(self.id, found.threshold, found.period)),
+                alert_id=str(
+                    alert_id(self.id, crossing.threshold, crossing.period, crossing.grant_id)
+                ),
                 customer_id=self.customer_id,
                 currency=self.currency,
-                threshold=found.threshold.key,
-                period=found.period,
-                usage_id=found.usage_id,
-                transaction_id=str(found.transaction_id),
-                value=f"{canonical(found.value):f}",
+                threshold=crossing.threshold.key,
+                period=crossing.period,
+                usage_id=crossing.usage_id,
+                transaction_id=str(crossing.transaction_id),
+                value=f"{canonical(crossing.value):f}",
                 spend_limit=self.spend_limit,
+                grant_id=crossing.grant_id,
             )
         assert watch.period is not None  # records is not empty
         if (watch.period, watch.spend) != (self.alert_period, self.alert_period_spend):
             self._alert_period_spent(watch.period, f"{canonical(watch.spend):f}")
+
+    def _credit_before(self, records: Sequence[Spend], now: datetime | None) -> Credit:
+        """The credit as it was before ``records`` burnt it: this save's consumption
+        (its pending ``CreditsConsumed``) given back, per grant and in all."""
+        ids = {str(r.transaction_id) for r in records}
+        taken: dict[UUID, list[tuple[str, Decimal]]] = {}
+        consumed = {g.grant_id: g.consumed for g in self.grants.values()}
+        balance = Decimal(0)
+        for grant in self.grants.values():
+            if now is None or grant.live(now):
+                balance = add_exact(balance, grant.remaining)
+        for pending in self.pending_events:
+            if not isinstance(pending, self.CreditsConsumed):
+                continue
+            for txn, grant_id, text in zip(
+                pending.transaction_ids, pending.grant_ids, pending.amounts, strict=True
+            ):
+                if txn not in ids:
+                    continue
+                amount = Decimal(text)
+                taken.setdefault(UUID(txn), []).append((grant_id, amount))
+                consumed[grant_id] = add_exact(consumed[grant_id], -amount)
+                balance = add_exact(balance, amount)
+        amounts = {g.grant_id: g.amount for g in self.grants.values()}
+        return Credit(balance, amounts, consumed, taken)
 
     @event(AlertCrossed)
     def _alert_crossed(
@@ -408,11 +457,13 @@ class CustomerAccount(Aggregate):
         transaction_id: str,
         value: str,
         spend_limit: int | None,
+        grant_id: str | None = None,
     ) -> None:
         if period != self.alert_period:
             self.alert_period, self.alert_period_spend = period, Decimal(0)
             self.alerts_crossed = ()
-        self.alerts_crossed = (*self.alerts_crossed, threshold)
+        if grant_id is None:  # a grant's crossings are once per grant, by its consumption
+            self.alerts_crossed = (*self.alerts_crossed, threshold)
 
     @event(AlertPeriodSpent)
     def _alert_period_spent(self, period: str, spend: str) -> None:

@@ -11,36 +11,51 @@ A threshold is a kind and a whole number (``Threshold``, written ``kind:value``)
   (the exact amounts of the records reserved whose usage occurred in that period, at
   most ``MAX_SPEND_LIMIT_MINOR``).
 
-Kinds to come with credit grants (``percent_of_grant``, ``balance``) add a name to
-``KINDS`` and a measure to ``_measure``; nothing else changes.
+* ``balance:500``: the account's live prepaid credit (``domain.credits``: what is left
+  on the grants usable at the save's moment) falls to 500 minor units or below (0 to
+  ``MAX_GRANT_MINOR``). A record's measure is the balance its burn-down left; for a
+  record refused (by ``block``, or by the limit), the balance minus what it asked for,
+  so ``balance:0`` fires on the record that found the credit exhausted. Only usage
+  moves it: an expiry or a void lowers the balance without a record (each is its own
+  event), and the next record's measure counts it. An account without any grant
+  never fires it.
+* ``percent_of_grant:80``: usage has consumed 80% of a grant's amount (1 to 100). It
+  fires on the record whose consumption carried that grant across the mark, once per
+  grant (consumption only grows, so a grant crosses each mark at most once, whatever
+  the period); a grant already past the mark when the threshold is set never fires it.
 
-**Once per threshold per period.** The account keeps the period it is watching (the
-latest billing period its usage fell in) and the thresholds already crossed in it. A
-threshold fires on the first record that reaches it in a period and never again in that
-period; in the next period it is watched afresh (so a customer still above 80% of an
-all-time limit hears it once more, on the period's first record). Usage of an earlier
+**Once per threshold per period** (per grant for ``percent_of_grant``). The account
+keeps the period it is watching (the latest billing period its usage fell in) and the
+thresholds already crossed in it. A threshold fires on the first record that reaches it
+in a period and never again in that period; in the next period it is watched afresh (so
+a customer still above 80% of an all-time limit hears it once more, on the period's
+first record). Usage of an earlier
 period (late usage) counts towards the period being watched. Each crossing is an
 ``AlertCrossed`` event of the ingest save that reserved (or refused) the record, naming
-it, with an id derived from the account, the threshold and the period (``alert_id``):
-the id a receiver deduplicates by.
+it, with an id derived from the account, the threshold and the period, or the grant
+(``alert_id``): the id a receiver deduplicates by.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from decimal import Decimal
 from uuid import UUID
 
+from domain.credits import MAX_GRANT_MINOR
 from domain.ids import uuid5
 from domain.money import MAX_SPEND_LIMIT_MINOR, add_exact
 
 __all__ = [
     "ALERT_NAMESPACE",
+    "BALANCE",
     "KINDS",
     "MAX_THRESHOLDS",
+    "PERCENT_OF_GRANT",
     "PERCENT_OF_LIMIT",
     "SPEND",
+    "Credit",
     "Crossing",
     "Spend",
     "Threshold",
@@ -53,7 +68,10 @@ __all__ = [
 ALERT_NAMESPACE = UUID("7d2c9a41-5e8b-5f16-a3c0-9b4e1d7f2a68")
 PERCENT_OF_LIMIT = "percent_of_limit"
 SPEND = "spend"
-KINDS = (PERCENT_OF_LIMIT, SPEND)
+BALANCE = "balance"
+PERCENT_OF_GRANT = "percent_of_grant"
+KINDS = (PERCENT_OF_LIMIT, SPEND, BALANCE, PERCENT_OF_GRANT)
+_PERCENTS = (PERCENT_OF_LIMIT, PERCENT_OF_GRANT)
 MAX_THRESHOLDS = 20  # per account: each one is checked for every record reserved
 
 
@@ -67,11 +85,16 @@ class Threshold:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"alert kind {self.kind!r}: one of {', '.join(KINDS)}")
-        if self.kind == PERCENT_OF_LIMIT and not 1 <= self.value <= 100:
-            raise ValueError(f"a percentage of the limit is 1 to 100, not {self.value}")
+        if self.kind in _PERCENTS and not 1 <= self.value <= 100:
+            what = "the limit" if self.kind == PERCENT_OF_LIMIT else "a grant"
+            raise ValueError(f"a percentage of {what} is 1 to 100, not {self.value}")
         if self.kind == SPEND and not 1 <= self.value <= MAX_SPEND_LIMIT_MINOR:
             raise ValueError(
                 f"a spend threshold is 1 to {MAX_SPEND_LIMIT_MINOR} minor units, not {self.value}"
+            )
+        if self.kind == BALANCE and not 0 <= self.value <= MAX_GRANT_MINOR:
+            raise ValueError(
+                f"a balance threshold is 0 to {MAX_GRANT_MINOR} minor units, not {self.value}"
             )
 
     @property
@@ -113,7 +136,8 @@ class Crossing:
     period: str
     usage_id: str
     transaction_id: UUID
-    value: Decimal  # the measure that reached it (committed, or the period's spend)
+    value: Decimal  # the measure that reached it (committed, the spend, balance, consumed)
+    grant_id: str | None = None  # the grant, for ``percent_of_grant``
 
 
 @dataclass
@@ -130,6 +154,18 @@ class Watch:
             self.period, self.spend, self.crossed = period, Decimal(0), set()
 
 
+@dataclass
+class Credit:
+    """The account's prepaid credit as the alerts see it, before a save's first record:
+    the live balance, and per grant its amount and what usage had consumed of it; with
+    what each record of the save consumed, per grant in burn order."""
+
+    balance: Decimal
+    amounts: Mapping[str, int]
+    consumed: dict[str, Decimal]
+    taken: Mapping[UUID, Sequence[tuple[str, Decimal]]] = field(default_factory=dict)
+
+
 def crossings(  # noqa: PLR0917
     thresholds: Sequence[Threshold],
     watch: Watch,
@@ -137,31 +173,80 @@ def crossings(  # noqa: PLR0917
     limit: int | None,
     records: Sequence[Spend],
     granted: Sequence[bool],
+    credit: Credit | None = None,
 ) -> list[Crossing]:
     """The crossings of ``records`` (in order, ``granted`` saying which the limit took),
-    ``committed`` being the account's committed spend before the first; ``watch`` is
-    advanced as it goes (the caller records it)."""
+    ``committed`` being the account's committed spend before the first and ``credit``
+    its prepaid credit (None: no grant, ever); ``watch`` (and ``credit``) are advanced
+    as it goes (the caller records the watch)."""
     found: list[Crossing] = []
     for record, ok in zip(records, granted, strict=True):
         watch.enter(record.period)
+        period = watch.period or record.period
         demand = add_exact(committed, record.amount)
         if ok:
             committed = demand
             watch.spend = add_exact(watch.spend, record.amount)
+        balance: Decimal | None = None
+        taken: Sequence[tuple[str, Decimal]] = ()
+        if credit is not None:
+            taken = credit.taken.get(record.transaction_id, ())
+            balance = _burn(credit, ok, record.amount, taken)
         for threshold in thresholds:
+            if threshold.kind == PERCENT_OF_GRANT:
+                if credit is not None:
+                    found += _grant_crossings(threshold, credit, taken, period, record)
+                continue
             if threshold.key in watch.crossed:
                 continue
-            value = _measure(threshold, demand, watch.spend, limit)
+            value = _measure(threshold, demand, watch.spend, limit, balance)
             if value is None:
                 continue
             watch.crossed.add(threshold.key)
-            period = watch.period or record.period
             found.append(Crossing(threshold, period, record.usage_id, record.transaction_id, value))
+        if credit is not None:
+            for grant_id, amount in taken:
+                credit.consumed[grant_id] = add_exact(credit.consumed[grant_id], amount)
+    return found
+
+
+def _burn(
+    credit: Credit, ok: bool, amount: Decimal, taken: Sequence[tuple[str, Decimal]]
+) -> Decimal:
+    """The record's balance measure, ``credit.balance`` advanced past what it took."""
+    if not ok:  # refused: what the balance would have been had it been taken
+        return add_exact(credit.balance, -max(amount, Decimal(0)))
+    for _, part in taken:
+        credit.balance = add_exact(credit.balance, -part)
+    return credit.balance
+
+
+def _grant_crossings(
+    threshold: Threshold,
+    credit: Credit,
+    taken: Sequence[tuple[str, Decimal]],
+    period: str,
+    record: Spend,
+) -> list[Crossing]:
+    """The grants whose consumption this record carried across ``threshold``'s mark."""
+    found = []
+    for grant_id, part in taken:
+        before = credit.consumed[grant_id]
+        after = add_exact(before, part)
+        mark = Decimal(credit.amounts[grant_id] * threshold.value).scaleb(-2)
+        if before < mark <= after:
+            found.append(
+                Crossing(threshold, period, record.usage_id, record.transaction_id, after, grant_id)
+            )
     return found
 
 
 def _measure(
-    threshold: Threshold, demand: Decimal, spend: Decimal, limit: int | None
+    threshold: Threshold,
+    demand: Decimal,
+    spend: Decimal,
+    limit: int | None,
+    balance: Decimal | None,
 ) -> Decimal | None:
     """The measure when it reaches ``threshold``, else None (compared exactly: the
     target, a limit of at most 10^15 times a percentage over 100, has 18 digits)."""
@@ -169,9 +254,14 @@ def _measure(
         if limit is None:
             return None
         return demand if demand >= Decimal(limit * threshold.value).scaleb(-2) else None
+    if threshold.kind == BALANCE:
+        return balance if balance is not None and balance <= threshold.value else None
     return spend if spend >= threshold.value else None
 
 
-def alert_id(account: UUID, threshold: Threshold, period: str) -> UUID:
-    """The crossing's id: the same account, threshold and period, the same id."""
+def alert_id(account: UUID, threshold: Threshold, period: str, grant_id: str | None = None) -> UUID:
+    """The crossing's id: the same account, threshold and period (or grant, for
+    ``percent_of_grant``, which crosses once per grant), the same id."""
+    if grant_id is not None:
+        return uuid5(ALERT_NAMESPACE, f"{account}:{threshold.key}:grant:{grant_id}")
     return uuid5(ALERT_NAMESPACE, f"{account}:{threshold.key}:{period}")

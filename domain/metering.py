@@ -245,7 +245,9 @@ def settle_account(
         _settle_by_line(account, book, items, lines, credited)
     if account.alert_thresholds:  # spend alerts: one call, right after the reservation
         decided = [i for i in items if i.rejected is None]
-        account.check_alerts([_spend(i) for i in decided], [i.refused is None for i in decided])
+        account.check_alerts(
+            [_spend(i) for i in decided], [i.refused is None for i in decided], book.now
+        )
     for settled in lines.values():
         line, members, price = settled.line, settled.members, settled.price
         entries = [(m.metering.transaction_id, m.fields["amount"]) for m in members]

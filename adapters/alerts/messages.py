@@ -9,12 +9,14 @@ webhooks send the same bytes. The format (docs/reference/alerts.md):
  "customer_id": "acme", "currency": "USD",
  "threshold": {"kind": "percent_of_limit", "value": 80}, "period": "2026-12-01T00:00:00Z",
  "usage_id": "u-1042", "transaction_id": "9b1e...", "value": "8000.5",
- "spend_limit": 10000, "notification_id": 4711}
+ "spend_limit": 10000, "grant_id": null, "notification_id": 4711}
 ```
 
-``id`` is the crossing's id (the same account, threshold and period, the same id: a
-receiver deduplicates by it); ``value`` the measure that reached the threshold, exact
-minor units as decimal text; ``notification_id`` the event's position in the store.
+``id`` is the crossing's id (the same account, threshold and period, or grant, the same
+id: a receiver deduplicates by it); ``grant_id`` the grant a ``percent_of_grant``
+threshold watched (null for the other kinds); ``value`` the measure that reached the
+threshold, exact minor units as decimal text; ``notification_id`` the event's position
+in the store.
 Decoding is total: a stored state that is not such an event gives None (logged by the
 caller), never an exception.
 """
@@ -59,6 +61,7 @@ def alert_document(state: Any, notification_id: int) -> Alert | None:
     if not value.isdigit() or not isinstance(state.get("value"), str):
         return None
     limit = state.get("spend_limit")
+    grant = state.get("grant_id")
     stamp = state.get("timestamp")
     created = stamp.get("_data_") if isinstance(stamp, dict) else None
     document = {
@@ -73,6 +76,7 @@ def alert_document(state: Any, notification_id: int) -> Alert | None:
         "transaction_id": state["transaction_id"],
         "value": state["value"],
         "spend_limit": limit if isinstance(limit, int) else None,
+        "grant_id": grant if isinstance(grant, str) else None,
         "notification_id": notification_id,
     }
     body = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()

@@ -34,6 +34,18 @@ def add_commands(sub: Any) -> None:
         default=[],
         help="the period's spend, in minor units, comma-separated: 10000 (100.00 USD)",
     )
+    set_.add_argument(
+        "--balance",
+        type=_numbers,
+        default=[],
+        help="the live prepaid credit balance falling to, in minor units, comma-separated: 500,0",
+    )
+    set_.add_argument(
+        "--percent-of-grant",
+        type=_numbers,
+        default=[],
+        help="percentages of each credit grant consumed, comma-separated (1-100): 50,90",
+    )
     set_.set_defaults(handler=_set_alerts)
     listed = al_sub.add_parser("list", help="a customer's thresholds and this period's state")
     listed.add_argument("--customer", required=True)
@@ -92,12 +104,14 @@ def _uuid(text: str) -> UUID:
 def _set_alerts(args: argparse.Namespace) -> int:
     from adapters.bootstrap import open_ledger
     from adapters.settings import Settings
-    from domain.alerts import PERCENT_OF_LIMIT, SPEND
+    from domain.alerts import BALANCE, PERCENT_OF_GRANT, PERCENT_OF_LIMIT, SPEND
     from domain.money import check_currency
 
     currency = check_currency(args.currency)
     keys = [f"{PERCENT_OF_LIMIT}:{p}" for p in args.percent_of_limit]
     keys += [f"{SPEND}:{s}" for s in args.spend]
+    keys += [f"{BALANCE}:{b}" for b in args.balance]
+    keys += [f"{PERCENT_OF_GRANT}:{p}" for p in args.percent_of_grant]
     with open_ledger(Settings()) as ledger:
         ledger.set_alerts(args.customer, currency, keys)
         account = ledger.account(args.customer, currency)

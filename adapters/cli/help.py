@@ -200,6 +200,8 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
         (
             "billing-ledger alerts set --customer acme --currency USD --percent-of-limit 50,80,100",
             "billing-ledger alerts set --customer acme --currency USD --spend 10000",
+            "billing-ledger alerts set --customer acme --currency USD --balance 500,0"
+            " --percent-of-grant 90",
         ),
         DB,
     ),

@@ -8,6 +8,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from uuid import UUID, uuid4
@@ -364,3 +365,47 @@ def test_the_webhook_commands_register_list_replay_and_remove(
     (row,) = json.loads(cli(alert_settings, "webhooks", "deliveries", "--json")[1])
     assert (row["status"], row["last_error"]) == ("failed", "endpoint removed")
     assert cli(alert_settings, "webhooks", "remove", endpoint)[0] == 2
+
+
+def test_credit_alerts_reach_a_live_endpoint_once_each_naming_the_grant(
+    alert_settings: Settings, ingest_ledger: BillingLedger, receivers: Callable[..., Receiver]
+) -> None:
+    """A grant of 1,000 minor units, alerts at a balance of 300 and at half the grant:
+    each crosses once under redelivery, on the record that reached it, and the receiver
+    verifies both, the grant's naming it."""
+    start = datetime.now(UTC) - timedelta(days=1)
+    ingest_ledger.change_account("acme", "USD", lambda a: a.grant_credit(
+        "welcome", 1000, effective_at=start, source="promotional", reason="trial",
+    ))  # fmt: skip
+    out = _cli(alert_settings, "alerts", "set", "--customer", "acme", "--currency", "USD",
+               "--balance", "300", "--percent-of-grant", "50")  # fmt: skip
+    assert "balance:300, percent_of_grant:50" in out
+    live = receivers("ok")
+    added = _cli(alert_settings, "webhooks", "add", live.url, "--events", "alert.crossed")
+    live.secret = re.findall(r"whsec_\S+", added)[0]
+
+    records = [usage(f"u-{i}") for i in range(10)]  # 100 minor units each
+    produce_records(alert_settings, records + records)
+    _ingest(alert_settings, ingest_ledger, 20)
+    crossed = _crossings(alert_settings.database_url)
+    assert [(c["threshold"], c["usage_id"], c["value"], c["grant_id"]) for c in crossed] == [
+        ("percent_of_grant:50", "u-4", "500", "welcome"),
+        ("balance:300", "u-6", "300", None),
+    ]
+    stop = threading.Event()
+    running = threading.Thread(
+        target=run_roles,
+        args=(alert_settings, ingest_ledger, ["relay", "alerts"], stop),
+        daemon=True,
+    )
+    running.start()
+    try:
+        expected = {c["alert_id"] for c in crossed}
+        wait_for(lambda: live.distinct() == expected, timeout=30, what="the credit alerts")
+    finally:
+        stop.set()
+        running.join(timeout=30)
+    by_kind = {e["threshold"]["kind"]: e for e in live.verified}
+    assert by_kind["percent_of_grant"]["grant_id"] == "welcome"
+    assert (by_kind["balance"]["value"], by_kind["balance"]["grant_id"]) == ("300", None)
+    assert live.refused == 0

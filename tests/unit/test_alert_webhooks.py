@@ -159,6 +159,7 @@ def test_the_alert_document_carries_the_crossing_exactly() -> None:
         "transaction_id": str(transaction_id("acme", "u1")),
         "value": "800.5",
         "spend_limit": 1000,
+        "grant_id": None,
         "notification_id": 4711,
     }
     assert document["created_at"].startswith("20")
