@@ -22,30 +22,8 @@ def add_commands(sub: Any) -> None:
     )
     set_.add_argument("--customer", required=True)
     set_.add_argument("--currency", required=True)
-    set_.add_argument(
-        "--percent-of-limit",
-        type=_numbers,
-        default=[],
-        help="percentages of the spend limit, comma-separated (1-100): 50,80,100",
-    )
-    set_.add_argument(
-        "--spend",
-        type=_numbers,
-        default=[],
-        help="the period's spend, in minor units, comma-separated: 10000 (100.00 USD)",
-    )
-    set_.add_argument(
-        "--balance",
-        type=_numbers,
-        default=[],
-        help="the live prepaid credit balance falling to, in minor units, comma-separated: 500,0",
-    )
-    set_.add_argument(
-        "--percent-of-grant",
-        type=_numbers,
-        default=[],
-        help="percentages of each credit grant consumed, comma-separated (1-100): 50,90",
-    )
+    for kind, text in _KINDS.items():
+        set_.add_argument(f"--{kind.replace('_', '-')}", type=_numbers, default=[], help=text)
     set_.set_defaults(handler=_set_alerts)
     listed = al_sub.add_parser("list", help="a customer's thresholds and this period's state")
     listed.add_argument("--customer", required=True)
@@ -77,6 +55,15 @@ def add_commands(sub: Any) -> None:
     replay.set_defaults(handler=_replay)
 
 
+# Each kind of threshold (domain.alerts.KINDS) is an option of ``alerts set``.
+_KINDS = {
+    "percent_of_limit": "percentages of the spend limit, comma-separated (1-100): 50,80,100",
+    "spend": "the period's spend, in minor units, comma-separated: 10000 (100.00 USD)",
+    "balance": "the live prepaid credit balance falling to, in minor units: 500,0",
+    "percent_of_grant": "percentages of each credit grant consumed (1-100): 50,90",
+}
+
+
 def _numbers(text: str) -> list[int]:
     try:
         return [int(part) for part in text.split(",") if part.strip()]
@@ -104,14 +91,10 @@ def _uuid(text: str) -> UUID:
 def _set_alerts(args: argparse.Namespace) -> int:
     from adapters.bootstrap import open_ledger
     from adapters.settings import Settings
-    from domain.alerts import BALANCE, PERCENT_OF_GRANT, PERCENT_OF_LIMIT, SPEND
     from domain.money import check_currency
 
     currency = check_currency(args.currency)
-    keys = [f"{PERCENT_OF_LIMIT}:{p}" for p in args.percent_of_limit]
-    keys += [f"{SPEND}:{s}" for s in args.spend]
-    keys += [f"{BALANCE}:{b}" for b in args.balance]
-    keys += [f"{PERCENT_OF_GRANT}:{p}" for p in args.percent_of_grant]
+    keys = [f"{kind}:{value}" for kind in _KINDS for value in getattr(args, kind)]
     with open_ledger(Settings()) as ledger:
         ledger.set_alerts(args.customer, currency, keys)
         account = ledger.account(args.customer, currency)

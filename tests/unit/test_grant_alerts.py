@@ -189,3 +189,10 @@ def test_a_crossing_recorded_before_grant_thresholds_loads_naming_no_grant() -> 
     event = ledger.mapper.to_domain_event(v1)
     assert isinstance(event, CustomerAccount.AlertCrossed)
     assert event.grant_id is None
+
+
+def test_alerts_set_has_an_option_for_every_kind_of_threshold() -> None:
+    from adapters.cli import alerts
+    from domain.alerts import KINDS
+
+    assert set(alerts._KINDS) == set(KINDS)
