@@ -158,12 +158,40 @@ class Watch:
 class Credit:
     """The account's prepaid credit as the alerts see it, before a save's first record:
     the live balance, and per grant its amount and what usage had consumed of it; with
-    what each record of the save consumed, per grant in burn order."""
+    what each record of the save consumed, per grant in burn order. ``crossings``
+    advances it record by record."""
 
     balance: Decimal
     amounts: Mapping[str, int]
     consumed: dict[str, Decimal]
     taken: Mapping[UUID, Sequence[tuple[str, Decimal]]] = field(default_factory=dict)
+
+    def burn(self, record: Spend, ok: bool) -> Decimal:
+        """The record's balance measure: for a record refused, the balance less what it
+        asked for; else the balance after what it took (which it becomes)."""
+        if not ok:
+            return add_exact(self.balance, -record.amount)
+        for _, part in self.taken.get(record.transaction_id, ()):
+            self.balance = add_exact(self.balance, -part)
+        return self.balance
+
+    def grant_crossings(
+        self, thresholds: Sequence[Threshold], period: str, record: Spend
+    ) -> list[Crossing]:
+        """The grants whose consumption the record carried across a threshold's mark
+        (``percent_of_grant``), what they consumed advanced past it."""
+        found = []
+        for grant_id, part in self.taken.get(record.transaction_id, ()):
+            before = self.consumed[grant_id]
+            after = self.consumed[grant_id] = add_exact(before, part)
+            for threshold in thresholds:
+                mark = Decimal(self.amounts[grant_id] * threshold.value).scaleb(-2)
+                if before < mark <= after:
+                    found.append(
+                        Crossing(threshold, period, record.usage_id, record.transaction_id,
+                                 after, grant_id)
+                    )  # fmt: skip
+        return found
 
 
 def crossings(  # noqa: PLR0917
@@ -180,6 +208,8 @@ def crossings(  # noqa: PLR0917
     its prepaid credit (None: no grant, ever); ``watch`` (and ``credit``) are advanced
     as it goes (the caller records the watch)."""
     found: list[Crossing] = []
+    per_grant = [t for t in thresholds if t.kind == PERCENT_OF_GRANT]
+    watched = [t for t in thresholds if t.kind != PERCENT_OF_GRANT]
     for record, ok in zip(records, granted, strict=True):
         watch.enter(record.period)
         period = watch.period or record.period
@@ -188,15 +218,10 @@ def crossings(  # noqa: PLR0917
             committed = demand
             watch.spend = add_exact(watch.spend, record.amount)
         balance: Decimal | None = None
-        taken: Sequence[tuple[str, Decimal]] = ()
         if credit is not None:
-            taken = credit.taken.get(record.transaction_id, ())
-            balance = _burn(credit, ok, record.amount, taken)
-        for threshold in thresholds:
-            if threshold.kind == PERCENT_OF_GRANT:
-                if credit is not None:
-                    found += _grant_crossings(threshold, credit, taken, period, record)
-                continue
+            balance = credit.burn(record, ok)
+            found += credit.grant_crossings(per_grant, period, record)
+        for threshold in watched:
             if threshold.key in watch.crossed:
                 continue
             value = _measure(threshold, demand, watch.spend, limit, balance)
@@ -204,40 +229,6 @@ def crossings(  # noqa: PLR0917
                 continue
             watch.crossed.add(threshold.key)
             found.append(Crossing(threshold, period, record.usage_id, record.transaction_id, value))
-        if credit is not None:
-            for grant_id, amount in taken:
-                credit.consumed[grant_id] = add_exact(credit.consumed[grant_id], amount)
-    return found
-
-
-def _burn(
-    credit: Credit, ok: bool, amount: Decimal, taken: Sequence[tuple[str, Decimal]]
-) -> Decimal:
-    """The record's balance measure, ``credit.balance`` advanced past what it took."""
-    if not ok:  # refused: what the balance would have been had it been taken
-        return add_exact(credit.balance, -max(amount, Decimal(0)))
-    for _, part in taken:
-        credit.balance = add_exact(credit.balance, -part)
-    return credit.balance
-
-
-def _grant_crossings(
-    threshold: Threshold,
-    credit: Credit,
-    taken: Sequence[tuple[str, Decimal]],
-    period: str,
-    record: Spend,
-) -> list[Crossing]:
-    """The grants whose consumption this record carried across ``threshold``'s mark."""
-    found = []
-    for grant_id, part in taken:
-        before = credit.consumed[grant_id]
-        after = add_exact(before, part)
-        mark = Decimal(credit.amounts[grant_id] * threshold.value).scaleb(-2)
-        if before < mark <= after:
-            found.append(
-                Crossing(threshold, period, record.usage_id, record.transaction_id, after, grant_id)
-            )
     return found
 
 

@@ -16,9 +16,18 @@ from eventsourcing.persistence import StoredEvent
 
 from adapters.alerts.messages import alert_document
 from domain.account import CustomerAccount
-from domain.alerts import Spend, Threshold, alert_id, parse_thresholds
+from domain.alerts import (
+    MAX_THRESHOLDS,
+    Spend,
+    Threshold,
+    Watch,
+    alert_id,
+    crossings,
+    parse_thresholds,
+)
 from domain.credits import MAX_GRANT_MINOR
 from domain.ids import transaction_id
+from domain.money import MAX_SPEND_LIMIT_MINOR
 from tests.fast.fakes import memory_ledger
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -105,9 +114,10 @@ def test_each_grant_crosses_its_mark_once_on_the_record_that_carries_it() -> Non
     crossed = _ingest(account, _spend("u1", "49.99"), _spend("u2", "0.01"), _spend("u3", "550"))
     assert _seen(crossed) == [
         ("percent_of_grant:50", "u2", "50", "first"),
-        ("percent_of_grant:50", "u3", "500", "second"),  # per record: threshold by threshold
-        ("percent_of_grant:100", "u3", "100", "first"),
+        ("percent_of_grant:100", "u3", "100", "first"),  # per record: grants in burn order
+        ("percent_of_grant:50", "u3", "500", "second"),
     ]
+    assert crossed[0].transaction_id == str(transaction_id("acme", "u2"))
     ids = {e.alert_id for e in crossed}
     assert str(alert_id(account.id, Threshold("percent_of_grant", 50), DEC, "first")) in ids
     assert str(alert_id(account.id, Threshold("percent_of_grant", 50), DEC, "second")) in ids
@@ -150,8 +160,40 @@ def test_bad_grant_thresholds_are_refused(key: str) -> None:
         parse_thresholds([key])
 
 
-def test_a_balance_of_zero_is_a_threshold() -> None:
+def test_the_largest_thresholds_and_the_most_of_them_are_accepted() -> None:
     assert parse_thresholds(["balance:0"]) == [Threshold("balance", 0)]
+    assert Threshold("balance", MAX_GRANT_MINOR).value == MAX_GRANT_MINOR
+    assert Threshold("spend", MAX_SPEND_LIMIT_MINOR).value == MAX_SPEND_LIMIT_MINOR
+    keys = [f"spend:{v}" for v in range(1, MAX_THRESHOLDS + 1)]
+    assert len(parse_thresholds(keys)) == MAX_THRESHOLDS
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("nope:1", "alert kind 'nope': one of percent_of_limit, spend, balance, percent_of_grant"),
+        ("percent_of_limit:0", "a percentage of the limit is 1 to 100, not 0"),
+        ("percent_of_grant:101", "a percentage of a grant is 1 to 100, not 101"),
+        ("spend:1:2", "alert threshold 'spend:1:2': kind:whole number"),
+    ],
+)
+def test_a_bad_threshold_says_what_is_wrong(key: str, message: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        parse_thresholds([key])
+    assert str(refused.value) == message
+
+
+def test_records_and_their_decisions_must_pair_up() -> None:
+    watch = Watch(None, Decimal(0), set())
+    with pytest.raises(ValueError):
+        crossings([Threshold("spend", 1)], watch, Decimal(0), None, [_spend("u1", "1")], [])
+
+
+def test_late_usage_crosses_in_the_period_being_watched() -> None:
+    account = _account("spend:100")
+    assert _ingest(account, _spend("u1", "50")) == []
+    (crossed,) = _ingest(account, _spend("late", "60", "2026-11-01T00:00:00Z"))
+    assert (crossed.usage_id, crossed.period, crossed.value) == ("late", DEC, "110")
 
 
 def test_the_published_document_names_the_grant() -> None:
