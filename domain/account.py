@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
+from itertools import compress
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -77,6 +78,7 @@ from domain.money import (
     check_spend_limit,
     format_money,
     running_difference,
+    running_sum,
     sum_exact,
 )
 
@@ -392,10 +394,11 @@ class CustomerAccount(Aggregate):
         threshold is set."""
         if not self.alert_thresholds or not records:
             return
-        taken = [r.amount for r, ok in zip(records, granted, strict=True) if ok]
+        # Committed before the first record: less what this save reserved of them
+        # (``crossings`` checks that records and decisions pair up).
         before = self.committed
-        for amount in taken:
-            before = add_exact(before, -amount)
+        for record in compress(records, granted):
+            before = add_exact(before, -record.amount)
         watch = Watch(self.alert_period, self.alert_period_spend, set(self.alerts_crossed))
         thresholds = [Threshold.parse(k) for k in self.alert_thresholds]
         credit = self._credit_before(records, now) if self.grants else None
@@ -422,25 +425,26 @@ class CustomerAccount(Aggregate):
     def _credit_before(self, records: Sequence[Spend], now: datetime | None) -> Credit:
         """The credit as it was before ``records`` burnt it: this save's consumption
         (its pending ``CreditsConsumed``) given back, per grant and in all."""
-        ids = {str(r.transaction_id) for r in records}
+        ids = {str(r.transaction_id): r.transaction_id for r in records}
         taken: dict[UUID, list[tuple[str, Decimal]]] = {}
         consumed = {g.grant_id: g.consumed for g in self.grants.values()}
         balance = Decimal(0)
         for grant in self.grants.values():
             if now is None or grant.live(now):
-                balance = add_exact(balance, grant.remaining)
+                balance = running_sum(balance, grant.remaining)
         for pending in self.pending_events:
             if not isinstance(pending, self.CreditsConsumed):
                 continue
             for txn, grant_id, text in zip(
                 pending.transaction_ids, pending.grant_ids, pending.amounts, strict=True
             ):
-                if txn not in ids:
+                record = ids.get(txn)
+                if record is None:
                     continue
                 amount = Decimal(text)
-                taken.setdefault(UUID(txn), []).append((grant_id, amount))
-                consumed[grant_id] = add_exact(consumed[grant_id], -amount)
-                balance = add_exact(balance, amount)
+                taken.setdefault(record, []).append((grant_id, amount))
+                consumed[grant_id] = running_difference(consumed[grant_id], amount)
+                balance = running_sum(balance, amount)
         amounts = {g.grant_id: g.amount for g in self.grants.values()}
         return Credit(balance, amounts, consumed, taken)
 

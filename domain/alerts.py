@@ -45,7 +45,7 @@ from uuid import UUID
 
 from domain.credits import MAX_GRANT_MINOR
 from domain.ids import uuid5
-from domain.money import MAX_SPEND_LIMIT_MINOR, add_exact
+from domain.money import MAX_SPEND_LIMIT_MINOR, running_difference, running_sum
 
 __all__ = [
     "ALERT_NAMESPACE",
@@ -159,20 +159,21 @@ class Credit:
     """The account's prepaid credit as the alerts see it, before a save's first record:
     the live balance, and per grant its amount and what usage had consumed of it; with
     what each record of the save consumed, per grant in burn order. ``crossings``
-    advances it record by record."""
+    advances it record by record (running sums: compared, never stored as they are)."""
 
     balance: Decimal
     amounts: Mapping[str, int]
     consumed: dict[str, Decimal]
     taken: Mapping[UUID, Sequence[tuple[str, Decimal]]] = field(default_factory=dict)
+    _marks: dict[str, list[tuple[Threshold, Decimal]]] = field(default_factory=dict)
 
     def burn(self, record: Spend, ok: bool) -> Decimal:
         """The record's balance measure: for a record refused, the balance less what it
         asked for; else the balance after what it took (which it becomes)."""
         if not ok:
-            return add_exact(self.balance, -record.amount)
+            return running_difference(self.balance, record.amount)
         for _, part in self.taken.get(record.transaction_id, ()):
-            self.balance = add_exact(self.balance, -part)
+            self.balance = running_difference(self.balance, part)
         return self.balance
 
     def grant_crossings(
@@ -183,15 +184,25 @@ class Credit:
         found = []
         for grant_id, part in self.taken.get(record.transaction_id, ()):
             before = self.consumed[grant_id]
-            after = self.consumed[grant_id] = add_exact(before, part)
-            for threshold in thresholds:
-                mark = Decimal(self.amounts[grant_id] * threshold.value).scaleb(-2)
+            after = self.consumed[grant_id] = running_sum(before, part)
+            for threshold, mark in self._marks_of(grant_id, thresholds):
                 if before < mark <= after:
                     found.append(
                         Crossing(threshold, period, record.usage_id, record.transaction_id,
                                  after, grant_id)
                     )  # fmt: skip
         return found
+
+    def _marks_of(
+        self, grant_id: str, thresholds: Sequence[Threshold]
+    ) -> list[tuple[Threshold, Decimal]]:
+        """Each threshold's mark on the grant: its share of the grant's amount."""
+        marks = self._marks.get(grant_id)
+        if marks is None:
+            amount = self.amounts[grant_id]
+            marks = [(t, Decimal(amount * t.value).scaleb(-2)) for t in thresholds]
+            self._marks[grant_id] = marks
+        return marks
 
 
 def crossings(  # noqa: PLR0917
@@ -213,10 +224,10 @@ def crossings(  # noqa: PLR0917
     for record, ok in zip(records, granted, strict=True):
         watch.enter(record.period)
         period = watch.period or record.period
-        demand = add_exact(committed, record.amount)
+        demand = running_sum(committed, record.amount)
         if ok:
             committed = demand
-            watch.spend = add_exact(watch.spend, record.amount)
+            watch.spend = running_sum(watch.spend, record.amount)
         balance: Decimal | None = None
         if credit is not None:
             balance = credit.burn(record, ok)

@@ -96,11 +96,14 @@ class Grant:
         return self.expired > 0 or self.voided > 0 or self.remaining == 0
 
     def live(self, now: datetime) -> bool:
+        """Usable at ``now``: effective, not past its expiry, neither expired nor voided,
+        something left (the cheap tests first: every ingest save asks, for each grant)."""
         return (
-            self.remaining > 0
-            and not self.closed
-            and self.effective_at <= now
+            self.effective_at <= now
             and (self.expires_at is None or now < self.expires_at)
+            and not self.expired
+            and not self.voided
+            and self.remaining > 0
         )
 
     @property

@@ -61,6 +61,7 @@ __all__ = [
     "parse_exact_amount",
     "round_minor",
     "running_difference",
+    "running_sum",
     "split_for_items",
     "sum_exact",
     "to_minor_units",
@@ -257,6 +258,12 @@ def running_difference(total: Decimal, amount: Decimal) -> Decimal:
     """``total - amount`` exactly (raises ``Inexact`` rather than round), not brought to
     canonical form: for a running balance that is compared, never stored."""
     return _SUM.subtract(total, amount)
+
+
+def running_sum(total: Decimal, amount: Decimal) -> Decimal:
+    """``total + amount`` exactly (raises ``Inexact`` rather than round), not brought to
+    canonical form: for a running total that is compared, never stored as it is."""
+    return _SUM.add(total, amount)
 
 
 def sum_exact(amounts: Iterable[Decimal]) -> Decimal:

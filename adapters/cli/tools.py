@@ -71,7 +71,11 @@ def add_commands(sub: Any) -> None:
     b_ingest.add_argument(
         "--credits",
         action="store_true",
-        help="also measure 1 process with a prepaid credit grant for every customer",
+        help="also measure --workers processes with a prepaid credit grant and alerts for every"
+        " customer (beside none, before and after)",
+    )
+    b_ingest.add_argument(
+        "--customers", type=positive_int, default=50, help="customers the records are spread over"
     )
     b_ingest.add_argument("--json", action="store_true")
     b_ingest.set_defaults(handler=_bench_ingest)
@@ -195,6 +199,7 @@ def _bench_ingest(args: argparse.Namespace) -> int:
         contracts=args.contracts,
         prices=args.prices,
         credits=args.credits,
+        customers=args.customers,
     )
     print(json.dumps(result, indent=2) if args.json else bench.render(result))
     return 0

@@ -108,3 +108,14 @@ def test_a_stalled_store_append_is_reported_and_the_benchmark_goes_on(
     assert result["1_writer"] == {"stalled": True, "batches_saved": 0}
     assert ended.wait(10)  # the lock went with the terminated sessions
     assert result["2_writers"]["records_per_s"] > 0
+
+
+def test_bench_ingest_with_credits_burns_credit_and_checks_alerts_in_as_many_processes() -> None:
+    result = json.loads(_bench("--end-to-end-only", "--credits", "--workers", "2", "--json").stdout)
+    credited, after = result["end_to_end_credits"], result["end_to_end_after_credits"]
+    assert credited["workers"] == after["workers"] == 2
+    assert credited["alerts"] and all(":" in key for key in credited["alerts"])
+    # The same records, plus what credit and alerts add to each save: a CreditsConsumed
+    # and an AlertPeriodSpent per account, the credit lines' events.
+    assert credited["events"] > after["events"] > 2 * RECORDS
+    assert result["ratios"]["end_to_end_credits_vs_none"] > 0

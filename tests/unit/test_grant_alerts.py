@@ -238,3 +238,24 @@ def test_alerts_set_has_an_option_for_every_kind_of_threshold() -> None:
     from domain.alerts import KINDS
 
     assert set(alerts._KINDS) == set(KINDS)
+
+
+def test_overage_past_the_last_grant_keeps_reaching_a_balance_of_zero() -> None:
+    account = _account("balance:0")
+    _grant(account, "g1", 100)
+    assert _seen(_ingest(account, _spend("u1", "100"))) == [("balance:0", "u1", "0", None)]
+    # Nothing left to take: the next period's first record finds the balance at 0 again.
+    assert _seen(_ingest(account, _spend("u2", "5", JAN))) == [("balance:0", "u2", "0", None)]
+
+
+def test_only_the_consumption_of_the_records_checked_is_given_back() -> None:
+    """check_alerts is given the records the save decided; consumption of others in the
+    save (none, in the ingest: a record set aside consumes nothing) is not theirs."""
+    account = _account("balance:50")
+    _grant(account, "g1", 100)
+    other, checked = _spend("other", "30"), _spend("checked", "30")
+    burns = account.reserve_and_burn([(r.transaction_id, r.amount) for r in (other, checked)], NOW)
+    account.check_alerts([checked], [burns[1].reserved], NOW)
+    crossed = [e for e in account.collect_events() if isinstance(e, CustomerAccount.AlertCrossed)]
+    # Before ``checked``: 70 left (``other`` took 30 outside the check); after it, 40.
+    assert _seen(crossed) == [("balance:50", "checked", "40", None)]
