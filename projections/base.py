@@ -24,6 +24,7 @@ from eventsourcing.persistence import StoredEvent
 from eventsourcing.utils import get_topic
 
 from domain.account import CustomerAccount
+from domain.contract import Contract
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.transaction import BillingTransaction, TxnState
@@ -79,7 +80,8 @@ class Projection(Protocol):
 
 @dataclass(frozen=True)
 class Facts:
-    """What the first event of a transaction or an account says about it."""
+    """What the first event of a transaction, an account, a line, an invoice or a contract
+    says about it (a contract's ``currency`` is empty: its minimums name theirs)."""
 
     customer_id: str
     currency: str
@@ -106,6 +108,8 @@ class History:
             facts = Facts(event.customer_id, event.currency, event.amount, event.timestamp)
         elif isinstance(event, CustomerAccount.Opened | InvoiceLine.Opened | Invoice.Opened):
             facts = Facts(event.customer_id, event.currency, Decimal(0), event.timestamp)
+        elif isinstance(event, Contract.Opened):  # a contract has no currency of its own
+            facts = Facts(event.customer_id, "", Decimal(0), event.timestamp)
         elif isinstance(event, LinePush.Opened):
             self._push_lines[event.originator_id] = event.line_id
             return

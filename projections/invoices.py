@@ -22,6 +22,7 @@ from eventsourcing.utils import get_topic
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from domain.closing import TRUE_UP_METER, TRUE_UP_PREFIX
 from domain.invoice import Invoice, mismatch_reason
 from domain.invoice_states import InvoiceState
 from domain.money import format_money
@@ -268,18 +269,24 @@ def invoice_preview(
     conn: psycopg.Connection[Any], *, customer: str, period: datetime | None = None
 ) -> list[dict[str, Any]]:
     """The lines of ``customer``'s open invoices as they stand (``billing.invoice_preview``),
-    in the period holding ``period`` when given; raises InvalidFilter."""
+    with the true-up lines closing each now would add, in the period holding ``period``
+    when given; raises InvalidFilter."""
     where = [sql.SQL("customer_id = %s")]
     params: list[Any] = [check_customer(customer)]
     if period is not None:
         where.append(sql.SQL("period_start <= %s AND %s < period_end"))
         params += [period, period]
+    # The true-up lines last, the meters' before the invoice's (the order the close
+    # computes them in).
     query = sql.SQL(
-        "SELECT {} FROM {} WHERE {} ORDER BY period_start, currency, late, meter"
+        "SELECT {} FROM {} WHERE {} ORDER BY period_start, currency,"
+        " meter = {whole} OR starts_with(meter, {prefix}), meter = {whole}, late, meter"
     ).format(
         sql.SQL(", ").join(map(sql.Identifier, PREVIEW_COLUMNS)),
         sql.Identifier(SCHEMA, PREVIEW_VIEW),
         sql.SQL(" AND ").join(where),
+        whole=sql.Literal(TRUE_UP_METER),
+        prefix=sql.Literal(TRUE_UP_PREFIX),
     )
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query, params).fetchall()

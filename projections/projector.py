@@ -35,6 +35,7 @@ from psycopg import sql
 from projections.balances import BalancesProjection
 from projections.base import SCHEMA, Decode, History, Projection, UnknownProjection
 from projections.charge_attempts import ChargeAttemptsProjection
+from projections.contracts import ContractVersionsProjection
 from projections.credits import CREDIT_BALANCES, CREDIT_GRANTS
 from projections.invoice_lines import InvoiceLinesProjection, LinePushesProjection
 from projections.invoices import InvoiceEventsProjection, InvoicesProjection
@@ -57,6 +58,7 @@ PROJECTIONS: tuple[Projection, ...] = (
     InvoiceEventsProjection(),
     CREDIT_GRANTS,
     CREDIT_BALANCES,
+    ContractVersionsProjection(),
 )
 
 

@@ -394,6 +394,13 @@ _OBJECTS: dict[str, str] = {
     " of the last save projected (`billing-ledger credits show` reads the account itself).",
     "billing.credit_balances": "Read model: per customer and currency with credit, the sums"
     " of its grants (exact minor units) and its `policy` (`block` or `overage`).",
+    "billing.contract_versions": "Read model: one row per version of a customer's contract:"
+    " when it takes effect and its minimums, in minor units (a version that sets none has"
+    " its row too: it ends the minimums of the one before). `billing.invoice_preview`"
+    " reads it for the true-up.",
+    "billing.invoice_preview": "View: one row per line of every open invoice, and the"
+    " true-up lines (meter `(minimum commitment)`, or `(minimum commitment) METER`) closing"
+    " it now would add. Read by `billing-ledger invoices preview`.",
     "billing.line_pushes": "Read model: one row per push outcome of a line (`pushed` or"
     " `failed`) with the Stripe requests it sent.",
     "billing.invoices": "Read model: one row per invoice (customer, currency, period).",
@@ -434,6 +441,16 @@ _COLUMNS: dict[str, str] = {
     "billing.credit_grants.consumed": "exact minor units usage consumed",
     "billing.credit_grants.expires_at": "NULL: never expires",
     "billing.credit_grants.source": "`purchased`, `promotional` or `manual`",
+    "billing.contract_versions.contract_id": "derived from `customer_id`",
+    "billing.contract_versions.minimums": 'the whole invoice\'s, by currency: `{"USD": 2500}`',
+    "billing.contract_versions.meter_minimums": "each meter's, by currency:"
+    ' `{"USD": {"gpt-4o.input_tokens": 100}}`',
+    "billing.contract_versions.set_at": "when the version was recorded",
+    "billing.invoice_preview.transactions": "0 on a true-up line",
+    "billing.invoice_preview.billed": "the line's exact total rounded once; a true-up line's"
+    " shortfall",
+    "billing.invoice_preview.invoice_total": "the sum of the invoice's `billed`, true-ups"
+    " and the prepaid credit line included: what the close would finalize now",
     "billing.transactions.transaction_id": "derived from `customer_id` and `usage_id`",
     "billing.transactions.amount": "exact price, minor units (`0.38` is 0.38 cents)",
     "billing.transactions.state": "`metered`, `reserved`, `charged` or `compensated`"

@@ -1,8 +1,9 @@
 """The audit's reads of the read models, each compared with the replayed history.
 
 ``compare_*`` report every difference between what the replay says and
-``billing.transactions``, ``billing.customer_balances``, ``billing.invoice_lines`` and
-``billing.invoices``; ``projection_lag`` names the read models that have not applied
+``billing.transactions``, ``billing.customer_balances``, ``billing.invoice_lines``,
+``billing.invoices``, ``billing.credit_grants`` and ``billing.contract_versions``;
+``projection_lag`` names the read models that have not applied
 every event (their differences may be just that). Also here: the dead letters without
 a reason and the webhook event ids the listener recorded. All read on the audit's one
 repeatable-read connection (``adapters.audit.report.audit``).
@@ -11,6 +12,7 @@ repeatable-read connection (``adapters.audit.report.audit``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -23,12 +25,14 @@ from psycopg.rows import dict_row
 from adapters.audit.replay import Replay, Scope
 from domain.audit import Balance, Finding, TxnAudit, amount_text
 from domain.audit_credits import CreditAudit
+from domain.ids import contract_id
 from projections.transactions import COLUMNS as TXN_COLUMNS
 from store.schema import EVENTS_TABLE
 
 __all__ = [
     "BALANCE_COLUMNS",
     "compare_balances",
+    "compare_contract_versions",
     "compare_credit_grants",
     "compare_invoices",
     "compare_lines",
@@ -178,12 +182,12 @@ def compare_credit_grants(
     customer: str | None,
 ) -> list[Finding]:
     """Every difference between the replayed grants and ``billing.credit_grants``."""
-    query = sql.SQL(
-        "SELECT customer_id, currency, grant_id, amount, consumed, expired, voided"
-        " FROM billing.credit_grants{}"
-    ).format(sql.SQL(" WHERE customer_id = %s" if customer else ""))
-    with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(query, [customer] if customer else []).fetchall()
+    rows = _customer_rows(
+        conn,
+        "credit_grants",
+        ("customer_id", "currency", "grant_id", "amount", "consumed", "expired", "voided"),
+        customer,
+    )
     live = {(r["customer_id"], r["currency"].strip(), r["grant_id"]): r for r in rows}
     replayed = {
         (*account, grant_id): grant
@@ -192,6 +196,67 @@ def compare_credit_grants(
     }
     columns = ("amount", "consumed", "expired", "voided")
     return _row_differences(live, replayed, "credit_grants", columns, "grant")
+
+
+_CONTRACT_COMPARED = ("customer", "effective_from", "minimums", "meter_minimums")
+
+
+@dataclass(frozen=True)
+class _ContractVersion:
+    """A contract version as ``billing.contract_versions`` holds it (``customer``: whether
+    the row's customer is the one the contract id is derived from)."""
+
+    customer: bool
+    effective_from: datetime
+    minimums: Mapping[str, int]
+    meter_minimums: Mapping[str, Mapping[str, int]]
+
+
+def compare_contract_versions(
+    conn: psycopg.Connection[Any],
+    contracts: Mapping[tuple[str, int], Mapping[str, Any]],
+    customer: str | None,
+) -> list[Finding]:
+    """Every difference between the replayed contract versions (``Contract.Set`` as
+    stored, by contract id and number) and ``billing.contract_versions``."""
+    columns = ("customer_id", "contract_id", "version", *_CONTRACT_COMPARED[1:])
+    rows = _customer_rows(conn, "contract_versions", columns, customer)
+    live = {
+        (str(r["contract_id"]), str(r["version"])): {
+            **r, "customer": contract_id(r["customer_id"]) == r["contract_id"]
+        }
+        for r in rows
+    }  # fmt: skip
+    wanted = None if customer is None else str(contract_id(customer))
+    replayed = {
+        (cid, str(number)): _ContractVersion(
+            customer=True,
+            effective_from=_stored_moment(data["effective_from"]),
+            minimums=data["minimums"],
+            meter_minimums=data.get("meter_minimums", {}),
+        )
+        for (cid, number), data in contracts.items()
+        if wanted in (None, cid)
+    }
+    return _row_differences(live, replayed, "contract_versions", _CONTRACT_COMPARED, "version")
+
+
+def _stored_moment(value: Any) -> datetime:
+    """A moment as an event stores it (a registered type: its ISO text under ``_data_``)."""
+    return datetime.fromisoformat(value["_data_"] if isinstance(value, Mapping) else value)
+
+
+def _customer_rows(
+    conn: psycopg.Connection[Any], table: str, columns: tuple[str, ...], customer: str | None
+) -> list[dict[str, Any]]:
+    """``columns`` of every row of ``billing.<table>``, or of one customer's."""
+    query = sql.SQL("SELECT {} FROM {}{}").format(
+        sql.SQL(", ").join(map(sql.Identifier, columns)),
+        sql.Identifier("billing", table),
+        sql.SQL(" WHERE customer_id = %s" if customer else ""),
+    )
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query, [customer] if customer else []).fetchall()
 
 
 def projection_lag(conn: psycopg.Connection[Any]) -> list[Finding]:

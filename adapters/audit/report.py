@@ -19,6 +19,7 @@ import psycopg
 
 from adapters.audit.compare import (
     compare_balances,
+    compare_contract_versions,
     compare_credit_grants,
     compare_invoices,
     compare_lines,
@@ -137,6 +138,7 @@ def audit(
                 findings += compare_invoices(conn, result, scope.customer)
                 findings += compare_balances(conn, balances, scope.customer)
                 findings += compare_credit_grants(conn, result.credits, scope.customer)
+                findings += compare_contract_versions(conn, result.contracts, scope.customer)
                 findings += compare_lines(conn, result, scope.customer)
                 findings += [
                     Finding("snapshot", f"{i} v{v}", f"{why}: never used on load")

@@ -331,12 +331,12 @@ def _preview_invoice(args: argparse.Namespace) -> int:
     from domain.money import format_money
     from projections.invoices import invoice_preview
 
+    # The view holds the true-up lines too: one computation, readable by billing_reader.
     rows = query_read_model(
         lambda conn: invoice_preview(
             conn, customer=args.preview_customer, period=args.preview_period
         )
     )
-    rows = _with_true_ups(args.preview_customer, rows)
     if args.preview_json:
         print(json.dumps(rows, indent=2, default=str))
         return 0
@@ -362,42 +362,6 @@ def _preview_invoice(args: argparse.Namespace) -> int:
               f" ({first['invoice_lines']} line(s))\n")  # fmt: skip
     print(ROUNDING_NOTE)
     return 0
-
-
-def _with_true_ups(customer: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The preview's rows with, on each invoice, the true-up lines closing it now would add
-    (``domain.closing.true_ups``) and its total with them. The contract is events, read as
-    the writer (nothing is read when there is no row)."""
-    from adapters.bootstrap import open_ledger
-    from adapters.settings import Settings
-    from domain.closing import counts_toward_minimum, true_ups
-
-    if not rows:
-        return rows
-    with open_ledger(Settings()) as ledger:
-        contract = ledger.contract(customer)
-    if contract is None:
-        return rows
-    out: list[dict[str, Any]] = []
-    by_invoice: dict[Any, list[dict[str, Any]]] = {}
-    for row in rows:
-        by_invoice.setdefault(row["invoice_id"], []).append(row)
-    for lines in by_invoice.values():
-        first = lines[0]
-        billed: dict[str, int] = {}
-        for line in lines:
-            if counts_toward_minimum(line["meter"]):
-                billed[line["meter"]] = billed.get(line["meter"], 0) + int(line["billed"])
-        owed = true_ups(contract.schedule, first["period_end"], first["currency"], billed)
-        total = int(first["invoice_total"]) + sum(owed.values())
-        count = first["invoice_lines"] + len(owed)
-        out.extend({**r, "invoice_total": total, "invoice_lines": count} for r in lines)
-        out.extend(
-            {**out[-1], "meter": meter, "late": False, "transactions": 0, "exact_total": amount,
-             "billed": amount, "quantity": None, "tier": None, "model": None}
-            for meter, amount in owed.items()
-        )  # fmt: skip
-    return out
 
 
 def _quantity(line: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ from adapters.ingest.worker import IngestWorker
 from adapters.settings import DEFAULT_PRICE_LIST, Settings, child_env
 from domain.account import CustomerAccount
 from domain.audit import InvoiceItem
+from domain.contract import check_terms
 from domain.customer import CustomerLink
 from domain.invoice import Invoice
 from domain.invoice_states import InvoiceState
@@ -195,6 +196,7 @@ def mixed_workload(
     assert pusher.push(line_of(ledger, acme[0])).result is StepResult.CHARGED  # the lower total
     later = record(ledger, "acme", ["a-3", "a-4"])  # not pushed yet
     _credited(ledger)
+    _contracted(ledger)
     projector.pump_all()
     return {
         "charged": acme[0],
@@ -220,6 +222,17 @@ def _credited(ledger: BillingLedger) -> None:
     ledger.change_account("credited", "USD", lambda a: a.void_credit("spare", "sold in error"))
     record(ledger, "credited", ["k-1"])  # 5.00 USD: 3.00 of it from the grant
     ledger.change_account("credited", "USD", lambda a: a.set_credit_policy("block"))
+
+
+def _contracted(ledger: BillingLedger) -> None:
+    """A customer with two contract versions: minimums, then a discount alone (which ends
+    them); it has no usage, so nothing is trued up."""
+    listed = ledger.refresh_prices().latest.prices
+    minimums = {"USD": "25.00", "meters": {"api.requests": "1.00"}}
+    now = datetime.now(UTC)
+    ledger.set_contract("contracted", check_terms({}, minimums, listed), now - timedelta(days=2))
+    discount = {"api.requests": {"discount": "10"}}
+    ledger.set_contract("contracted", check_terms(discount, {}, listed), now - timedelta(days=1))
 
 
 def run_worker_until(worker: IngestWorker, records: int, what: str) -> None:
@@ -294,6 +307,9 @@ def projection_rows(url: str) -> dict[str, list[tuple[Any, ...]]]:
             ).fetchall(),
             "credit_balances": conn.execute(
                 "SELECT * FROM billing.credit_balances ORDER BY customer_id, currency"
+            ).fetchall(),
+            "contract_versions": conn.execute(
+                "SELECT * FROM billing.contract_versions ORDER BY customer_id, version"
             ).fetchall(),
         }
 

@@ -19,6 +19,7 @@ from adapters.bootstrap import build_corrections, build_pusher
 from adapters.settings import Settings
 from adapters.stripe.client import StripeGateway
 from domain.chain import GENESIS
+from domain.ids import contract_id
 from domain.saga import StepResult
 from infra.stripe_emulator import StripeEmulator
 from projections.balances import balances
@@ -162,6 +163,29 @@ def test_a_projection_row_changed_by_hand_is_named(
             "subject": str(txn),
             "detail": "transactions.state: 'charged', history says 'reserved'",
         }
+    ]
+
+
+def test_a_contract_version_row_changed_or_moved_to_another_customer_is_named(
+    stripe_settings: Settings, workload: dict[str, UUID]
+) -> None:
+    """``billing.contract_versions`` (the preview's minimums) is compared with the history:
+    a minimum lowered by hand, and a version given to another customer."""
+    cid = contract_id("contracted")
+    with psycopg.connect(stripe_settings.database_url) as conn:
+        conn.execute(
+            "UPDATE billing.contract_versions SET minimums = '{\"USD\": 100}'"
+            " WHERE customer_id = 'contracted' AND version = 1"
+        )
+        conn.execute(
+            "UPDATE billing.contract_versions SET customer_id = 'acme'"
+            " WHERE customer_id = 'contracted' AND version = 2"
+        )
+    status, report = _audit(stripe_settings)
+    assert status == 1
+    assert sorted((f["subject"], f["detail"]) for f in report["findings"]) == [
+        (f"{cid}/1", "contract_versions.minimums: {'USD': 100}, history says {'USD': 2500}"),
+        (f"{cid}/2", "contract_versions.customer: False, history says True"),
     ]
 
 
