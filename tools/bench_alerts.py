@@ -12,6 +12,11 @@ are produced at ``--rate`` a second for ``--seconds``; a record's time starts wh
 broker acknowledged it (the producer's flush) and ends when the receiver has verified
 its alert. Printed: how many alerts arrived, and the latencies' p50, p90, p99 and max,
 whole and by stage. Numbers, no verdict: the machine is shared.
+
+With ``--credits``, every account holds a prepaid credit grant (so every record burns
+credit in its save) and the alerting ones have, instead, the 20 thresholds
+``balance:2000`` down to ``balance:100`` on a grant of 2,100 minor units: each alerting
+record takes the balance down 100 and crosses one.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -77,6 +82,9 @@ class _Receiver:
 
 
 THRESHOLDS = [f"spend:{100 * k}" for k in range(1, 21)]
+CREDIT_THRESHOLDS = [f"balance:{100 * k}" for k in range(1, 21)]
+CREDIT_GRANT = 2100  # minor units: 21 records of 100, each of the first 20 crossing one
+QUIET_GRANT = 10**12  # the quiet customers' credit never runs out
 
 
 def _record(i: int, customers: int, every: int = 1) -> UsageRecord:
@@ -93,16 +101,27 @@ def _record(i: int, customers: int, every: int = 1) -> UsageRecord:
     )
 
 
-def _accounts(settings: Settings, customers: int) -> None:
-    """The accounts, each with the 20 thresholds (saved 500 at a time)."""
+def _accounts(settings: Settings, customers: int, credits: bool = False) -> None:
+    """The alerting accounts, each with the 20 thresholds (saved 500 at a time); with
+    ``credits``, each with a grant, and the quiet ones with a grant too."""
+    since = datetime.now(UTC) - timedelta(days=1)
     with open_ledger(settings) as ledger:
         for start in range(0, customers, 500):
             accounts = []
             for i in range(start, min(start + 500, customers)):
                 account = CustomerAccount.open(_record(i, customers).customer_id, "USD")
-                account.set_alerts(THRESHOLDS)
+                account.set_alerts(CREDIT_THRESHOLDS if credits else THRESHOLDS)
+                if credits:
+                    account.grant_credit("bench", CREDIT_GRANT, effective_at=since,
+                                         source="promotional", reason="bench")  # fmt: skip
                 accounts.append(account)
             ledger.save(*accounts)
+        if credits:
+            quiet = [CustomerAccount.open(f"quiet-{i:03d}", "USD") for i in range(100)]
+            for account in quiet:
+                account.grant_credit("bench", QUIET_GRANT, effective_at=since,
+                                     source="promotional", reason="bench")  # fmt: skip
+            ledger.save(*quiet)
 
 
 def _produce(
@@ -144,17 +163,20 @@ def _stack(concurrency: int) -> Iterator[tuple[Settings, _Receiver]]:
         migrate(settings)
         prepare(settings)
         receiver = _Receiver()
+        stack.callback(receiver.server.server_close)  # after the shutdown (last in, first out)
         stack.callback(receiver.server.shutdown)
         with database(settings, pool_size=0).connection() as conn:
             _, receiver.secret = deliveries.add_endpoint(conn, receiver.url, ["alert.crossed"])
         yield settings, receiver
 
 
-def run_alerts(rate: float, seconds: float, concurrency: int, every: int = 1) -> dict[str, Any]:
+def run_alerts(
+    rate: float, seconds: float, concurrency: int, every: int = 1, credits: bool = False
+) -> dict[str, Any]:
     """The measurement (see the module docstring)."""
     customers = -(-int(rate * seconds / every + 1) // len(THRESHOLDS))
     with _stack(concurrency) as (settings, receiver), ExitStack() as workers:
-        _accounts(settings, customers)
+        _accounts(settings, customers, credits)
         for roles in ROLE_PROCESSES:
             workers.enter_context(_worker(settings, roles))
         # one record through everything first, so the groups' joins are not measured
@@ -170,6 +192,7 @@ def run_alerts(rate: float, seconds: float, concurrency: int, every: int = 1) ->
     return {
         "rate_per_s": rate,
         "seconds": seconds,
+        "credits": credits,
         "alerting_customers": customers,
         "records": int(rate * seconds),
         "alerting_records": len(acked),
@@ -226,9 +249,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--alert-every", type=int, default=1, help="one record in N crosses a threshold"
     )
+    parser.add_argument(
+        "--credits",
+        action="store_true",
+        help="every account holds credit; the alerts are its balance falling (balance:N)",
+    )
     args = parser.parse_args(argv)
     configure_logging("ERROR")
-    report = run_alerts(args.rate, args.seconds, args.concurrency, args.alert_every)
+    report = run_alerts(args.rate, args.seconds, args.concurrency, args.alert_every, args.credits)
     print(json.dumps(report, indent=2))
     return 0
 
