@@ -176,16 +176,15 @@ class Credit:
             self.balance = running_difference(self.balance, part)
         return self.balance
 
-    def grant_crossings(
-        self, thresholds: Sequence[Threshold], period: str, record: Spend
-    ) -> list[Crossing]:
+    def grant_crossings(self, period: str, record: Spend) -> list[Crossing]:
         """The grants whose consumption the record carried across a threshold's mark
-        (``percent_of_grant``), what they consumed advanced past it."""
+        (``percent_of_grant``, as ``mark`` set them), what they consumed advanced past
+        it."""
         found = []
         for grant_id, part in self.taken.get(record.transaction_id, ()):
             before = self.consumed[grant_id]
             after = self.consumed[grant_id] = running_sum(before, part)
-            for threshold, mark in self._marks_of(grant_id, thresholds):
+            for threshold, mark in self._marks[grant_id]:
                 if before < mark <= after:
                     found.append(
                         Crossing(threshold, period, record.usage_id, record.transaction_id,
@@ -193,16 +192,13 @@ class Credit:
                     )  # fmt: skip
         return found
 
-    def _marks_of(
-        self, grant_id: str, thresholds: Sequence[Threshold]
-    ) -> list[tuple[Threshold, Decimal]]:
-        """Each threshold's mark on the grant: its share of the grant's amount."""
-        marks = self._marks.get(grant_id)
-        if marks is None:
-            amount = self.amounts[grant_id]
-            marks = [(t, Decimal(amount * t.value).scaleb(-2)) for t in thresholds]
-            self._marks[grant_id] = marks
-        return marks
+    def mark(self, thresholds: Sequence[Threshold]) -> None:
+        """Each threshold's mark on each grant: its share of the grant's amount (once a
+        save, before the records)."""
+        self._marks = {
+            grant_id: [(t, Decimal(amount * t.value).scaleb(-2)) for t in thresholds]
+            for grant_id, amount in self.amounts.items()
+        }
 
 
 def crossings(  # noqa: PLR0917
@@ -221,6 +217,8 @@ def crossings(  # noqa: PLR0917
     found: list[Crossing] = []
     per_grant = [t for t in thresholds if t.kind == PERCENT_OF_GRANT]
     watched = [t for t in thresholds if t.kind != PERCENT_OF_GRANT]
+    if credit is not None:
+        credit.mark(per_grant)
     for record, ok in zip(records, granted, strict=True):
         watch.enter(record.period)
         period = watch.period or record.period
@@ -231,7 +229,7 @@ def crossings(  # noqa: PLR0917
         balance: Decimal | None = None
         if credit is not None:
             balance = credit.burn(record, ok)
-            found += credit.grant_crossings(per_grant, period, record)
+            found += credit.grant_crossings(period, record)
         for threshold in watched:
             if threshold.key in watch.crossed:
                 continue

@@ -168,3 +168,16 @@ def test_an_account_without_grants_decides_as_the_limit_alone() -> None:
         (True, False),
     ]
     assert [type(e).__name__ for e in account.pending_events] == ["Opened", "AmountsReserved"]
+
+
+def test_a_grant_is_live_from_its_effective_moment_until_its_expiry_while_it_holds_some() -> None:
+    account = _account()
+    _grant(account, "g", 10, effective_at=NOW, expires_at=NOW + timedelta(hours=1))
+    grant = account.grants["g"]
+    assert grant.live(NOW)  # from the moment it takes effect
+    assert not grant.live(NOW - timedelta(microseconds=1))
+    assert not grant.live(NOW + timedelta(hours=1))  # not at its expiry
+    assert grant.live(NOW + timedelta(hours=1) - timedelta(microseconds=1))
+    account.reserve_and_burn(_usage("10"), NOW)  # used up: nothing left to take
+    assert grant.remaining == 0
+    assert not grant.live(NOW)

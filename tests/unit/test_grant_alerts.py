@@ -251,11 +251,15 @@ def test_overage_past_the_last_grant_keeps_reaching_a_balance_of_zero() -> None:
 def test_only_the_consumption_of_the_records_checked_is_given_back() -> None:
     """check_alerts is given the records the save decided; consumption of others in the
     save (none, in the ingest: a record set aside consumes nothing) is not theirs."""
-    account = _account("balance:50")
+    account = _account("balance:50", "percent_of_grant:60")
     _grant(account, "g1", 100)
     other, checked = _spend("other", "30"), _spend("checked", "30")
     burns = account.reserve_and_burn([(r.transaction_id, r.amount) for r in (other, checked)], NOW)
     account.check_alerts([checked], [burns[1].reserved], NOW)
     crossed = [e for e in account.collect_events() if isinstance(e, CustomerAccount.AlertCrossed)]
-    # Before ``checked``: 70 left (``other`` took 30 outside the check); after it, 40.
-    assert _seen(crossed) == [("balance:50", "checked", "40", None)]
+    # Before ``checked``: 70 left (``other`` took 30 outside the check); after it, 40;
+    # the grant's consumption went from 30 to 60 on it.
+    assert _seen(crossed) == [
+        ("percent_of_grant:60", "checked", "60", "g1"),
+        ("balance:50", "checked", "40", None),
+    ]
