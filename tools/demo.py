@@ -4,10 +4,11 @@ It starts a private PostgreSQL and the Tansu broker, produces synthetic usage
 (``tools.synthetic``: duplicates, malformed records, one customer over its limit),
 ingests it, charges every reserved transaction through the Stripe emulator (relay,
 process manager, reconciler), closes the invoices of the two hourly periods the usage
-fell in, finalizes them in Stripe, has the customers pay them (one customer's card
-declined first) and records each payment from Stripe's signed webhooks on the ledger's
-own listener; then reads back a summary from the database and the emulator, audits the
-whole history and shows the queue health.
+fell in (prices: a tiered meter, a price change during the usage and a contract with a
+minimum, ``tools.demo_pricing``), finalizes them in Stripe, has the customers pay them
+(one customer's card declined first) and records each payment from Stripe's signed
+webhooks on the ledger's own listener; then reads back a summary from the database and
+the emulator, audits the whole history and shows the queue health.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from adapters.observability.logs import configure_logging
 from adapters.roles import run_roles
 from adapters.settings import Settings
 from domain.health import Thresholds
-from domain.price_book import EPOCH
 from infra.embedded import EmbeddedPostgres, TansuBroker
 from infra.stripe_emulator import StripeEmulator
 from projections.invoice_lines import lines
@@ -49,8 +49,9 @@ from projections.projector import projector_behind
 from projections.transactions import open_transactions
 from store.ledger import BillingLedger
 from store.roles import AUDITOR, WRITER
+from tools.demo_pricing import pricing_summary, set_up_pricing
 from tools.demo_report import summarize
-from tools.synthetic import DEMO_LIMITS, Produced, demo_prices, synthetic_usage
+from tools.synthetic import DEMO_LIMITS, Produced, synthetic_usage
 
 __all__ = ["run_demo"]
 
@@ -80,8 +81,8 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
         prepare(settings)
         prices = settings.load_prices()
         with open_ledger(settings) as ledger:
-            # One meter priced by graduated tiers, from the start of every period.
-            ledger.publish_prices(demo_prices(prices), EPOCH)
+            # A meter priced by tiers, a price change during the usage, a contract.
+            pricing = set_up_pricing(ledger, prices)
             for (customer, currency), limit in DEMO_LIMITS.items():
                 ledger.set_spend_limit(customer, currency, limit)
             step(f"producing {records:,} usage records to '{settings.usage_topic}'")
@@ -122,6 +123,7 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
             summary = _charge_and_invoice(
                 settings, ledger, produced, reserved, timeout, auditor_url=pg.role_url(AUDITOR)
             )
+            summary["pricing"] = pricing_summary(settings, pricing, summary["lines"])
     summary["seconds"] = round(time.monotonic() - started, 2)
     return summary
 
@@ -295,8 +297,8 @@ def _lines(settings: Settings) -> list[dict[str, Any]]:
 
 def _health(settings: Settings, ledger: BillingLedger) -> dict[str, Any]:
     """Queue health once the read models have caught up (what ``billing-ledger health``
-    would print now): the demo's poison records are dead letters, too few an hour to
-    degrade it."""
+    would print now): the demo's poison records are dead letters, more in an hour than
+    ``HEALTH_MAX_DEAD_LETTERS_PER_HOUR`` allows, so it reports degraded and says why."""
     with build_projector(settings, ledger) as projector:
         projector.pump_all()
     with database(settings, pool_size=0) as db, db.connection() as conn:

@@ -69,6 +69,10 @@ def headline(summary: dict[str, Any]) -> list[str]:
         + ".",
         f"{summary['refused_by_limit']:,} were refused by a customer's spend limit (not billed).",
     ]
+    if "pricing" in summary:
+        from tools.demo_pricing import pricing_headline
+
+        said += pricing_headline(summary["pricing"])
     if invoices:
         money = ", ".join(format_money(n, cur) for cur, n in sorted(totals.items())) or "nothing"
         said.append(

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -16,7 +17,13 @@ from domain.ids import transaction_id
 from domain.money import round_minor
 from domain.pricing import PriceList
 from tests.conftest import settings_env
-from tools.synthetic import DEMO_LIMITS, DEMO_TIERED_METER, demo_prices, synthetic_usage
+from tools.synthetic import (
+    DEMO_LIMITS,
+    DEMO_TIERED_METER,
+    base_time,
+    demo_prices,
+    synthetic_usage,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -38,9 +45,13 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
     summary = json.loads(proc.stdout)
 
     # Recompute independently from the same deterministic stream and the price list (with
-    # the demo's one meter priced by graduated tiers: what a record adds to its line).
+    # the demo's one meter priced by graduated tiers: what a record adds to its line; its
+    # one meter whose price goes up 25% from 15 minutes into the usage; its contract
+    # customer's 10% off one meter).
     prices = demo_prices(PriceList.from_toml(DEFAULT_PRICE_LIST.read_text()))
     produced = list(synthetic_usage(records, prices, seed=seed))
+    changed_at = base_time() + timedelta(minutes=15)
+    priced_by: dict[str, int] = defaultdict(int)
     held: dict[tuple[str, str, str], Decimal] = defaultdict(Decimal)  # a line's quantity
     seen: set[str] = set()
     zero = {"transactions": 0, "metered": 0, "in_flight": 0, "charged": 0, "compensated": 0}
@@ -63,6 +74,12 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
             amount = price.total(q + p.record.quantity) - price.total(q)
         else:
             amount = price.exact_amount(p.record.quantity)
+        if p.record.meter == "api.requests":
+            after = p.record.occurred_at >= changed_at
+            amount *= Decimal("1.25") if after else 1
+            priced_by["v3 after" if after else "v2 before"] += 1
+        if (p.record.customer_id, p.record.meter) == ("hooli", "gpt-4o.input_tokens"):
+            amount *= Decimal("0.9")
         key = (p.record.customer_id, price.currency)
         bal = expected[key[0]].setdefault(price.currency, {k: Decimal(v) for k, v in zero.items()})
         bal["transactions"] += 1
@@ -76,6 +93,12 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
             held[line] += p.record.quantity  # a refused record adds nothing to its line
             bal["charged"] += amount  # the demo charges everything it reserved
             lines[key[0], key[1], p.record.meter] += amount
+
+    # hooli's minimum, 300.00 USD an hour: its one hour's invoice falls short of it.
+    owed = 30_000 - sum(round_minor(t) for (c, cur, _), t in lines.items() if c == "hooli"
+                        and cur == "USD")  # fmt: skip
+    assert owed > 0
+    lines["hooli", "USD", "(minimum commitment)"] = Decimal(owed)
 
     assert summary["records_sent"] == records
     assert summary["dead_letters"] == invalid > 0
@@ -104,6 +127,13 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
     tiered = {ln["model"] for ln in summary["lines"] if ln["meter"] == DEMO_TIERED_METER}
     assert tiered and all(m.startswith("graduated t") for m in tiered)
     assert "graduated t2" in tiered  # some customer's hour went past its first tier
+    # The price change, the contract and its true-up, as the summary tells them.
+    pricing = summary["pricing"]
+    assert pricing["priced"] == dict(priced_by) and set(priced_by) == {"v2 before", "v3 after"}
+    assert [(t["customer_id"], t["meter"], t["billed"]) for t in pricing["true_ups"]] == [
+        ("hooli", "(minimum commitment)", owed)
+    ]
+    assert pricing["tiered_lines"] == sorted(tiered)
     # Stripe calls grow with lines and customers, not records.
     assert summary["stripe"]["requests"] < len(seen) / 10
     assert "ingested" in proc.stderr  # progress was shown
