@@ -28,6 +28,13 @@ if TYPE_CHECKING:
 
 __all__ = ["add_commands", "existing_account", "query_read_model"]
 
+# What ``rebuild`` can name (projections.projector.PROJECTIONS, held to it by a unit test;
+# not imported here, so that the command line starts without the projections).
+PROJECTION_NAMES = (
+    "transactions", "customer_balances", "charge_attempts", "invoice_lines", "line_pushes",
+    "invoices", "invoice_events", "credit_grants", "credit_balances", "contract_versions",
+)  # fmt: skip
+
 
 def add_commands(sub: Any) -> None:
     reverse = sub.add_parser("reverse", help="reverse a Charged transaction (refund)")
@@ -82,7 +89,7 @@ def add_commands(sub: Any) -> None:
     rebuild.add_argument(
         "projection",
         nargs="?",
-        help="transactions, customer_balances, charge_attempts, invoice_lines or line_pushes",
+        help=f"one of {', '.join(PROJECTION_NAMES)}",
     )
     rebuild.add_argument("--all", action="store_true", help="every projection")
     rebuild.set_defaults(handler=_rebuild)

@@ -67,3 +67,10 @@ def test_the_top_level_help_says_the_exit_statuses() -> None:
     assert "Exit status: 0 done, 1 a check failed, 2 misuse, 3 a service unreachable" in (
         build_parser().format_help().replace("\n", " ").replace("  ", " ")
     )
+
+
+def test_rebuild_names_every_projection() -> None:
+    from adapters.cli.ledger import PROJECTION_NAMES
+    from projections.projector import PROJECTIONS
+
+    assert tuple(p.name for p in PROJECTIONS) == PROJECTION_NAMES
