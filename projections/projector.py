@@ -38,6 +38,7 @@ from projections.charge_attempts import ChargeAttemptsProjection
 from projections.credits import CREDIT_BALANCES, CREDIT_GRANTS
 from projections.invoice_lines import InvoiceLinesProjection, LinePushesProjection
 from projections.invoices import InvoiceEventsProjection, InvoicesProjection
+from projections.purchases import PurchasesProjection
 from projections.transactions import TransactionsProjection
 from store.connections import Database
 from store.eventlog import START, Position, follow, read_after
@@ -57,6 +58,7 @@ PROJECTIONS: tuple[Projection, ...] = (
     InvoiceEventsProjection(),
     CREDIT_GRANTS,
     CREDIT_BALANCES,
+    PurchasesProjection(),
 )
 
 
