@@ -131,8 +131,11 @@ def _existing(customer: str, currency: str, change: Any) -> Any:
     """``change`` on an account that exists: an unknown customer is refused, nothing
     recorded (a purchase or a top-up needs a customer the ledger knows)."""
 
+    from domain.account import CustomerAccount
+
     def known(account: CustomerAccount) -> Any:
-        if account.version == 0 and account.pending_events:  # opened by this command
+        pending = account.pending_events
+        if pending and isinstance(pending[0], CustomerAccount.Opened):  # opened right now
             raise CliError(
                 f"unknown customer {customer} in {currency}: record usage, a limit or a"
                 " grant first",
@@ -290,7 +293,7 @@ def _show(args: argparse.Namespace) -> int:
     currency = check_currency(args.currency)
     with open_ledger(Settings()) as ledger:
         account = ledger.account(args.customer, currency)
-    if account is None or not account.grants:
+    if account is None or (not account.grants and account.top_up is None):
         raise CliError(f"no credit for {args.customer} in {currency}", EXIT_USAGE)
     now = datetime.now(UTC)
     rows = [

@@ -6,6 +6,7 @@ grant, live when its invoice is paid, and the audit's conservation holds."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,13 +14,15 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 from adapters.bootstrap import build_reconciler, build_scheduler
+from adapters.settings import Settings
 from domain.account import CustomerAccount
 from domain.credits import GrantState
 from domain.ids import account_id, purchase_id
 from domain.purchase import PurchaseState
 from store.connections import Database
+from store.ledger import BillingLedger
 from tests.conftest import settings_env
-from tests.integration.support import record, wait_for
+from tests.integration.support import record, run_cli, wait_for
 from tests.integration.test_credits import _audit, _project
 from tests.integration.test_invoices import SECRET, Parts, parts
 
@@ -112,3 +115,40 @@ def test_a_top_up_is_started_once_across_kill_9_of_the_process_that_crossed(
     started = _events(parts, "killed", CustomerAccount.TopUpStarted)
     assert [e.grant_id for e in started] == ["top-up-1-1"]  # type: ignore[attr-defined]
     _bought_once_and_paid(parts, "killed")
+
+
+def test_the_cli_sets_shows_and_clears_a_rule_and_refuses_nonsense_recording_nothing(
+    ingest_ledger: BillingLedger, settings: Settings
+) -> None:
+    ingest_ledger.change_account("acme", "USD", lambda a: a.set_credit_policy("overage"))
+    base = ["credits", "top-up", "set", "--customer", "acme"]
+    done = run_cli(settings, *base, "--below", "5.00", "--buy", "50.00", "--price", "45.00")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("top-up set: when acme's live credit in USD falls below 5.00")
+    shown = json.loads(run_cli(settings, "credits", "show", "acme", "USD", "--json").stdout)
+    assert shown["top_up"] == {"below": 500, "buy": 5000, "price": 4500, "version": 1,
+                               "purchases_started": 0, "armed": True}  # fmt: skip
+    account = ingest_ledger.account("acme", "USD")
+    assert account is not None
+    version = account.version
+    cases = [
+        [*base, "--below", "50.00", "--buy", "50.00"],  # buys no more than its threshold
+        [*base, "--below", "50.00", "--buy", "10.00"],
+        [*base, "--below", "-1", "--buy", "10.00"],
+        [*base, "--below", "1", "--buy", "1e30"],  # unbounded
+        [*base, "--below", "1", "--buy", "10", "--price", "-2"],
+        [*base, "--below", "1", "--buy", "10", "--price", "0.001"],
+        ["credits", "top-up", "set", "--customer", "nobody", "--below", "1", "--buy", "10"],
+        ["credits", "top-up", "clear", "--customer", "nobody"],
+    ]
+    for args in cases:
+        refused = run_cli(settings, *args)
+        assert refused.returncode == 2, (args, refused.stdout, refused.stderr)
+        assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
+    after = ingest_ledger.account("acme", "USD")
+    assert after is not None and after.version == version
+    assert ingest_ledger.account("nobody", "USD") is None
+    cleared = run_cli(settings, "credits", "top-up", "clear", "--customer", "acme")
+    assert cleared.stdout.strip() == "top-up of acme in USD: cleared"
+    again = ingest_ledger.account("acme", "USD")
+    assert again is not None and again.top_up is None
