@@ -27,6 +27,7 @@ from adapters.charging.corrections import Corrections
 from adapters.charging.drafts import DraftChecker
 from adapters.charging.ownership import Ownership
 from adapters.charging.process_manager import ChargeWorker
+from adapters.charging.purchases import Purchaser
 from adapters.charging.pusher import LinePusher
 from adapters.charging.reconciler import Reconciler
 from adapters.charging.relay import Relay
@@ -386,6 +387,14 @@ def build_ownership(settings: Settings, ledger: BillingLedger) -> Ownership:
     )
 
 
+def build_purchaser(settings: Settings, pusher: LinePusher) -> Purchaser:
+    """The purchaser of prepaid credit, on the pusher's ledger and Stripe client."""
+    gateway = pusher.gateway
+    if not isinstance(gateway, StripeGateway):  # a fake pusher's: the real client
+        gateway = StripeGateway(settings.stripe())
+    return Purchaser(pusher.ledger, gateway, settings.retry_policy(), clock=pusher.clock)
+
+
 def build_reconciler(
     settings: Settings,
     pusher: LinePusher,
@@ -401,6 +410,7 @@ def build_reconciler(
         ownership=ownership,
         clock=pusher.clock,
         repricer=Repricer(pusher.ledger, db),
+        purchaser=build_purchaser(settings, pusher),
     )
 
 

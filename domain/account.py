@@ -67,11 +67,16 @@ from domain.alerts import (
 )
 from domain.credits import (
     CreditPolicy,
+    CreditSource,
     Grant,
+    TopUp,
     burn_order,
     check_grant,
+    check_price,
+    check_top_up,
+    top_up_grant_id,
 )
-from domain.ids import account_id
+from domain.ids import account_id, purchase_id
 from domain.money import (
     add_exact,
     canonical,
@@ -96,6 +101,7 @@ class Burn(NamedTuple):
 
 
 _NO_GRANTS: dict[str, Grant] = {}
+_NO_REQUESTS: dict[str, list[int]] = {}
 _NOT_BURNT = Burn(reserved=True)
 _REFUSED = Burn(reserved=False)
 _BLOCKED = Burn(reserved=False, blocked=True)
@@ -220,10 +226,66 @@ class CustomerAccount(Aggregate):
     class CreditPolicySet(Aggregate.Event):
         policy: str
 
+    class CreditAwaitingPayment(Aggregate.Event):
+        """A purchased grant (recorded just before, in the same save) waits for its
+        one-off invoice to be paid (``domain.purchase``): it is not live until then."""
+
+        grant_id: str
+        purchase_id: str
+        price: int  # what its invoice asks, whole minor units
+        top_up: bool  # bought by the automatic top-up rule
+
+    class CreditActivated(Aggregate.Event):
+        """The purchased grant's invoice was paid: it is live from here."""
+
+        grant_id: str
+        purchase_id: str
+        stripe_invoice_id: str
+
+    class TopUpSet(Aggregate.Event):
+        below: int
+        buy: int
+        price: int
+        version: int
+
+    class TopUpCleared(Aggregate.Event):
+        version: int
+
+    class TopUpStarted(Aggregate.Event):
+        """The live balance fell below the rule's threshold in this save: buy once.
+        Plain JSON fields; ``purchase_id`` is derived from the account, the rule's version
+        and the crossing's number (``grant_id``), never from a clock."""
+
+        customer_id: str
+        currency: str
+        grant_id: str
+        purchase_id: str
+        version: int
+        crossing: int
+        below: int
+        buy: int
+        price: int
+        balance: str  # the live balance after the save, exact minor units
+
+    class TopUpRearmed(Aggregate.Event):
+        """The live balance is at or above the threshold again: the next fall buys."""
+
+        version: int
+        balance: str
+
     # State added after the first account histories: class defaults, so an older
     # snapshot (which lacks them) loads with them. The dict is replaced, never changed.
     grants = _NO_GRANTS
     credit_policy = CreditPolicy.OVERAGE.value
+    # The automatic top-up rule (plain values, so snapshots need no transcoding of it).
+    top_up_below: int | None = None
+    top_up_buy = 0
+    top_up_price = 0
+    top_up_version = 0  # rules set so far (a cleared rule counts)
+    top_up_crossings = 0  # purchases started under the current version
+    top_up_armed = False  # the next fall below the threshold starts a purchase
+    # Top-ups started and not granted yet: grant id -> [buy, price] (replaced, never changed).
+    top_up_requests = _NO_REQUESTS
 
     @staticmethod
     def create_id(customer_id: str, currency: str, **_: Any) -> UUID:
@@ -541,6 +603,8 @@ class CustomerAccount(Aggregate):
     def _credit_voided(self, grant_id: str, amount: Decimal, reason: str) -> None:
         grant = self.grants[grant_id]
         grant.voided = add_exact(grant.voided, amount)
+        if grant.awaiting_payment:
+            grant.note = f"never live: {reason}"
 
     def set_credit_policy(self, policy: str) -> None:
         """``block`` or ``overage`` (see ``domain.credits``)."""
@@ -608,6 +672,169 @@ class CustomerAccount(Aggregate):
         for grant_id, taken in by_grant.items():
             grant = self.grants[grant_id]
             grant.consumed = add_exact(grant.consumed, sum_exact(taken))
+
+    # -- purchased credit and the automatic top-up --------------------------------------
+
+    def purchase_credit(
+        self,
+        grant_id: str,
+        amount: int,
+        price: int,
+        *,
+        effective_at: datetime,
+        reason: str,
+        priority: int = 0,
+        expires_at: datetime | None = None,
+    ) -> UUID | None:
+        """Grant purchased credit that waits for its invoice to be paid; the purchase's
+        id (``domain.purchase``), None when the same purchase is recorded already,
+        ValueError when the terms or the price are not acceptable."""
+        check_price(price)
+        new = self.grant_credit(
+            grant_id, amount, priority=priority, effective_at=effective_at,
+            expires_at=expires_at, source=CreditSource.PURCHASED.value, reason=reason,
+        )  # fmt: skip
+        bought = purchase_id(self.customer_id, self.currency, grant_id)
+        if not new:
+            found = self.grants[grant_id]
+            if found.purchase_id != str(bought):
+                raise ValueError(f"grant {grant_id} exists already and was not purchased")
+            return None
+        top_up = grant_id in self.top_up_requests
+        self._credit_awaiting_payment(grant_id, str(bought), price, top_up)
+        return bought
+
+    @event(CreditAwaitingPayment)
+    def _credit_awaiting_payment(
+        self, grant_id: str, purchase_id: str, price: int, top_up: bool
+    ) -> None:
+        grant = self.grants[grant_id]
+        grant.awaiting_payment, grant.purchase_id = True, purchase_id
+        grant.note = "awaiting payment of its invoice"
+        if grant_id in self.top_up_requests:
+            self.top_up_requests = {
+                g: terms for g, terms in self.top_up_requests.items() if g != grant_id
+            }
+
+    def settle_purchase(
+        self, grant_id: str, *, paid: bool, reason: str, stripe_invoice_id: str
+    ) -> bool:
+        """Its invoice was paid (the grant is live from now) or will never be (what is
+        left of it is voided with ``reason``); whether anything was recorded. A grant not
+        awaiting payment (settled already, or voided by an operator) is left as it is."""
+        grant = self._grant(grant_id)
+        if not grant.awaiting_payment or grant.voided > 0 or grant.purchase_id is None:
+            return False
+        if paid:
+            self._credit_activated(grant_id, grant.purchase_id, stripe_invoice_id)
+        else:
+            self._credit_voided(grant_id, grant.remaining, reason)
+        return True
+
+    @event(CreditActivated)
+    def _credit_activated(self, grant_id: str, purchase_id: str, stripe_invoice_id: str) -> None:
+        grant = self.grants[grant_id]
+        grant.awaiting_payment = False
+        grant.note = f"paid: invoice {stripe_invoice_id}"
+
+    def live_credit(self, now: datetime) -> Decimal:
+        """What the live grants hold at ``now`` (pending and expired credit excluded)."""
+        total = Decimal(0)
+        for grant in self.grants.values():
+            if grant.live(now):
+                total = add_exact(total, grant.remaining)
+        return total
+
+    @property
+    def top_up(self) -> TopUp | None:
+        if self.top_up_below is None:
+            return None
+        return TopUp(self.top_up_below, self.top_up_buy, self.top_up_price, self.top_up_version)
+
+    def set_top_up(self, below: int, buy: int, price: int | None = None) -> bool:
+        """Buy ``buy`` for ``price`` (default ``buy``) whenever the live balance falls
+        below ``below`` in an ingest save; whether a new rule was recorded (the same rule
+        again records nothing). ValueError when it is not acceptable
+        (``domain.credits.check_top_up``). A new rule is armed: a balance already below
+        it buys at the next usage."""
+        price = buy if price is None else price
+        check_top_up(below, buy, price)
+        if self.top_up == TopUp(below, buy, price, self.top_up_version):
+            return False
+        self._top_up_set(below, buy, price, self.top_up_version + 1)
+        return True
+
+    @event(TopUpSet)
+    def _top_up_set(self, below: int, buy: int, price: int, version: int) -> None:
+        self.top_up_below, self.top_up_buy, self.top_up_price = below, buy, price
+        self.top_up_version, self.top_up_crossings, self.top_up_armed = version, 0, True
+
+    def clear_top_up(self) -> bool:
+        """No automatic top-up any more; whether there was one. Purchases started stay."""
+        if self.top_up_below is None:
+            return False
+        self._top_up_cleared(self.top_up_version + 1)
+        return True
+
+    @event(TopUpCleared)
+    def _top_up_cleared(self, version: int) -> None:
+        self.top_up_below, self.top_up_version, self.top_up_armed = None, version, False
+
+    def check_top_up(self, before: Decimal, now: datetime) -> UUID | None:
+        """Called once per ingest save of this account, after the burn-down (``before``:
+        the live credit before it): re-arm the rule when the balance stood at or above
+        its threshold, and start a purchase when it is armed and the balance is now below
+        (``TopUpStarted``, once per crossing: a second save deciding the same crossing
+        loses the version race and, reloaded, finds it started). The purchase's id."""
+        rule = self.top_up
+        if rule is None:
+            return None
+        after = self.live_credit(now)
+        if not self.top_up_armed and max(before, after) >= rule.below:
+            self._top_up_rearmed(rule.version, f"{canonical(max(before, after)):f}")
+        if not self.top_up_armed or after >= rule.below:
+            return None
+        crossing = self.top_up_crossings + 1
+        grant_id = top_up_grant_id(rule.version, crossing)
+        bought = purchase_id(self.customer_id, self.currency, grant_id)
+        self._top_up_started(
+            customer_id=self.customer_id, currency=self.currency, grant_id=grant_id,
+            purchase_id=str(bought), version=rule.version, crossing=crossing,
+            below=rule.below, buy=rule.buy, price=rule.price, balance=f"{canonical(after):f}",
+        )  # fmt: skip
+        return bought
+
+    @event(TopUpRearmed)
+    def _top_up_rearmed(self, version: int, balance: str) -> None:
+        self.top_up_armed = True
+
+    @event(TopUpStarted)
+    def _top_up_started(
+        self,
+        *,
+        customer_id: str,
+        currency: str,
+        grant_id: str,
+        purchase_id: str,
+        version: int,
+        crossing: int,
+        below: int,
+        buy: int,
+        price: int,
+        balance: str,
+    ) -> None:
+        self.top_up_armed, self.top_up_crossings = False, crossing
+        self.top_up_requests = {**self.top_up_requests, grant_id: [buy, price]}
+
+    def buy_top_up(self, grant_id: str, now: datetime) -> UUID | None:
+        """Turn a started top-up into a purchased grant awaiting payment (the worker's
+        step); its purchase id, None when it was granted already or never started."""
+        if grant_id not in self.top_up_requests or grant_id in self.grants:
+            return None
+        buy, price = self.top_up_requests[grant_id]
+        return self.purchase_credit(
+            grant_id, buy, price, effective_at=now, reason="automatic top-up"
+        )
 
     def _grant(self, grant_id: str) -> Grant:
         grant = self.grants.get(grant_id)

@@ -8,7 +8,9 @@ encoded strings). What it proves, per grant and per account:
   computed from the events alone, and never below zero: no consumption beyond what was
   left, an expiry or a void takes exactly what was left, once;
 * nothing is consumed from a grant that is unknown, closed, not yet effective or past
-  its expiry at the event's moment (``domain.credits``: decided by the save's moment);
+  its expiry at the event's moment (``domain.credits``: decided by the save's moment),
+  or purchased and not paid yet (between ``CreditAwaitingPayment`` and
+  ``CreditActivated``); a grant is activated only while it awaits payment;
 * under the ``block`` policy, every reserved transaction that consumed credit consumed
   its whole amount (the customer's credit never went below zero to bill it);
 * what the invoices' credit lines took off for each transaction is exactly what the
@@ -40,6 +42,7 @@ class GrantAudit:
     consumed: Decimal = Decimal(0)
     expired: Decimal = Decimal(0)
     voided: Decimal = Decimal(0)
+    pending: bool = False  # purchased, its invoice not paid yet
 
     @property
     def remaining(self) -> Decimal:
@@ -69,6 +72,8 @@ class CreditAudit:
                 datetime.fromisoformat(data["effective_at"]),
                 datetime.fromisoformat(expires) if expires else None,
             )
+        elif name in ("CreditAwaitingPayment", "CreditActivated"):
+            self._payment(name, data, version)
         elif name in ("CreditVoided", "CreditExpired"):
             self._close(name, data, version)
         elif name == "CreditsConsumed":
@@ -89,6 +94,18 @@ class CreditAudit:
         else:
             grant.expired += amount
 
+    def _payment(self, name: str, data: Mapping[str, Any], version: int) -> None:
+        grant = self._grant(data["grant_id"], version)
+        if grant is None:
+            return
+        waiting = name == "CreditAwaitingPayment"
+        if grant.pending == waiting or grant.voided:
+            self.problems.append(
+                f"v{version}: {name} of grant {data['grant_id']}, which"
+                f" {'awaits payment already' if grant.pending else 'awaits no payment'}"
+            )
+        grant.pending = waiting
+
     def _consumed(self, data: Mapping[str, Any], version: int, at: datetime) -> None:
         ids, grants, amounts = data["transaction_ids"], data["grant_ids"], data["amounts"]
         if not len(ids) == len(grants) == len(amounts):
@@ -101,7 +118,7 @@ class CreditAudit:
             self.blocked_at[txn_id] = self.policy == "block"
             if grant is None:
                 continue
-            if grant.expired or grant.voided or not _live(grant, at):
+            if grant.expired or grant.voided or grant.pending or not _live(grant, at):
                 self.problems.append(
                     f"v{version}: {txn_id} consumed grant {grant_id}, which was not live"
                 )

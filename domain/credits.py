@@ -24,6 +24,18 @@ past its expiry records that event first).
 soonest expiry (a grant that never expires last), then the oldest (the order they
 were granted in).
 
+**Purchased credit is paid first.** A grant bought with ``credits grant --source
+purchased`` (or by an automatic top-up) is recorded *awaiting payment*: it counts in
+conservation like any grant but is not live until its one-off invoice is paid
+(``domain.purchase``); an invoice voided or uncollectible voids what is left of it, with
+the reason, so it never becomes live. Its price is whole minor units, from 0 (a gift
+invoiced at nothing) to ``MAX_GRANT_MINOR``.
+
+**Automatic top-up.** A rule per account (``TopUp``): when the live balance falls below
+``below`` in an ingest save, buy ``buy`` at ``price``. ``buy`` must be more than
+``below`` (a purchase that cannot lift the balance above the threshold again would
+leave the rule spent after one crossing, which is never what an operator meant).
+
 **Policy.** ``overage`` (the default): usage beyond the live grants is billed as
 always. ``block``: a record the live grants cannot cover in full is refused (the
 transaction is compensated with the reason ``credits exhausted``, and consumes
@@ -46,8 +58,13 @@ __all__ = [
     "CreditPolicy",
     "CreditSource",
     "Grant",
+    "GrantState",
+    "TopUp",
     "burn_order",
     "check_grant",
+    "check_price",
+    "check_top_up",
+    "top_up_grant_id",
 ]
 
 MAX_GRANT_MINOR = 10**13
@@ -60,6 +77,14 @@ class CreditPolicy(StrEnum):
 
     OVERAGE = "overage"
     BLOCK = "block"
+
+
+class GrantState(StrEnum):
+    """Whether a grant can be used at all (its moments and balance aside)."""
+
+    LIVE = "live"  # usable between its effective moment and its expiry
+    PENDING = "pending"  # purchased, its invoice not paid yet: not consumable
+    UNPAID = "unpaid"  # purchased, its invoice void or uncollectible: voided, never live
 
 
 class CreditSource(StrEnum):
@@ -83,6 +108,16 @@ class Grant:
     consumed: Decimal = Decimal(0)
     expired: Decimal = Decimal(0)
     voided: Decimal = Decimal(0)
+    # Purchased credit (later than the first grants: defaults, so older snapshots load).
+    awaiting_payment: bool = False  # recorded pending; False again once paid
+    purchase_id: str | None = None
+    note: str = ""  # why it is live or not: its payment, or why it never became live
+
+    @property
+    def state(self) -> GrantState:
+        if not self.awaiting_payment:
+            return GrantState.LIVE
+        return GrantState.UNPAID if self.voided > 0 else GrantState.PENDING
 
     @property
     def remaining(self) -> Decimal:
@@ -96,10 +131,12 @@ class Grant:
         return self.expired > 0 or self.voided > 0 or self.remaining == 0
 
     def live(self, now: datetime) -> bool:
-        """Usable at ``now``: effective, not past its expiry, neither expired nor voided,
-        something left (the cheap tests first: every ingest save asks, for each grant)."""
+        """Usable at ``now``: paid for (not awaiting payment), effective, not past its
+        expiry, neither expired nor voided, something left (the cheap tests first: every
+        ingest save asks, for each grant)."""
         return (
-            self.effective_at <= now
+            not self.awaiting_payment
+            and self.effective_at <= now
             and (self.expires_at is None or now < self.expires_at)
             and not self.expired
             and not self.voided
@@ -146,3 +183,46 @@ def check_grant(grant: Grant) -> None:
         raise ValueError(f"a grant's source must be one of {choices}, got {source!r}")
     if not reason.strip() or len(reason) > MAX_REASON_LENGTH:
         raise ValueError(f"a grant needs a reason of 1 to {MAX_REASON_LENGTH} characters")
+
+
+def check_price(price: int) -> None:
+    """ValueError, in one line, when a purchase's price is not whole minor units from 0
+    to ``MAX_GRANT_MINOR``."""
+    if isinstance(price, bool) or not isinstance(price, int):
+        raise ValueError(f"a price must be whole minor units, got {price!r}")
+    if not 0 <= price <= MAX_GRANT_MINOR:
+        raise ValueError(f"a price must be from 0 to {MAX_GRANT_MINOR:,} minor units")
+
+
+@dataclass(frozen=True)
+class TopUp:
+    """An automatic top-up rule: below ``below`` live credit, buy ``buy`` for ``price``
+    (all whole minor units); ``version`` counts the rules set on the account."""
+
+    below: int
+    buy: int
+    price: int
+    version: int
+
+
+def check_top_up(below: int, buy: int, price: int) -> None:
+    """ValueError, in one line, when a top-up rule is not acceptable."""
+    for name, value in (("threshold", below), ("amount to buy", buy)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"a top-up's {name} must be whole minor units, got {value!r}")
+    if not 1 <= below < MAX_GRANT_MINOR:
+        raise ValueError(f"a top-up's threshold must be from 1 to {MAX_GRANT_MINOR - 1:,}")
+    if not 1 <= buy <= MAX_GRANT_MINOR:
+        raise ValueError(f"a top-up's amount to buy must be from 1 to {MAX_GRANT_MINOR:,}")
+    if buy <= below:
+        raise ValueError(
+            "a top-up must buy more than its threshold (or one purchase could not"
+            " lift the balance above it again)"
+        )
+    check_price(price)
+
+
+def top_up_grant_id(version: int, crossing: int) -> str:
+    """The grant an automatic top-up buys: named by its rule's version and the crossing
+    (never a clock), so two saves deciding the same crossing name the same grant."""
+    return f"top-up-{version}-{crossing}"

@@ -22,6 +22,7 @@ __all__ = [
     "line_push_id",
     "partition_claim_id",
     "price_book_id",
+    "purchase_id",
     "transaction_id",
     "true_up_id",
 ]
@@ -74,6 +75,7 @@ CLAIM_NAMESPACE = UUID("9b3d5e71-0c2a-5f48-b6d9-3e7a1c0f4b26")
 PRICE_BOOK_NAMESPACE = UUID("c4f2a9e8-1d6b-5e37-9a0c-7b5e3d2f8a61")
 CONTRACT_NAMESPACE = UUID("7d3e9b20-5a1c-5f64-8e2b-1c9f4a6d0e35")
 TRUE_UP_NAMESPACE = UUID("2f8c6a14-9e3b-5d70-a1c5-6b0e8d4f2a97")
+PURCHASE_NAMESPACE = UUID("a81d3c5e-6f29-5b04-9c7e-2d5b8f1a3e60")
 
 
 def _key(*parts: str) -> str:
@@ -120,3 +122,10 @@ def true_up_id(invoice: UUID, meter: str) -> UUID:
     """A true-up of one invoice (a minimum commitment's shortfall; ``meter``: its true-up
     line's meter): the one entry of its true-up line, where a line holds a transaction's id."""
     return uuid5(TRUE_UP_NAMESPACE, _key(str(invoice), meter))
+
+
+def purchase_id(customer_id: str, currency: str, grant_id: str) -> UUID:
+    """The purchase of one purchased grant (``domain.purchase``): its one-off invoice's
+    ledger id, from which its Stripe keys are derived (a grant id is unique per account,
+    and an automatic top-up's grant id names its rule version and crossing)."""
+    return uuid5(PURCHASE_NAMESPACE, _key(customer_id, currency, grant_id))

@@ -226,9 +226,13 @@ def settle_account(
     settlement order (``BillingTransaction.priced_on_line``); a refused one adds nothing.
     A batch with no such record (``by_line`` False) reserves as it always has, at once.
     A negative amount (a cheaper volume tier reached) consumes no credit and gives none
-    back (``domain.account.Burner``)."""
+    back (``domain.account.Burner``). With an automatic top-up rule, the live balance's
+    fall below its threshold records the purchase's start in the same save
+    (``CustomerAccount.check_top_up``)."""
     lines: dict[UUID, SettledLine] = {}
     credited: list[tuple[UUID, InvoiceLine, Decimal]] = []
+    topping = account.top_up_below is not None  # an automatic top-up rule: its balance
+    before = account.live_credit(book.now) if topping else Decimal(0)
     if not by_line:
         burns = account.reserve_and_burn(
             [(i.metering.transaction_id, i.fields["amount"]) for i in items], book.now
@@ -243,6 +247,8 @@ def settle_account(
                 item.refused = refusal(account, item.fields["amount"], burn)
     else:
         _settle_by_line(account, book, items, lines, credited)
+    if topping:  # a fall below the rule's threshold starts one purchase, in this save
+        account.check_top_up(before, book.now)
     if account.alert_thresholds:  # spend alerts: one call, right after the reservation
         decided = [i for i in items if i.rejected is None]
         account.check_alerts(

@@ -7,6 +7,8 @@ Each outside thing is a small Protocol with one real adapter and one hand-writte
   one by one, then set together, a draft's lines in one request: ``update_lines``),
   finalizing an invoice and issuing credit notes; failures come back as
   ``domain.saga.ChargeFailure`` values, never as the SDK's exceptions;
+* ``PurchaseGateway``: the same Stripe client, as the purchaser of prepaid credit needs
+  it (``domain.purchase``): a one-off invoice of one item per purchased grant;
 * ``DeadLetterSink``: where unbillable usage records are kept with their reason
   (``store.dead_letters.DeadLetterStore``).
 """
@@ -34,6 +36,8 @@ __all__ = [
     "LineItems",
     "LinesUpdate",
     "PaymentGateway",
+    "PurchaseGateway",
+    "PurchaseInvoice",
 ]
 
 
@@ -181,4 +185,42 @@ class PaymentGateway(Protocol):
 
     def breaker_state(self) -> str:
         """closed, half_open or open."""
+        ...
+
+
+@dataclass(frozen=True)
+class PurchaseInvoice:
+    """The one-off invoice of a purchased grant: one item, its price."""
+
+    purchase_id: UUID  # the ledger's id (``domain.ids.purchase_id``), the keys' origin
+    customer_id: str
+    stripe_customer_id: str
+    currency: str
+    grant_id: str
+    amount: int  # the credit bought (for the description)
+    price: int  # the item's amount, minor units
+
+
+class PurchaseGateway(Protocol):
+    """Stripe, as the purchaser needs it. Like ``PaymentGateway``: never raises, each
+    request under a key derived from the purchase's id and the step."""
+
+    def customer(self, customer_id: str, *, look_first: bool) -> str | ChargeFailure:
+        """The Stripe customer of ``customer_id`` (key ``customer:{id}``)."""
+        ...
+
+    def purchase_draft(self, purchase: PurchaseInvoice, *, look_first: bool) -> str | ChargeFailure:
+        """The draft invoice of the purchase (key ``invoice:{purchase}``); its Stripe id."""
+        ...
+
+    def purchase_item(
+        self, purchase: PurchaseInvoice, stripe_invoice_id: str, *, look_first: bool
+    ) -> str | ChargeFailure:
+        """Its one item, the price (key ``line-item:{purchase}:0``); the item's id."""
+        ...
+
+    def finalize_invoice(
+        self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool
+    ) -> StripeInvoiceView | ChargeFailure:
+        """Finalize it (key ``invoice-finalize:{purchase}``); Stripe's view of it."""
         ...

@@ -1,5 +1,9 @@
 """The prepaid credits' read models: ``billing.credit_grants`` and ``billing.credit_balances``.
 
+A grant's ``state`` is ``live``, ``pending`` (purchased: ``CreditAwaitingPayment``, until
+``CreditActivated``) or ``unpaid`` (a pending grant voided: its invoice was never paid),
+with ``state_reason``.
+
 Both fold the customer accounts' credit events (``domain.account``, ``domain.credits``):
 ``CreditGranted`` adds a grant, ``CreditsConsumed`` (one per ingest batch),
 ``CreditExpired`` and ``CreditVoided`` move its amount, ``CreditPolicySet`` sets the
@@ -40,6 +44,7 @@ __all__ = [
 GRANT_COLUMNS = (
     "customer_id", "currency", "grant_id", "amount", "priority", "effective_at", "expires_at",
     "source", "reason", "consumed", "expired", "voided", "remaining", "granted_at", "updated_at",
+    "state", "state_reason",
 )  # fmt: skip
 BALANCE_COLUMNS = (
     "customer_id", "currency", "policy", "grants", "granted", "consumed", "expired", "voided",
@@ -52,6 +57,8 @@ _CREDIT_EVENTS = (
     CustomerAccount.CreditExpired,
     CustomerAccount.CreditVoided,
     CustomerAccount.CreditPolicySet,
+    CustomerAccount.CreditAwaitingPayment,
+    CustomerAccount.CreditActivated,
 )
 
 _INSERT_GRANT = """
@@ -62,7 +69,14 @@ VALUES (%(customer_id)s, %(currency)s, %(grant_id)s, %(amount)s, %(priority)s,
 """
 _MOVE_GRANT = """
 UPDATE {table} SET consumed = consumed + %(consumed)s, expired = expired + %(expired)s,
-    voided = voided + %(voided)s, updated_at = GREATEST(updated_at, %(at)s)
+    voided = voided + %(voided)s, updated_at = GREATEST(updated_at, %(at)s),
+    state = CASE WHEN %(state)s::text IS NOT NULL THEN %(state)s::text
+                 WHEN %(void_reason)s::text IS NOT NULL AND state = 'pending' THEN 'unpaid'
+                 ELSE state END,
+    state_reason = CASE WHEN %(state)s::text IS NOT NULL THEN %(state_reason)s::text
+                        WHEN %(void_reason)s::text IS NOT NULL AND state = 'pending'
+                        THEN 'never live: ' || %(void_reason)s::text
+                        ELSE state_reason END
 WHERE customer_id = %(customer_id)s AND currency = %(currency)s AND grant_id = %(grant_id)s
 """
 _UPSERT_BALANCE = """
@@ -94,6 +108,10 @@ class _Moves:
     granted: int = 0
     policy: str | None = None
     new: list[dict[str, Any]] = field(default_factory=list)
+    # a grant's only: its state, if the batch set it, and the reason of a void in it
+    state: str | None = None
+    state_reason: str = ""
+    void_reason: str | None = None
 
     def seen(self, at: datetime) -> None:
         # The latest, not the last: events of one save are not in timestamp order.
@@ -118,6 +136,12 @@ def _fold(
             account.grants += 1
             account.granted += event.amount
             account.new.append(_grant_row(key, event))
+        elif isinstance(event, CustomerAccount.CreditAwaitingPayment):
+            moves = _grant(grants, key, event.grant_id, event.timestamp)
+            moves.state, moves.state_reason = "pending", "awaiting payment of its invoice"
+        elif isinstance(event, CustomerAccount.CreditActivated):
+            moves = _grant(grants, key, event.grant_id, event.timestamp)
+            moves.state, moves.state_reason = "live", f"paid: invoice {event.stripe_invoice_id}"
         elif isinstance(event, CustomerAccount.CreditsConsumed):
             for grant_id, text in zip(event.grant_ids, event.amounts, strict=True):
                 amount = Decimal(text)
@@ -128,6 +152,8 @@ def _fold(
             moves = _grant(grants, key, event.grant_id, event.timestamp)
             setattr(moves, kind, getattr(moves, kind) + event.amount)
             setattr(account, kind, getattr(account, kind) + event.amount)
+            if kind == "voided":
+                _voided(moves, event.reason)
     return accounts, grants
 
 
@@ -137,6 +163,14 @@ def _grant(
     moves = grants.setdefault((*key, grant_id), _Moves())
     moves.seen(at)
     return moves
+
+
+def _voided(moves: _Moves, reason: str) -> None:
+    """A void in the batch: a grant pending payment never becomes live."""
+    if moves.state == "pending":
+        moves.state, moves.state_reason = "unpaid", f"never live: {reason}"
+    elif moves.state is None:
+        moves.void_reason = reason
 
 
 def _grant_row(key: tuple[str, str], event: CustomerAccount.CreditGranted) -> dict[str, Any]:
@@ -185,7 +219,8 @@ def _write_grants(cur: psycopg.Cursor[Any], target: sql.Identifier, folded: _Fol
         cur.executemany(sql.SQL(_INSERT_GRANT).format(table=target), new)
     params = [
         {"customer_id": c, "currency": currency, "grant_id": g, "consumed": m.consumed,
-         "expired": m.expired, "voided": m.voided, "at": m.at}
+         "expired": m.expired, "voided": m.voided, "at": m.at, "state": m.state,
+         "state_reason": m.state_reason, "void_reason": m.void_reason}
         for (c, currency, g), m in folded.grants.items()
     ]  # fmt: skip
     if params:

@@ -39,6 +39,7 @@ from projections.contracts import ContractVersionsProjection
 from projections.credits import CREDIT_BALANCES, CREDIT_GRANTS
 from projections.invoice_lines import InvoiceLinesProjection, LinePushesProjection
 from projections.invoices import InvoiceEventsProjection, InvoicesProjection
+from projections.purchases import PurchasesProjection
 from projections.transactions import TransactionsProjection
 from store.connections import Database
 from store.eventlog import START, Position, follow, read_after
@@ -59,6 +60,7 @@ PROJECTIONS: tuple[Projection, ...] = (
     CREDIT_GRANTS,
     CREDIT_BALANCES,
     ContractVersionsProjection(),
+    PurchasesProjection(),
 )
 
 

@@ -75,6 +75,7 @@ from domain.ownership import Claim, PartitionClaim
 from domain.periods import Period, PeriodPolicy
 from domain.price_book import PRICE_BOOK_ID, PriceBook, PriceSchedule, PriceVersion, as_schedule
 from domain.pricing import PriceList
+from domain.purchase import CreditPurchase
 from domain.transaction import BillingTransaction
 from store.batch_reads import BatchReads
 from store.errors import ConcurrencyExhausted
@@ -451,6 +452,68 @@ class BillingLedger(Application[UUID]):
             return answer
         raise ConcurrencyExhausted(f"could not set the {what} of {customer_id}/{currency}")
 
+    # -- purchased credit (domain.purchase) ----------------------------------------------
+
+    def purchase_by_id(self, purchase: UUID) -> CreditPurchase | None:
+        found = self._get(purchase)
+        return found if isinstance(found, CreditPurchase) else None
+
+    def start_purchase(
+        self,
+        customer_id: str,
+        currency: str,
+        buy: Callable[[CustomerAccount], UUID | None],
+    ) -> UUID | None:
+        """Record a purchased grant awaiting payment (``buy``: the account's command,
+        ``purchase_credit`` or ``buy_top_up``) and its purchase's ``Started``, in one
+        save; the purchase's id, None when ``buy`` recorded nothing (done already).
+        Only an account that exists buys: ValueError for an unknown customer, nothing
+        recorded."""
+        for _ in range(self.max_attempts):
+            account = self._load_account(customer_id, currency)
+            if account is None:
+                raise ValueError(
+                    f"unknown customer {customer_id} in {currency}: no account to buy credit"
+                    " for (record usage, a limit or a grant first)"
+                )
+            bought = buy(account)
+            if bought is None:
+                return None
+            grant = account.grants[next(
+                g for g, v in account.grants.items() if v.purchase_id == str(bought)
+            )]  # fmt: skip
+            purchase = CreditPurchase.start(
+                customer_id, currency, grant.grant_id, grant.amount,
+                _price_of(account, grant.grant_id), top_up=grant.grant_id.startswith("top-up-"),
+            )  # fmt: skip
+            try:
+                self.save(account, purchase)
+            except IntegrityError:
+                continue
+            return bought
+        raise ConcurrencyExhausted(f"could not start a purchase for {customer_id}/{currency}")
+
+    def save_purchase(self, purchase: CreditPurchase, **kwargs: Any) -> None:
+        """Save what ``purchase`` recorded and, when it was just paid or refused, its
+        grant's settlement on the account (live, or voided with the reason), in one
+        save (``kwargs``: the webhooks' receipts). IntegrityError when another writer
+        recorded first: the caller reloads and decides again."""
+        account = None
+        settled = any(
+            isinstance(e, CreditPurchase.Paid | CreditPurchase.Unpaid)
+            for e in purchase.pending_events
+        )
+        if settled:
+            account = self._load_account(purchase.customer_id, purchase.currency)
+            if account is not None and purchase.grant_id in account.grants:
+                account.settle_purchase(
+                    purchase.grant_id,
+                    paid=purchase.state == "paid",
+                    reason=purchase.reason,
+                    stripe_invoice_id=purchase.stripe_invoice_id or "",
+                )
+        self.save(purchase, account, **kwargs)
+
     def claim_partition(self, topic: str, partition: int, owner: str) -> Claim:
         """Record that ``owner`` holds ``partition`` of ``topic`` from now on; its claim,
         newer than every claim before it (two claimants: the version check orders them)."""
@@ -585,6 +648,17 @@ class BillingLedger(Application[UUID]):
             return recorded
         # eventsourcing's own recorder (the benchmark's comparison): one query per id.
         return {i for i in set(ids) if self.recorder.select_events(i, limit=1)}
+
+
+def _price_of(account: CustomerAccount, grant_id: str) -> int:
+    """The price the account's ``CreditAwaitingPayment`` for ``grant_id`` recorded (a
+    pending event of this decision)."""
+    for pending in account.pending_events:
+        if isinstance(pending, CustomerAccount.CreditAwaitingPayment) and (
+            pending.grant_id == grant_id
+        ):
+            return pending.price
+    raise ValueError(f"grant {grant_id} was not bought in this decision")
 
 
 class _ProcessingEvent(ProcessingEvent[UUID]):

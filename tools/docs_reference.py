@@ -392,6 +392,9 @@ _OBJECTS: dict[str, str] = {
     "billing.credit_grants": "Read model: one row per prepaid credit grant, its terms and"
     " where its amount went, exact: `remaining` = amount - consumed - expired - voided, as"
     " of the last save projected (`billing-ledger credits show` reads the account itself).",
+    "billing.credit_purchases": "Read model: one row per purchase of prepaid credit (a"
+    " purchased grant's one-off invoice): `requested` by an automatic top-up, `invoicing`,"
+    " `finalized`, then `paid` (the grant is live) or `unpaid` (`reason`: why it never is).",
     "billing.credit_balances": "Read model: per customer and currency with credit, the sums"
     " of its grants (exact minor units) and its `policy` (`block` or `overage`).",
     "billing.contract_versions": "Read model: one row per version of a customer's contract:"
@@ -451,6 +454,14 @@ _COLUMNS: dict[str, str] = {
     " shortfall",
     "billing.invoice_preview.invoice_total": "the sum of the invoice's `billed`, true-ups"
     " and the prepaid credit line included: what the close would finalize now",
+    "billing.credit_grants.state": "`live`; `pending`: purchased, its invoice not paid (not"
+    " consumable); `unpaid`: its invoice void, uncollectible or refused (voided, never live)",
+    "billing.credit_grants.state_reason": "why: the invoice that paid it, or why it never"
+    " became live",
+    "billing.credit_purchases.amount": "the credit bought, whole minor units",
+    "billing.credit_purchases.price": "what its invoice asks, whole minor units",
+    "billing.credit_purchases.top_up": "bought by the automatic top-up rule",
+    "billing.credit_purchases.next_attempt_at": "a failed Stripe step is tried again then",
     "billing.transactions.transaction_id": "derived from `customer_id` and `usage_id`",
     "billing.transactions.amount": "exact price, minor units (`0.38` is 0.38 cents)",
     "billing.transactions.state": "`metered`, `reserved`, `charged` or `compensated`"

@@ -349,6 +349,8 @@ _CREDIT_EVENTS: dict[str, tuple[str, ...]] = {
     "CreditExpired": ("amount",),
     "CreditsConsumed": ("at",),
     "CreditPolicySet": (),
+    "CreditAwaitingPayment": (),
+    "CreditActivated": (),
 }
 
 # How each account event moves what counts against the limit (reserved + charged).

@@ -238,7 +238,9 @@ def stripe_invoice_items(
     settings: StripeSettings, customer: str | None = None
 ) -> list[InvoiceItem]:
     """Every live invoice item in Stripe (of one customer's Stripe customer, if given),
-    listed through the project's one Stripe client (its rate limit and breaker)."""
+    listed through the project's one Stripe client (its rate limit and breaker). A
+    purchased grant's item (its metadata names a ``purchase_id``) bills credit, not
+    usage: it is left out (its grant's conservation is checked from the history)."""
     client = StripeGateway(settings)
     stripe_customer = None
     if customer is not None:
@@ -254,6 +256,7 @@ def stripe_invoice_items(
             (item.get("metadata") or {}).get("line_id"),
         )
         for item in client.invoice_items(stripe_customer)
+        if not (item.get("metadata") or {}).get("purchase_id")
     ]
 
 

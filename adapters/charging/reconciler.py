@@ -11,6 +11,11 @@ prepaid credit grant past its expiry with something left (``projections.credits
 (an expired grant is never consumed either way: ``domain.credits``). Forward progress
 never depends on a message being delivered again.
 
+It drives purchased credit (``adapters.charging.purchases``): each automatic top-up a
+save started is turned into a purchased grant with its purchase, and each purchase's
+one-off invoice whose next step is due is driven forward (``projections.purchases
+.open_purchases``). The payment that makes the grant live arrives by webhook.
+
 It also runs a pass of the re-pricer (``adapters.charging.repricing``) while one is due:
 usage a price version published for the past prices again, on lines still open, is
 re-priced, bounded per pass; the lines it changes are then pushed like any other.
@@ -30,14 +35,17 @@ from datetime import datetime
 
 from adapters.charging.corrections import Corrections
 from adapters.charging.ownership import Ownership
+from adapters.charging.purchases import Purchaser
 from adapters.charging.pusher import utcnow
 from adapters.charging.repricing import Repricer
 from adapters.charging.scheduler import LineScheduler
 from domain.saga import StepResult
 from projections.credits import due_expiries
 from projections.invoice_lines import open_lines
+from projections.purchases import OpenPurchase, open_purchases
 from projections.transactions import unlined_transaction_ids
 from store.connections import Database
+from store.errors import ConcurrencyExhausted
 
 __all__ = ["ReconcileReport", "Reconciler"]
 
@@ -51,6 +59,7 @@ class ReconcileReport:
     others: int = 0  # open lines another process owns
     repriced: int = 0  # lines re-priced (``adapters.charging.repricing``)
     expired: int = 0  # accounts whose grants' expiry was recorded here
+    purchases: int = 0  # purchases of credit driven (top-ups started, invoices stepped)
 
 
 class Reconciler:
@@ -65,7 +74,9 @@ class Reconciler:
         ownership: Ownership | None = None,
         clock: Callable[[], datetime] = utcnow,
         repricer: Repricer | None = None,
+        purchaser: Purchaser | None = None,
     ) -> None:
+        self.purchaser = purchaser
         self.repricer = repricer
         self.corrections = corrections
         self.scheduler = scheduler
@@ -85,10 +96,15 @@ class Reconciler:
             lines = open_lines(conn)
             legacy = unlined_transaction_ids(conn)
             expiring = due_expiries(conn, now)
+            purchases = open_purchases(conn, now) if self.purchaser is not None else []
         ledger = self.corrections.ledger
         for customer_id, currency in expiring:  # idempotent: a racer records nothing more
             expired = ledger.change_account(customer_id, currency, lambda a: a.expire_credits(now))
             report.expired += bool(expired)
+        for purchase in purchases:
+            if stop.is_set():
+                break
+            report.purchases += self._purchase(purchase)
         for txn_id in legacy:  # the projection may lag: adopt() decides from the aggregate
             if stop.is_set():
                 break
@@ -100,3 +116,19 @@ class Reconciler:
             self.scheduler.changed(line, customer=customer, changed_at=oldest, due=due)
             report.lines += 1
         return report
+
+    def _purchase(self, purchase: OpenPurchase) -> int:
+        """Start a requested top-up's purchase, then step its invoice. A purchase that
+        cannot be driven now is logged and left for the next pass (its Stripe failures
+        are recorded by the purchaser itself)."""
+        assert self.purchaser is not None
+        try:
+            if purchase.state == "requested":
+                self.purchaser.start_top_up(
+                    purchase.customer_id, purchase.currency, purchase.grant_id
+                )
+            self.purchaser.step(purchase.purchase_id)
+        except (ConcurrencyExhausted, ValueError) as exc:
+            log.warning("purchase %s not driven: %s", purchase.purchase_id, exc)
+            return 0
+        return 1

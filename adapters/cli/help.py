@@ -153,8 +153,10 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
             " --id welcome-2027 --expires-at 2027-03-31T23:59:59Z",
             'billing-ledger credits grant acme 10.00 USD --source manual --reason "outage"'
             " --priority -1",
+            'billing-ledger credits grant acme 100.00 USD --source purchased --reason "pack"'
+            " --id pack-1 --price 90.00",
         ),
-        DB,
+        f"{DB}; {STRIPE} (a purchased grant's invoice)",
     ),
     "credits void": (
         ('billing-ledger credits void acme USD welcome-2027 --reason "granted in error"',),
@@ -169,6 +171,19 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
         ),
         DB,
     ),
+    "credits top-up": (
+        ("billing-ledger credits top-up set --customer acme --below 5 --buy 50",),
+        DB,
+    ),
+    "credits top-up set": (
+        (
+            "billing-ledger credits top-up set --customer acme --below 5.00 --buy 50.00",
+            "billing-ledger credits top-up set --customer acme --currency EUR --below 10"
+            " --buy 100 --price 95",
+        ),
+        DB,
+    ),
+    "credits top-up clear": (("billing-ledger credits top-up clear --customer acme",), DB),
     "dead-letters": (("billing-ledger dead-letters list",), DB),
     "dead-letters list": (
         ("billing-ledger dead-letters list --reason unknown_meter --since 2026-12-04",),

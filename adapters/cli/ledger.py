@@ -33,6 +33,7 @@ __all__ = ["add_commands", "existing_account", "query_read_model"]
 PROJECTION_NAMES = (
     "transactions", "customer_balances", "charge_attempts", "invoice_lines", "line_pushes",
     "invoices", "invoice_events", "credit_grants", "credit_balances", "contract_versions",
+    "credit_purchases",
 )  # fmt: skip
 
 

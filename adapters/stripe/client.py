@@ -17,6 +17,12 @@ from the invoice and what it sets (``invoice-lines:{invoice}:{digest}``). Past S
 (``key_window``, 23 h: Stripe keeps keys at least 24 h) the gateway looks an object up
 by its metadata before creating it again.
 
+A purchased credit grant (``domain.purchase``) has a one-off invoice of its own, made
+the same way under the same kinds of keys, derived from the purchase's id:
+``invoice:{purchase}``, ``line-item:{purchase}:0`` (one item, its price, never
+updated), ``invoice-finalize:{purchase}``; its metadata names the purchase
+(``purchase_id``), which is how the webhook handler tells it from a period's invoice.
+
 Every call goes through the process's ``Pressure`` (breaker, AIMD in-flight limit,
 rate limit; ``adapters.stripe.pressure``). The SDK's own retries are off
 (``max_network_retries=0``): a failed push is recorded with a due time and pushed
@@ -39,7 +45,14 @@ from adapters.stripe.errors import classify
 from adapters.stripe.pressure import Pressure
 from adapters.stripe.views import invoice_view
 from domain.invoice_states import StripeInvoiceView
-from domain.ports import CreditNote, DraftInvoice, ItemRepair, LineItems, LinesUpdate
+from domain.ports import (
+    CreditNote,
+    DraftInvoice,
+    ItemRepair,
+    LineItems,
+    LinesUpdate,
+    PurchaseInvoice,
+)
 from domain.pushing import ItemStep, item_key, push_key
 from domain.saga import ChargeFailure, idempotency_key
 from domain.verification import DraftItem, DraftView
@@ -103,6 +116,59 @@ class StripeGateway:
     def breaker_state(self) -> str:
         return self.breaker.state
 
+    # -- purchased credit (domain.ports.PurchaseGateway) ----------------------------
+
+    def purchase_draft(self, purchase: PurchaseInvoice, *, look_first: bool) -> str | ChargeFailure:
+        return _answer(lambda: self.create_purchase_draft(purchase, look_first=look_first))
+
+    def purchase_item(
+        self, purchase: PurchaseInvoice, stripe_invoice_id: str, *, look_first: bool
+    ) -> str | ChargeFailure:
+        return _answer(
+            lambda: self.create_purchase_item(purchase, stripe_invoice_id, look_first=look_first)
+        )
+
+    def create_purchase_draft(self, purchase: PurchaseInvoice, *, look_first: bool) -> str:
+        """The purchase's one-off draft invoice, created once (``invoice:{purchase}``)."""
+        if look_first:
+            found = self.find_invoice(purchase.purchase_id)
+            if found is not None:
+                return found
+        return self._create_invoice(
+            purchase.purchase_id, purchase.stripe_customer_id, purchase.currency,
+            f"Prepaid credit {purchase.grant_id}",
+            {"purchase_id": str(purchase.purchase_id), "customer_id": purchase.customer_id,
+             "grant_id": purchase.grant_id},
+        )  # fmt: skip
+
+    def create_purchase_item(
+        self, purchase: PurchaseInvoice, stripe_invoice_id: str, *, look_first: bool
+    ) -> str:
+        """Its one item, the price (``line-item:{purchase}:0``), created once."""
+        if look_first:
+            for item in self.invoice_items(invoice=stripe_invoice_id):
+                if (item.get("metadata") or {}).get("purchase_id") == str(purchase.purchase_id):
+                    return str(item["id"])
+        created = self._call(
+            "invoice_items.create",
+            lambda: self.client.v1.invoice_items.create(
+                params={
+                    "customer": purchase.stripe_customer_id,
+                    "invoice": stripe_invoice_id,
+                    "currency": purchase.currency.lower(),
+                    "amount": purchase.price,
+                    "description": f"Prepaid credit {purchase.grant_id}",
+                    "metadata": {
+                        "purchase_id": str(purchase.purchase_id),
+                        "grant_id": purchase.grant_id,
+                        "credit": str(purchase.amount),
+                    },
+                },
+                options={"idempotency_key": item_key(purchase.purchase_id, 0)},
+            ),
+        )
+        return str(created.id)
+
     # -- the calls (they raise) ----------------------------------------------------
 
     def create_customer(self, customer_id: str, *, look_first: bool = False) -> str:
@@ -138,25 +204,37 @@ class StripeGateway:
                 return found
         span = telemetry.span("stripe draft_invoice", billing__customer_id=draft.customer_id)
         with span:
-            invoice = self._call(
-                "invoices.create",
-                lambda: self.client.v1.invoices.create(
-                    params={
-                        "customer": draft.stripe_customer_id,
-                        "currency": draft.currency.lower(),
-                        "auto_advance": False,
-                        "collection_method": "charge_automatically",
-                        "pending_invoice_items_behavior": "exclude",
-                        "description": f"Usage {draft.period}",
-                        "metadata": {
-                            "invoice_id": str(draft.invoice_id),
-                            "customer_id": draft.customer_id,
-                            "period": str(draft.period),
-                        },
-                    },
-                    options={"idempotency_key": idempotency_key("invoice", draft.invoice_id)},
-                ),
-            )
+            return self._create_invoice(
+                draft.invoice_id, draft.stripe_customer_id, draft.currency,
+                f"Usage {draft.period}",
+                {"customer_id": draft.customer_id, "period": str(draft.period)},
+            )  # fmt: skip
+
+    def _create_invoice(
+        self,
+        invoice_id: UUID,
+        stripe_customer_id: str,
+        currency: str,
+        description: str,
+        metadata: dict[str, str],
+    ) -> str:
+        """A draft invoice that never advances by itself and takes only the items given
+        to it, under ``invoice:{invoice_id}``; its metadata names ``invoice_id``."""
+        invoice = self._call(
+            "invoices.create",
+            lambda: self.client.v1.invoices.create(
+                params={
+                    "customer": stripe_customer_id,
+                    "currency": currency.lower(),
+                    "auto_advance": False,
+                    "collection_method": "charge_automatically",
+                    "pending_invoice_items_behavior": "exclude",
+                    "description": description,
+                    "metadata": {"invoice_id": str(invoice_id), **metadata},
+                },
+                options={"idempotency_key": idempotency_key("invoice", invoice_id)},
+            ),
+        )
         return str(invoice.id)
 
     def find_invoice(self, invoice_id: UUID) -> str | None:

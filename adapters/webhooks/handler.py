@@ -20,6 +20,11 @@
    one whose invoice object cannot be read is recorded ``unreadable`` with its reason
    (both answered 200: Stripe's retries could not change them); any other type is
    recorded ``ignored`` (200).
+   An invoice event whose metadata names a purchase of credit (``purchase_id``: a
+   purchased grant's one-off invoice, ``domain.purchase``) is applied alone
+   (``apply_purchase``) by ``CreditPurchase.observe``; paid makes the grant live and
+   void or uncollectible voids it, on the account, in the same transaction as the
+   receipt (``BillingLedger.save_purchase``). Purchases are rare: they skip the group.
 5. **The database unreachable**: 503, so Stripe retries later; 200 is only answered
    after the receipt (and its effect) committed.
 
@@ -93,6 +98,13 @@ COUNTED = frozenset(
         WebhookOutcome.SLOW_BODY,
     }
 )
+
+
+def _purchase_of(event: StripeEvent) -> UUID | None:
+    """The purchase of credit an invoice event is of (its metadata's ``purchase_id``)."""
+    if event.type not in INVOICE_TYPES:
+        return None
+    return event.metadata_uuid("purchase_id")
 
 
 class _Tangled(Exception):
@@ -218,7 +230,64 @@ class WebhookHandler:
 
     def apply_group(self, events: Sequence[StripeEvent]) -> list[WebhookAnswer]:
         """Each event's answer, the effects of all of them saved in one transaction (see
-        the module docstring); on a race, each alone (``apply_one``)."""
+        the module docstring); on a race, each alone (``apply_one``). A purchase's
+        events are applied alone (``apply_purchase``)."""
+        if not any(_purchase_of(event) for event in events):
+            return self._apply_group(events)
+        answers: dict[int, WebhookAnswer] = {}
+        rest = [(i, e) for i, e in enumerate(events) if _purchase_of(e) is None]
+        for i, event in enumerate(events):
+            if _purchase_of(event) is not None:
+                answers[i] = self.apply_purchase(event)
+        grouped = self._apply_group([e for _, e in rest]) if rest else []
+        answers.update((i, answer) for (i, _), answer in zip(rest, grouped, strict=True))
+        return [answers[i] for i in range(len(events))]
+
+    def apply_purchase(self, event: StripeEvent) -> WebhookAnswer:
+        """One event of a purchase's invoice, in a transaction of its own with the grant's
+        settlement, deciding again after a lost race (ingest writes the account too)."""
+        purchase_id = _purchase_of(event)
+
+        def attempt() -> WebhookOutcome:
+            purchase = self.ledger.purchase_by_id(purchase_id) if purchase_id else None
+            outcome = WebhookOutcome.UNKNOWN_INVOICE
+            if purchase is not None and purchase.stripe_invoice_id in (None, event.obj.get("id")):
+                try:
+                    changed = purchase.observe(invoice_view(event.obj, event.id))
+                    outcome = WebhookOutcome.APPLIED if changed else WebhookOutcome.STALE
+                except ValueError as exc:
+                    log.warning("webhook %s (%s) unreadable: %s", event.id, event.type, exc)
+                    outcome = WebhookOutcome.UNREADABLE
+            receipt = WebhookReceipt(event.id, event.type, purchase_id, outcome, event.created)
+            if outcome is WebhookOutcome.APPLIED and purchase is not None:
+                self.ledger.save_purchase(purchase, webhooks=[receipt])
+            else:
+                self.ledger.save(webhooks=[receipt])
+            return outcome
+
+        return self._alone(event, attempt)
+
+    def _alone(self, event: StripeEvent, attempt: Callable[[], WebhookOutcome]) -> WebhookAnswer:
+        """``attempt`` (load, decide, save with the receipt) until it saves without losing
+        a race; the answer: duplicate, its outcome, or unavailable (Stripe retries)."""
+        try:
+            if self.store.seen_any([event.id]):
+                return self._answer(200, WebhookOutcome.DUPLICATE, event)
+            for _ in range(self.max_races):
+                try:
+                    outcome = attempt()
+                except IntegrityError:
+                    continue  # another writer recorded first: decide again
+                return self._answer(200, outcome, event)
+        except AlreadyReceived:
+            return self._answer(200, WebhookOutcome.DUPLICATE, event)
+        except DATABASE_ERRORS as exc:
+            log.warning("webhook %s not recorded (database): %s", event.id, type(exc).__name__)
+            return self.unavailable(event)
+        log.warning("webhook %s kept losing races; Stripe will retry it", event.id)
+        return self.unavailable(event)
+
+    def _apply_group(self, events: Sequence[StripeEvent]) -> list[WebhookAnswer]:
         first: dict[str, int] = {}
         for i, event in enumerate(events):
             first.setdefault(event.id, i)
@@ -256,31 +325,23 @@ class WebhookHandler:
 
     def apply_one(self, event: StripeEvent) -> WebhookAnswer:
         """One event in a transaction of its own, deciding again after a lost race."""
-        try:
-            if self.store.seen_any([event.id]):
-                return self._answer(200, WebhookOutcome.DUPLICATE, event)
-            for _ in range(self.max_races):
-                try:
-                    invoice_id, invoice, outcome = self._decide(event, self.ledger.invoice_by_id)
-                except _Tangled:  # this invoice was loaded for this event alone: drop it
-                    invoice_id, invoice = event.metadata_uuid("invoice_id"), None
-                    outcome = WebhookOutcome.UNREADABLE
-                receipt = WebhookReceipt(event.id, event.type, invoice_id, outcome, event.created)
-                try:
-                    if invoice is not None and invoice.pending_events:
-                        self.ledger.save(invoice, webhooks=[receipt])
-                    else:
-                        self.ledger.save(webhooks=[receipt])
-                except IntegrityError:
-                    continue  # the closer or another delivery recorded first: decide again
-                return self._answer(200, outcome, event)
-        except AlreadyReceived:
-            return self._answer(200, WebhookOutcome.DUPLICATE, event)
-        except DATABASE_ERRORS as exc:
-            log.warning("webhook %s not recorded (database): %s", event.id, type(exc).__name__)
-            return self.unavailable(event)
-        log.warning("webhook %s kept losing races; Stripe will retry it", event.id)
-        return self.unavailable(event)
+        if _purchase_of(event) is not None:
+            return self.apply_purchase(event)
+
+        def attempt() -> WebhookOutcome:
+            try:
+                invoice_id, invoice, outcome = self._decide(event, self.ledger.invoice_by_id)
+            except _Tangled:  # this invoice was loaded for this event alone: drop it
+                invoice_id, invoice = event.metadata_uuid("invoice_id"), None
+                outcome = WebhookOutcome.UNREADABLE
+            receipt = WebhookReceipt(event.id, event.type, invoice_id, outcome, event.created)
+            if invoice is not None and invoice.pending_events:
+                self.ledger.save(invoice, webhooks=[receipt])
+            else:
+                self.ledger.save(webhooks=[receipt])
+            return outcome
+
+        return self._alone(event, attempt)
 
     def _load_invoices(self, events: Sequence[StripeEvent]) -> dict[UUID, Invoice]:
         ids = {

@@ -55,3 +55,28 @@ def test_a_credit_line_loads_from_its_snapshot_as_it_was() -> None:
     loaded = ledger.repository.get(line.id)
     assert isinstance(loaded, CreditLine)
     assert (loaded.billed, loaded.per_line) == (-3, line.per_line)
+
+
+def test_an_account_with_a_pending_purchase_and_a_top_up_rule_loads_from_its_snapshot() -> None:
+    ledger = memory_ledger()
+    now = AT + timedelta(days=1)
+
+    def change(account: CustomerAccount) -> None:
+        account.grant_credit("a", 1000, effective_at=AT, source="manual", reason="r")
+        account.set_top_up(500, 2000, 1800)
+        account.reserve_and_burn([(uuid4(), Decimal(600))], now)
+        account.check_top_up(Decimal(1000), now)  # crossed: top-up-1-1 requested
+        account.purchase_credit("p", 300, 250, effective_at=AT, reason="pack")
+
+    ledger.change_account("acme", "USD", change)
+    before = ledger.account("acme", "USD")
+    assert before is not None
+    ledger.take_snapshot(before.id)
+    _forget(ledger)
+    after = ledger.repository.get(before.id)
+    assert after.grants == before.grants and after.grants["p"].state == "pending"
+    assert (after.top_up, after.top_up_armed, after.top_up_crossings) == (
+        before.top_up, False, 1
+    )  # fmt: skip
+    assert after.buy_top_up("top-up-1-1", now) is not None  # its terms survived
+    assert after.grants["top-up-1-1"].amount == 2000
