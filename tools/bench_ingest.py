@@ -28,7 +28,7 @@ with each other rather than with another machine:
   - at 250 records per batch, because eventsourcing's stock recorder stalls on
     larger ones (its psycopg pipeline with a large parameter never syncs; seen at
     500 on a 50,000-record run, and now and then at 250 on the embedded PostgreSQL:
-    a writer count with no save for 30 s is reported as stalled, its connections
+    a writer count with no save for 20 s is reported as stalled, its connections
     terminated, and the run goes on): the stock recorder (LOCK TABLE + NOTIFY +
     composite-array insert), ours, and ours with the stock LOCK TABLE + NOTIFY
     added, which isolates what the lock and the NOTIFY cost;

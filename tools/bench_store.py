@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
+from eventsourcing.persistence import PersistenceError
 from eventsourcing.postgres import PostgresApplicationRecorder
 from psycopg import Cursor, sql
 from psycopg.rows import DictRow
@@ -42,7 +43,7 @@ __all__ = [
 ]
 
 STOCK_MAX_BATCH = 250  # eventsourcing's stock recorder stalled at 500 records per batch
-STALL_S = 30.0  # a 250-record save takes well under a second; none for this long is a stall
+STALL_S = 20.0  # a 250-record save takes well under a second; none for this long is a stall
 RECORDERS = ("ours", "stock", "ours_locking")
 
 
@@ -102,12 +103,18 @@ def store_append(
         if stalled:
             step(f"  {recorder}, {writers} writer(s): no save for {stall_s:.0f} s; stopping it")
             batches_saved = sum(saved)  # before the writers' connections are ended
-            _terminate_backends(url)
-            for t in threads:
-                t.join(30)
-            for app in apps:
-                with contextlib.suppress(psycopg.Error):
-                    app.close()
+            # Fenced off while its writers' sessions end: a recorder that reconnects and
+            # retries (eventsourcing's does) would stall again holding its table's lock.
+            _allow_connections(url, allow=False)
+            try:
+                _terminate_backends(url)
+                for t in threads:
+                    t.join(30)
+                for app in apps:
+                    with contextlib.suppress(psycopg.Error):
+                        app.close()
+            finally:
+                _allow_connections(url, allow=True)
             out[label] = {"stalled": True, "batches_saved": batches_saved}
             continue
         events = count_events(url)
@@ -125,7 +132,7 @@ def _save_all(app: BillingLedger, batches: list[list[Metering]], saved: list[int
         for b in batches:
             app.record_usage(b)
             saved[w] += 1
-    except psycopg.Error:  # its connection terminated after a stall; reported by the caller
+    except (psycopg.Error, PersistenceError):  # ended after a stall; the caller reports it
         return
 
 
@@ -143,11 +150,28 @@ def _join_unless_stalled(threads: list[threading.Thread], saved: list[int], stal
 
 
 def _terminate_backends(url: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
+    """End every session of ``url``'s database (from the server's ``postgres`` database)."""
+    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(_admin(url), autocommit=True) as conn:
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " WHERE datname = %s AND pid <> pg_backend_pid()",
+            (name,),
         )
+
+
+def _allow_connections(url: str, *, allow: bool) -> None:
+    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(_admin(url), autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS {}").format(
+                sql.Identifier(str(name)), sql.SQL("true" if allow else "false")
+            )
+        )
+
+
+def _admin(url: str) -> str:
+    return psycopg.conninfo.make_conninfo(url, dbname="postgres")
 
 
 def raw_copy(url: str) -> dict[str, Any]:
