@@ -276,6 +276,8 @@ def build_scheduler(settings: Settings, pusher: LinePusher) -> LineScheduler:
         pusher,
         settle_interval_s=settings.settle_interval_s,
         workers=settings.stripe_max_concurrency,
+        quiet_s=settings.settle_quiet_s,
+        quiet_min_s=settings.settle_quiet_min_s,
     )
 
 

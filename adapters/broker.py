@@ -22,9 +22,11 @@ from kafka import (
 )
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
+from kafka.partitioner.default import DefaultPartitioner, murmur2
 
 __all__ = [
     "BrokerUnreachable",
+    "KeyHashPartitioner",
     "LagProbe",
     "check_reachable",
     "consumer_lag",
@@ -89,6 +91,38 @@ def make_consumer(
     return consumer
 
 
+class KeyHashPartitioner(DefaultPartitioner):  # type: ignore[misc]
+    """kafka-python's default partitioner (murmur2 of the key, over the topic's sorted
+    partitions: what every other Kafka client does), each key's hash computed once: it
+    is pure Python, and every event of a customer has the same key."""
+
+    remembered = 100_000  # keys whose hash is kept (then forgotten, and computed again)
+
+    def __init__(self) -> None:
+        self._hashes: dict[bytes, int] = {}
+
+    def partition(  # noqa: PLR0917  (kafka-python's signature)
+        self,
+        topic: str,
+        key: Any,
+        serialized_key: bytes | None,
+        value: Any,
+        serialized_value: Any,
+        cluster: Any,
+    ) -> int:
+        if serialized_key is None or topic not in cluster.topics():
+            return int(
+                super().partition(topic, key, serialized_key, value, serialized_value, cluster)
+            )
+        hashed = self._hashes.get(serialized_key)
+        if hashed is None:
+            if len(self._hashes) >= self.remembered:
+                self._hashes.clear()
+            hashed = self._hashes[serialized_key] = murmur2(serialized_key) & 0x7FFFFFFF
+        partitions = sorted(cluster.partitions_for_topic(topic))
+        return int(partitions[hashed % len(partitions)])
+
+
 def make_producer(bootstrap: str, **extra: Any) -> KafkaProducer:
     """A producer that waits for the broker to store each batch."""
     return KafkaProducer(
@@ -98,7 +132,7 @@ def make_producer(bootstrap: str, **extra: Any) -> KafkaProducer:
         linger_ms=5,
         batch_size=256 * 1024,
         max_request_size=16 * 1024 * 1024,
-        **extra,
+        **{"partitioner": KeyHashPartitioner(), **extra},
     )
 
 

@@ -59,7 +59,7 @@ METERS = ("api.requests", "gpt-4o.input_tokens", "gpt-4o.output_tokens", "gpu.a1
 class Pipeline:
     """How a pipeline benchmark runs: the emulator's added latency and enforced limit
     (requests/s), the pushers at a time, the load's customers and meters a customer,
-    and the settle interval."""
+    and the settle interval (and quiet time)."""
 
     latency_ms: float = 30.0
     stripe_rate: int = 25
@@ -67,6 +67,7 @@ class Pipeline:
     customers: int = 100
     meters: int = 3
     settle_interval_s: float = 30.0
+    settle_quiet_s: float = 0.0  # SETTLE_QUIET_S (0: off)
 
 
 def run_load(pipe: Pipeline, *, plot: Path | None = None, **load: Any) -> dict[str, Any]:
@@ -151,6 +152,7 @@ def pipeline(pipe: Pipeline) -> Iterator[tuple[Settings, StripeEmulator, Workers
             stale_after_s=pipe.settle_interval_s * 2,
             reconcile_interval_s=1.0,
             settle_interval_s=pipe.settle_interval_s,
+            settle_quiet_s=pipe.settle_quiet_s,
         )
         migrate(settings)
         prepare(settings)

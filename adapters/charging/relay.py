@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 class Relay:
     """Publishes new events; ``pump()`` once, or ``run(stop)`` until stopped."""
 
+    remembered_customers = 200_000  # aggregates whose customer is kept (then forgotten)
+
     def __init__(
         self,
         database: Database,
@@ -89,8 +91,9 @@ class Relay:
             rows = read_after(conn, self._position(conn), self.batch)
             if not rows:
                 return 0
+            traced = telemetry.tracing_installed()
             for row in rows:
-                self._publish(conn, row)
+                self._publish(conn, row, traced=traced)
             self.producer.flush()
             last = rows[-1]
             conn.execute(
@@ -112,25 +115,29 @@ class Relay:
         ).fetchone()
         return Position(str(row[0]), int(row[1])) if row else START
 
-    def _publish(self, conn: psycopg.Connection[Any], row: LogRow) -> None:
+    def _publish(self, conn: psycopg.Connection[Any], row: LogRow, *, traced: bool) -> None:
         _, nid, originator_id, version, topic, state = row
         event = topic.rsplit(".", 1)[-1]
-        body = _json(state)
+        alert = topic == ALERT_EVENT_TOPIC and self.alerts_topic is not None
+        # An aggregate's customer never changes: its state is read once, or for an alert.
+        body = _json(state) if alert or originator_id not in self._customers else None
         customer = self._customer(conn, originator_id, body)
         message = EventMessage(nid, originator_id, version, topic, event)
-        with _trace_publish(originator_id, topic, customer, event, nid):
-            self.producer.send(
-                self.topic,
-                key=customer.encode(),
-                value=message.to_json(),
-                headers=[
-                    ("notification_id", str(nid).encode()),
-                    ("event", event.encode()),
-                    *telemetry.inject_headers(),
-                ],
-            )
-        if topic == ALERT_EVENT_TOPIC and self.alerts_topic is not None:
+        headers = [("notification_id", str(nid).encode()), ("event", event.encode())]
+        if traced:
+            with _trace_publish(originator_id, topic, customer, event, nid):
+                self._send(customer, message, [*headers, *telemetry.inject_headers()])
+        else:  # no span would be recorded: the trace context it would carry, at no cost
+            traced = _in_own_trace(topic)
+            root = telemetry.root_headers(originator_id) if traced else []
+            self._send(customer, message, [*headers, *root])
+        if alert:
             self._publish_alert(body, nid)
+
+    def _send(self, customer: str, message: EventMessage, headers: list[tuple[str, bytes]]) -> None:
+        self.producer.send(
+            self.topic, key=customer.encode(), value=message.to_json(), headers=headers
+        )
 
     def _publish_alert(self, body: Any, nid: int) -> None:
         alert = alert_document(body, nid)
@@ -146,6 +153,8 @@ class Relay:
         self.alerts += 1
 
     def _customer(self, conn: psycopg.Connection[Any], originator_id: UUID, body: Any) -> str:
+        if len(self._customers) >= self.remembered_customers:
+            self._customers.clear()  # looked up again from their first events
         if isinstance(body, dict) and isinstance(body.get("customer_id"), str):
             self._customers[originator_id] = body["customer_id"]
         if originator_id not in self._customers:
@@ -175,6 +184,11 @@ def _first_customer(state: Any) -> str:
     created = _json(state)
     customer = created.get("customer_id") if isinstance(created, dict) else None
     return customer if isinstance(customer, str) else ""
+
+
+def _in_own_trace(topic: str) -> bool:
+    """A transaction's or a line's event: published in the aggregate's own trace."""
+    return ":BillingTransaction." in topic or ":InvoiceLine." in topic
 
 
 def _trace_publish(

@@ -1,6 +1,15 @@
 """Which line to push next: the oldest unsent change first, each line at most every
 ``settle_interval_s`` after a push Stripe took, a failed one not before its retry is due.
 
+**Pushed when it settles.** With ``quiet_s`` set, a line that has had no change for
+``quiet_s`` is pushed without waiting out its interval (but never sooner than
+``quiet_min_s`` after its last push): a line that keeps changing is pushed once an
+interval, as before, and costs nothing more; a line whose usage stopped (a burst over,
+the load gone, Stripe back after an outage and the backlog settled) is pushed at
+once instead of up to an interval later. What it costs is a push of every line whose
+changes come further apart than ``quiet_s``: up to one per ``quiet_min_s`` instead of
+one per interval.
+
 The scheduler is told about lines that changed (by the process manager, from the
 events on ``billing.events``, and by the reconciler, from the database) and hands
 them to ``workers`` threads that push them with the ``LinePusher``, one line of a
@@ -43,6 +52,10 @@ class _Entry:
     oldest_change: float  # monotonic time of the oldest change not pushed yet
     not_before: float  # monotonic time before which it is not pushed
     customer: str | None = None
+    newest_change: float | None = None  # when the newest change was heard of (None: oldest)
+
+    def newest(self) -> float:
+        return self.oldest_change if self.newest_change is None else self.newest_change
 
 
 class LineScheduler:
@@ -58,11 +71,17 @@ class LineScheduler:
         workers: int,
         clock: Callable[[], float] = time.monotonic,
         condition: threading.Condition | None = None,
+        quiet_s: float = 0.0,
+        quiet_min_s: float = 0.0,
     ) -> None:
         """``clock`` is monotonic seconds; ``condition`` is what a worker with nothing
-        ready waits on (a test gives one whose wait moves its clock instead)."""
+        ready waits on (a test gives one whose wait moves its clock instead); ``quiet_s``
+        (0: off) and ``quiet_min_s``: a line quiet that long is pushed before its
+        interval ends, but not sooner than ``quiet_min_s`` after its last push."""
         self.pusher = pusher
         self.settle_interval_s = settle_interval_s
+        self.quiet_s = quiet_s
+        self.quiet_min_s = quiet_min_s
         self.workers = workers
         self.clock = clock
         self._waiting: dict[UUID, _Entry] = {}
@@ -91,9 +110,11 @@ class LineScheduler:
         with self._cond:
             entry = self._waiting.get(line_id)
             if entry is None:
-                self._waiting[line_id] = _Entry(oldest, not_before, customer)
+                self._waiting[line_id] = _Entry(oldest, not_before, customer, now)
             else:
                 entry.oldest_change = min(entry.oldest_change, oldest)
+                if changed_at is None:  # a change heard of now, not one found again
+                    entry.newest_change = now
                 entry.not_before = max(entry.not_before, not_before) if due else entry.not_before
             self._cond.notify()
 
@@ -157,7 +178,12 @@ class LineScheduler:
 
     def _ready_at(self, line: UUID, entry: _Entry) -> float:
         last = self._last_push.get(line)
-        settled = last + self.settle_interval_s if last is not None else entry.not_before
+        if last is None:
+            return entry.not_before
+        settled = last + self.settle_interval_s
+        if self.quiet_s:  # quiet since its newest change: it need not wait out the interval
+            quiet = max(entry.newest() + self.quiet_s, last + self.quiet_min_s)
+            settled = min(settled, quiet)
         return max(entry.not_before, settled)
 
     def _done(self, line: UUID, report: PushReport) -> None:

@@ -21,6 +21,7 @@ __all__ = [
     "checked_customer",
     "int_arg",
     "invoice_uuid",
+    "non_negative_float",
     "period_moment",
     "port",
     "port_or_zero",
@@ -113,6 +114,16 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
     return value
 
 

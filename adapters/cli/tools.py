@@ -20,6 +20,7 @@ from adapters.cli.args import (
     EXIT_USAGE,
     CliError,
     Parser,
+    non_negative_float,
     positive_float,
     positive_int,
 )
@@ -144,6 +145,11 @@ def _pipeline_args(parser: Any) -> None:
     parser.add_argument(
         "--settle-interval", type=positive_float, default=30.0,
         help="a line is pushed at most this often (SETTLE_INTERVAL_S; default 30)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--settle-quiet", type=non_negative_float, default=0.0,
+        help="a line quiet this long is pushed before its interval ends (SETTLE_QUIET_S;"
+        " default 0: off)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true")
 
@@ -283,4 +289,5 @@ def _pipeline(args: argparse.Namespace) -> Any:
         customers=args.customers,
         meters=args.meters,
         settle_interval_s=args.settle_interval,
+        settle_quiet_s=args.settle_quiet,
     )

@@ -41,9 +41,11 @@ __all__ = [
     "extract_headers",
     "inject_headers",
     "link_to",
+    "root_headers",
     "span",
     "start_span",
     "tracer_provider",
+    "tracing_installed",
     "transaction_context",
     "usage_parent",
 ]
@@ -106,11 +108,29 @@ def transaction_context(txn_id: UUID) -> context.Context:
     Its span id (the id's low 64 bits) names a root that is never exported, so a
     trace viewer shows the transaction's steps as siblings under a missing root.
     """
-    span_id = (txn_id.int & 0xFFFF_FFFF_FFFF_FFFF) or 1
     root = SpanContext(
-        txn_id.int, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)
-    )
+        txn_id.int, _root_span_id(txn_id), is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )  # fmt: skip
     return trace.set_span_in_context(trace.NonRecordingSpan(root))
+
+
+def _root_span_id(txn_id: UUID) -> int:
+    return (txn_id.int & 0xFFFF_FFFF_FFFF_FFFF) or 1
+
+
+def tracing_installed() -> bool:
+    """Whether a tracer provider is installed (``configure_tracing`` with an exporter):
+    without one every span is the API's no-op, and what it would carry is known."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def root_headers(txn_id: UUID) -> list[tuple[str, bytes]]:
+    """The Kafka headers ``inject_headers`` writes inside a span under
+    ``transaction_context(txn_id)`` when no tracer provider is installed (the no-op span
+    is its parent: the transaction's root), written without making the span: a hot
+    path (the relay, every event) pays for no span it would not record."""
+    return [("traceparent", f"00-{txn_id.hex}-{_root_span_id(txn_id):016x}-01".encode())]
 
 
 def usage_parent(

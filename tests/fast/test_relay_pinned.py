@@ -20,6 +20,7 @@ from psycopg import sql
 
 from adapters.charging.messages import EventMessage, decode_event
 from adapters.charging.relay import Relay
+from adapters.observability import telemetry
 from store.eventlog import _READ_AFTER
 from store.schema import EVENTS_TABLE
 from tests.fast.fakes import FakeProducer
@@ -207,7 +208,22 @@ def test_an_aggregates_customer_is_remembered_from_its_own_events() -> None:
     store.commit(3, TXN, 1, RESERVED, customer_id="other")  # what the store says first
     relay, producer = _relay(store)
     relay.pump()
-    assert [key for _, key, _ in _sent(producer)] == [b"acme", b"acme", b"other"]
+    # Read once: every event of an aggregate has one key, so one partition and one order.
+    assert [key for _, key, _ in _sent(producer)] == [b"acme", b"acme", b"acme"]
+
+
+def test_past_the_customers_it_remembers_the_relay_looks_them_up_again() -> None:
+    store = EventStore()
+    store.commit(1, TXN, 1, RESERVED, customer_id="acme")
+    store.commit(2, LINE, 1, SETTLED, customer_id="zed")
+    store.commit(3, TXN, 2, CHARGED)
+    relay, producer = _relay(store)
+    relay.remembered_customers = 2
+    relay.pump()
+    # The third event finds two remembered: forgotten, and the transaction's first
+    # event read from the store again.
+    assert [key for _, key, _ in _sent(producer)] == [b"acme", b"zed", b"acme"]
+    assert len(relay._customers) == 1
 
 
 def test_the_position_is_stored_after_each_batch_and_the_next_pump_resumes_after_it() -> None:
@@ -311,7 +327,12 @@ def test_an_idle_relay_reads_again_at_once_when_told_not_to_wait() -> None:
     assert relay.published == 1 and store.positions == {TOPIC: ("1", 1)}
 
 
-def test_a_transactions_or_lines_event_carries_its_trace_to_the_consumer() -> None:
+@pytest.mark.parametrize("installed", [False, True])
+def test_a_transactions_or_lines_event_carries_its_trace_to_the_consumer(
+    installed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With a tracer provider or without one (then no span is made per event).
+    monkeypatch.setattr(telemetry, "tracing_installed", lambda: installed)
     store = EventStore()
     store.commit(1, TXN, 1, RESERVED, customer_id="acme")
     store.commit(2, LINE, 1, SETTLED, customer_id="zed")
@@ -324,3 +345,7 @@ def test_a_transactions_or_lines_event_carries_its_trace_to_the_consumer() -> No
     # starts none of its own there.
     assert traces[:2] == [TXN.hex, LINE.hex]
     assert traces[2] not in (TXN.hex, LINE.hex, INVOICE.hex)
+    if not installed:  # the transaction's (line's) root, as the no-op span carries it
+        roots = [dict(telemetry.root_headers(i))["traceparent"].decode() for i in (TXN, LINE)]
+        assert carried == [*roots, ""]
+    assert [dict(h)["event"] for *_, h in producer.sent] == [b"Reserved", b"Settled", b"Finalized"]

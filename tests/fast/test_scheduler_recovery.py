@@ -56,3 +56,86 @@ def test_after_a_failure_the_next_push_stripe_takes_starts_the_interval() -> Non
     assert scheduler._take(STOP) is None
     clock.now += 0.1
     assert scheduler._take(STOP) == L1
+
+
+def _quiet_scheduler(quiet: float = 2.0, minimum: float = 5.0) -> tuple[LineScheduler, Clock]:
+    clock = Clock()
+    pusher = LinePusher(memory_ledger(), FakeGateway(), RetryPolicy())
+    scheduler = LineScheduler(
+        pusher, settle_interval_s=SETTLE, workers=1, clock=clock, quiet_s=quiet,
+        quiet_min_s=minimum,
+    )  # fmt: skip
+    return scheduler, clock
+
+
+def _pushed_once(scheduler: LineScheduler) -> None:
+    scheduler.changed(L1)
+    assert scheduler._take(STOP) == L1
+    scheduler._done(L1, PushReport(StepResult.CHARGED, 4, requests=1, charged=3))
+
+
+def test_a_line_that_went_quiet_is_pushed_before_its_interval_ends() -> None:
+    scheduler, clock = _quiet_scheduler()
+    _pushed_once(scheduler)
+    clock.now += 6.0  # past the least time between pushes
+    scheduler.changed(L1)
+    clock.now += 1.9
+    assert scheduler._take(STOP) is None  # changed 1.9 s ago: not quiet yet
+    clock.now += 0.1
+    assert scheduler._take(STOP) == L1  # quiet for 2 s: pushed, 22 s before its interval
+
+
+def test_a_line_that_keeps_changing_waits_out_its_interval() -> None:
+    scheduler, clock = _quiet_scheduler()
+    _pushed_once(scheduler)
+    for _ in range(int(SETTLE) - 1):  # a change every second: never quiet for 2 s
+        clock.now += 1.0
+        scheduler.changed(L1)
+        assert scheduler._take(STOP) is None
+    clock.now += 1.0
+    assert scheduler._take(STOP) == L1  # its interval is over
+
+
+def test_a_quiet_line_is_not_pushed_sooner_than_the_least_time_after_its_last_push() -> None:
+    scheduler, clock = _quiet_scheduler(quiet=2.0, minimum=5.0)
+    _pushed_once(scheduler)
+    scheduler.changed(L1)
+    clock.now += 4.9  # quiet for 4.9 s, but pushed 4.9 s ago
+    assert scheduler._take(STOP) is None
+    clock.now += 0.1
+    assert scheduler._take(STOP) == L1
+
+
+def test_without_a_quiet_time_a_quiet_line_waits_out_its_interval() -> None:
+    scheduler, clock = _quiet_scheduler(quiet=0.0)
+    _pushed_once(scheduler)
+    scheduler.changed(L1)
+    clock.now += SETTLE - 0.1
+    assert scheduler._take(STOP) is None
+    clock.now += 0.1
+    assert scheduler._take(STOP) == L1
+
+
+def test_a_quiet_line_still_waits_for_its_retry() -> None:
+    scheduler, clock = _quiet_scheduler()
+    _pushed_once(scheduler)
+    scheduler.changed(L1)
+    assert scheduler._take(STOP) is None
+    clock.now += 5.0
+    assert scheduler._take(STOP) == L1
+    due = datetime.now(UTC) + timedelta(seconds=20)
+    scheduler._done(L1, PushReport(StepResult.RETRY, 5, requests=1, retry_at=due))
+    clock.now += 10.0  # quiet, past the least time, but its retry is not due
+    assert scheduler._take(STOP) is None
+
+
+def test_a_change_found_again_by_the_reconciler_does_not_make_a_line_look_busy() -> None:
+    scheduler, clock = _quiet_scheduler()
+    _pushed_once(scheduler)
+    clock.now += 6.0
+    scheduler.changed(L1)
+    clock.now += 1.0
+    # The reconciler finds the same unsent change in the database (its oldest moment).
+    scheduler.changed(L1, changed_at=datetime.now(UTC) - timedelta(seconds=1))
+    clock.now += 1.0
+    assert scheduler._take(STOP) == L1  # quiet since the change itself, 2 s ago

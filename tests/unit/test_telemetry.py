@@ -114,3 +114,12 @@ def test_a_step_log_line_is_one_json_object_with_the_step_fields_and_the_trace_i
     )
     assert inside["trace_id"] == TXN.hex
     assert len(inside["span_id"]) == 16
+
+
+@pytest.mark.parametrize("txn", [TXN, UUID(int=1 << 64), UUID(int=0xFFFF_FFFF_FFFF_FFFF)])
+def test_root_headers_are_what_a_no_op_span_in_the_transaction_trace_injects(txn: UUID) -> None:
+    tracer = trace.NoOpTracer()  # what every span is when no tracer provider is installed
+    with tracer.start_as_current_span("relay publish", telemetry.transaction_context(txn)):
+        injected = telemetry.inject_headers()
+    assert telemetry.root_headers(txn) == injected
+    assert dict(injected)["traceparent"].decode().split("-")[1] == txn.hex
