@@ -18,7 +18,9 @@ the ledger recorded (before that there is no invoice to compare):
   the one path by which the ledger learns it, was not processed: a ``purchase_webhook``
   finding) and, once the ledger recorded it final, not a draft;
 * no invoice in Stripe names a purchase (its metadata's ``purchase_id``) the ledger never
-  recorded, nor a purchase whose invoice the ledger recorded is another one.
+  recorded, nor a purchase whose invoice the ledger recorded is another one; one that
+  names a purchase whose draft the ledger has not recorded (its answer lost) is still a
+  draft (the ledger finalizes only the invoice it recorded).
 """
 
 from __future__ import annotations
@@ -103,8 +105,10 @@ def check_stripe_purchases(
         mine = purchases.get(held.purchase_id)
         if mine is None:
             whose = "a purchase the ledger never recorded"
+        elif mine.stripe_invoice_id is None and held.status != "draft":
+            whose = "this purchase, of which the ledger recorded no invoice"
         elif mine.stripe_invoice_id in (None, held.id):
-            continue
+            continue  # its invoice, or its draft whose answer was lost
         else:
             whose = f"this purchase; the ledger's invoice of it is {mine.stripe_invoice_id}"
         found.append(

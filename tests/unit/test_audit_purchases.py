@@ -108,6 +108,15 @@ def test_a_purchase_without_a_draft_yet_has_nothing_to_compare() -> None:
     assert _check(purchase, _invoice("draft", 0, sid="in_7")) == []
 
 
+@pytest.mark.parametrize("status", ["open", "paid", "void", "uncollectible"])
+def test_a_final_invoice_of_a_purchase_without_a_recorded_draft_is_named(status: str) -> None:
+    found = _check(_purchase(S.INVOICING, sid=None), _invoice(status, sid="in_7"))
+    assert _texts(found) == [
+        f"Stripe's invoice in_7 ({status}, 18.00 USD) names this purchase, of which the ledger"
+        " recorded no invoice"
+    ]
+
+
 # -- what does not ---------------------------------------------------------------------
 
 
