@@ -54,13 +54,18 @@ _TO_STATE = {
 
 @dataclass(frozen=True)
 class StripeInvoice:
-    """An invoice as Stripe lists it: its id, status, total, and the ledger's invoice id
-    from its metadata (None: not made by the ledger)."""
+    """An invoice as Stripe lists it: its id, status, total, the ledger's invoice id
+    from its metadata (None: not made by the ledger), its currency, its Stripe customer,
+    and the purchase of credit its metadata names (None: not a purchase's,
+    ``domain.audit_purchases``)."""
 
     id: str
     status: str
     total: int
     invoice_id: str | None
+    currency: str
+    customer: str
+    purchase_id: str | None
 
 
 @dataclass(slots=True)

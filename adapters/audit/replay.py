@@ -35,6 +35,7 @@ from domain.audit import (
 from domain.audit_credits import CreditAudit
 from domain.audit_invoices import InvoiceAudit
 from domain.audit_lines import LineAudit, PushAudit
+from domain.audit_purchases import PurchaseAudit
 from domain.chain import GENESIS, ChainBreak, ChainLink, link_hash, link_problem, topic_header
 from domain.contract import Contract
 from domain.credit_line import CreditLine
@@ -42,6 +43,7 @@ from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.money import add_exact
 from domain.price_book import PriceBook
+from domain.purchase import CreditPurchase
 from domain.transaction import BillingTransaction
 from store.schema import EVENTS_TABLE
 
@@ -67,6 +69,7 @@ PUSH_TOPICS = get_topic(LinePush.Opened).removesuffix("Opened")
 INVOICE_TOPICS = get_topic(Invoice.Opened).removesuffix("Opened")
 BOOK_PUBLISHED = get_topic(PriceBook.Published)
 CONTRACT_SET = get_topic(Contract.Set)
+PURCHASE_TOPICS = get_topic(CreditPurchase.Started).removesuffix("Started")
 HISTORY_COPY = sql.SQL(
     "COPY (SELECT uuid_send(originator_id), originator_version, topic, state, prev_hash, hash"
     " FROM {} ORDER BY notification_id) TO STDOUT (FORMAT BINARY)"
@@ -136,6 +139,8 @@ class Replay:
     prices: dict[tuple[str | None, int], Any] = field(default_factory=dict)
     # Every contract version: (contract id, number) -> its Set event's fields as stored.
     contracts: dict[tuple[str, int], Any] = field(default_factory=dict)
+    # Every purchase of credit (domain.audit_purchases), by purchase id.
+    purchases: dict[str, PurchaseAudit] = field(default_factory=dict)
 
     def balances(self) -> dict[tuple[str, str], Balance]:
         return balances_of(self.transactions.values(), self.limits)
@@ -162,7 +167,9 @@ def history_size(conn: psycopg.Connection[Any]) -> int:
 class _Aggregate:
     """The replay's cursor on one aggregate: its chain so far and where its events go."""
 
-    __slots__ = ("account", "expected", "id", "invoice", "line", "prev", "push", "txn")
+    __slots__ = (
+        "account", "expected", "id", "invoice", "line", "prev", "purchase", "push", "txn",
+    )  # fmt: skip
 
     def __init__(self, id_bytes: bytes) -> None:
         self.id = id_bytes
@@ -173,6 +180,7 @@ class _Aggregate:
         self.line: LineAudit | None = None
         self.push: PushAudit | None = None
         self.invoice: InvoiceAudit | None = None
+        self.purchase: PurchaseAudit | None = None
 
 
 _SKIP = "skip"
@@ -180,7 +188,7 @@ _SKIP = "skip"
 _ALWAYS = frozenset(
     {
         "metered", "Opened", "LimitSet", "line:Opened", "push:Opened", "invoice:Opened",
-        "book:Published", "contract:Set",
+        "book:Published", "contract:Set", "purchase:Started",
     }
 )  # fmt: skip
 _WRAPPED = {
@@ -252,6 +260,7 @@ def _replay(rows: Iterable[Row], scope: Scope, tick: Callable[[int], None] | Non
                 or agg.push is not None
                 or agg.invoice is not None
                 or agg.account is not None
+                or agg.purchase is not None
             )
         ):
             _route(out, agg, kind, version, state, scope)
@@ -287,6 +296,8 @@ def _kind(topic: str) -> str:
         return "book:Published"
     if topic == CONTRACT_SET:
         return "contract:Set"
+    if topic.startswith(PURCHASE_TOPICS):
+        return "purchase:" + topic[len(PURCHASE_TOPICS) :]
     if topic.startswith(PUSH_TOPICS) and not topic.endswith(".ItemPlanned"):
         return "push:" + topic[len(PUSH_TOPICS) :]
     return _SKIP  # planned items: nothing to recompute
@@ -304,8 +315,10 @@ def _route(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
     at = datetime.fromisoformat(unwrap(data["timestamp"])) if scope.partial else None
     if scope.as_of is not None and at is not None and at > scope.as_of:
         return
-    if kind.startswith(("line:", "push:", "invoice:")):
-        if not scope.partial:  # lines sum whole periods: audited with the whole history
+    if kind.startswith(("line:", "push:", "invoice:", "purchase:")):
+        # Lines sum whole periods and purchases are compared with Stripe's invoices as
+        # they are now: both are audited with the whole history only.
+        if not scope.partial:
             _route_line(out, agg, kind, version, data, scope)
     elif kind == "metered":
         if scope.includes(data["customer_id"], at):
@@ -393,7 +406,9 @@ def _account_event(
 def _route_line(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
     out: Replay, agg: _Aggregate, kind: str, version: int, data: dict[str, Any], scope: Scope
 ) -> None:
-    if kind == "line:Opened":
+    if kind.startswith("purchase:"):
+        _purchase_event(out, agg, kind[9:], data, scope)
+    elif kind == "line:Opened":
         if scope.customer in (None, data["customer_id"]):
             agg.line = LineAudit.opened(_uuid_text(agg.id), data)
             out.lines[agg.line.line_id] = agg.line
@@ -413,6 +428,17 @@ def _route_line(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)
         agg.line.apply(kind[5:], data, version)
     elif agg.push is not None:
         agg.push.apply(kind[5:], data, version)
+
+
+def _purchase_event(
+    out: Replay, agg: _Aggregate, name: str, data: dict[str, Any], scope: Scope
+) -> None:
+    if name == "Started":
+        if scope.customer in (None, data["customer_id"]):
+            agg.purchase = PurchaseAudit.started(_uuid_text(agg.id), data)
+            out.purchases[agg.purchase.purchase_id] = agg.purchase
+    elif agg.purchase is not None:
+        agg.purchase.apply(name, data)
 
 
 def _uuid_text(id_bytes: bytes) -> str:

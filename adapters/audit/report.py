@@ -51,6 +51,7 @@ from domain.audit_invoices import (
 from domain.audit_lines import check_line_items, check_lines, credit_applied
 from domain.audit_minimums import check_true_ups
 from domain.audit_prices import check_line_prices, check_prices
+from domain.audit_purchases import check_stripe_purchases
 from domain.money import format_money
 from store.connections import Database
 from store.eventlog import copy_log
@@ -152,9 +153,10 @@ def audit(
         if not scope.partial:
             findings += check_line_items(items, result.pushes, result.lines)
     if stripe_invoices is not None:
-        findings += check_stripe_invoices(
-            stripe_invoices(), result.invoices, whole=not scope.partial
-        )
+        listed = stripe_invoices()
+        findings += check_stripe_invoices(listed, result.invoices, whole=not scope.partial)
+        if not scope.partial:
+            findings += check_stripe_purchases(listed, result.purchases)
     return AuditReport(
         scope={
             k: v.isoformat() if isinstance(v, datetime) else v for k, v in asdict(scope).items()
@@ -263,8 +265,9 @@ def stripe_invoice_items(
 def stripe_invoice_totals(
     settings: StripeSettings, customer: str | None = None
 ) -> list[StripeInvoice]:
-    """Every invoice in Stripe (of one customer's Stripe customer, if given), its status
-    and total, listed through the project's one Stripe client."""
+    """Every invoice in Stripe (of one customer's Stripe customer, if given), its status,
+    total, currency and customer and the ledger's ids in its metadata (an invoice's, a
+    purchase's), listed through the project's one Stripe client (paged)."""
     client = StripeGateway(settings)
     stripe_customer = None
     if customer is not None:
@@ -277,6 +280,9 @@ def stripe_invoice_totals(
             str(i["status"]),
             int(i["total"]),
             (i.get("metadata") or {}).get("invoice_id"),
+            str(i["currency"]),
+            str(i["customer"]),
+            (i.get("metadata") or {}).get("purchase_id"),
         )
         for i in client.invoices(stripe_customer)
     ]

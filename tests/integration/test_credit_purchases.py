@@ -176,3 +176,50 @@ def test_hostile_purchases_are_refused_with_a_reason_and_record_nothing(parts: P
     assert after is not None and after.version == before.version
     assert parts.ledger.account("nobody", "USD") is None
     assert not [i for i in parts.emulator.invoices() if i["metadata"].get("purchase_id")]
+
+
+def _stripe_audit(parts: Parts) -> tuple[int, list[dict[str, str]]]:
+    """``audit --stripe --json`` as an operator runs it, the read models caught up first."""
+    _project_now(parts)
+    done = _cli(parts.settings, "audit", "--stripe", "--json")
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, json.loads(done.stdout)["findings"]
+
+
+def test_audit_stripe_compares_each_purchase_with_its_invoice_in_stripe(parts: Parts) -> None:
+    endpoint = parts.emulator.add_webhook_endpoint(parts.url, SECRET, ["invoice.*"])
+    parts.ledger.change_account("auditee", "USD", lambda a: _grant(a, 1, "seed"))
+    paid_id = _buy(parts, "auditee", "paid", 2000, 1800)
+    parts.emulator.pay_invoice(paid_id)
+    wait_for(
+        lambda: _grant_of(parts, "auditee", "paid")[0] is GrantState.LIVE,
+        what="invoice.paid to make the grant live",
+    )
+    pending_id = _buy(parts, "auditee", "pending", 500, 500)  # open: awaits its payment
+    assert parts.emulator.wait_for_webhooks()
+    assert _stripe_audit(parts) == (0, [])
+
+    # Behind the ledger's back: the pending purchase's invoice is voided while no webhook
+    # reaches the ledger, and an invoice naming a purchase the ledger never made appears.
+    assert parts.emulator.remove_webhook_endpoint(endpoint["id"])
+    client = parts.pusher.gateway.client  # type: ignore[attr-defined]
+    client.v1.invoices.void_invoice(pending_id)
+    bought = parts.ledger.purchase_by_id(purchase_id("auditee", "USD", "paid"))
+    assert bought is not None and bought.stripe_customer_id is not None
+    forged = purchase_id("auditee", "USD", "never-bought")
+    stranger = client.v1.invoices.create(params={
+        "customer": bought.stripe_customer_id, "currency": "usd",
+        "metadata": {"purchase_id": str(forged)},
+    })  # fmt: skip
+    status, findings = _stripe_audit(parts)
+    assert status == 1
+    pending = str(purchase_id("auditee", "USD", "pending"))
+    assert sorted((f["kind"], f["subject"], f["detail"]) for f in findings) == [
+        ("purchase", str(forged),
+         f"Stripe's invoice {stranger.id} (draft, 0.00 USD) names a purchase the ledger never"
+         " recorded"),
+        ("purchase_webhook", pending,
+         f"Stripe's invoice {pending_id} is void; the ledger's grant pending still awaits"
+         " payment (invoice.voided not processed)"),
+    ]  # fmt: skip
+    assert _grant_of(parts, "auditee", "pending")[0] is GrantState.PENDING  # nothing changed

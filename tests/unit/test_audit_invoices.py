@@ -408,12 +408,12 @@ def _audited(state: InvoiceState, expected: int | None = 300) -> InvoiceAudit:
 
 
 def test_stripe_invoices_at_the_expected_total_are_clean() -> None:
-    stripe = [StripeInvoice("in_1", "paid", 300, "inv-1")]
+    stripe = [StripeInvoice("in_1", "paid", 300, "inv-1", "usd", "cus_1", None)]
     assert check_stripe_invoices(stripe, {"inv-1": _audited(InvoiceState.PAID)}, whole=True) == []
 
 
 def test_a_finalized_invoice_whose_stripe_total_differs_is_a_stripe_finding() -> None:
-    stripe = [StripeInvoice("in_1", "open", 200, "inv-1")]
+    stripe = [StripeInvoice("in_1", "open", 200, "inv-1", "usd", "cus_1", None)]
     [finding] = check_stripe_invoices(
         stripe, {"inv-1": _audited(InvoiceState.FINALIZED)}, whole=True
     )
@@ -425,7 +425,7 @@ def test_a_finalized_invoice_whose_stripe_total_differs_is_a_stripe_finding() ->
 def test_an_invoice_final_in_the_ledger_but_a_draft_or_missing_in_stripe_is_a_finding() -> None:
     final = {"inv-1": _audited(InvoiceState.FINALIZED)}
     [draft] = check_stripe_invoices(
-        [StripeInvoice("in_1", "draft", 300, "inv-1")], final, whole=True
+        [StripeInvoice("in_1", "draft", 300, "inv-1", "usd", "cus_1", None)], final, whole=True
     )
     assert draft.detail == "in_1 is still a draft in Stripe"
     [gone] = check_stripe_invoices([], final, whole=True)
@@ -434,7 +434,7 @@ def test_an_invoice_final_in_the_ledger_but_a_draft_or_missing_in_stripe_is_a_fi
 
 
 def test_an_invoice_final_in_stripe_that_the_ledger_never_finalized_is_a_finding() -> None:
-    stripe = [StripeInvoice("in_1", "open", 300, "inv-1")]
+    stripe = [StripeInvoice("in_1", "open", 300, "inv-1", "usd", "cus_1", None)]
     closed = {"inv-1": _audited(InvoiceState.CLOSED)}
     [finding] = check_stripe_invoices(stripe, closed, whole=True)
     assert finding.detail == "in_1 is open in Stripe; the ledger's invoice is closed"
@@ -459,10 +459,12 @@ def test_every_stripe_finding_names_its_kind_and_invoice_and_each_invoice_is_che
         "inv-3": _also("inv-3", "in_3", InvoiceState.CLOSED),
     }
     stripe = [
-        StripeInvoice("in_0", "draft", 999, "inv-0"),
-        StripeInvoice("in_1", "draft", 300, "inv-1"),
-        StripeInvoice("in_2", "paid", 200, "inv-2"),
-        StripeInvoice("in_3", "draft", 300, "inv-3"),  # a draft of a closed invoice: fine
+        StripeInvoice("in_0", "draft", 999, "inv-0", "usd", "cus_1", None),
+        StripeInvoice("in_1", "draft", 300, "inv-1", "usd", "cus_1", None),
+        StripeInvoice("in_2", "paid", 200, "inv-2", "usd", "cus_1", None),
+        StripeInvoice(
+            "in_3", "draft", 300, "inv-3", "usd", "cus_1", None
+        ),  # a draft of a closed invoice: fine
     ]
     found = check_stripe_invoices(stripe, invoices, whole=False)
     assert [(f.kind, f.subject) for f in found] == [("stripe", "inv-1"), ("stripe", "inv-2")]
@@ -472,7 +474,10 @@ def test_every_stripe_finding_names_its_kind_and_invoice_and_each_invoice_is_che
         ("stripe", "inv-1", "in_1 is still a draft in Stripe"),
         ("stripe", "inv-2", "Stripe's invoice in_2 totals 2.00 USD; the ledger expected 3.00 USD"),
     ]
-    opened = [StripeInvoice("in_3", "open", 300, "inv-3"), StripeInvoice("in_0", "open", 1, "x")]
+    opened = [
+        StripeInvoice("in_3", "open", 300, "inv-3", "usd", "cus_1", None),
+        StripeInvoice("in_0", "open", 1, "x", "usd", "cus_1", None),
+    ]
     later = check_stripe_invoices(opened, invoices, whole=True)
     assert [(f.kind, f.subject) for f in later] == [
         ("stripe", "inv-9"), ("stripe", "inv-1"), ("stripe", "inv-2"),  # not in this listing
