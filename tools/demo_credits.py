@@ -130,6 +130,7 @@ def run_credit_scene(
     from adapters.progress import step
 
     step("credits: a customer burns its grant to zero, is cut off, alerted and topped up")
+    started = time.monotonic()
     scene = settings.model_copy(
         update={
             "alert_webhook_allow_private": True,  # the receiver is on 127.0.0.1
@@ -147,12 +148,13 @@ def run_credit_scene(
         )
         workers.start()
         try:
-            return _play(scene, ledger, stripe, receiver, deadline, stop)
+            said = _play(scene, ledger, stripe, receiver, deadline, stop)
         finally:
             stop.set()
             workers.join()
     finally:
         receiver.close()
+    return {**said, "seconds": round(time.monotonic() - started, 2)}
 
 
 def _set_up(settings: Settings, ledger: BillingLedger, receiver: Receiver) -> None:
@@ -344,7 +346,8 @@ def credits_headline(credits: dict[str, Any]) -> list[str]:
         f" {money(up['price'])}): started {_times(up['started'])}, its invoice"
         f" {up['stripe_invoice_id']} {up['purchase']}, grant {up['grant_id']}"
         f" {bought['state'] if bought else 'missing'}; {after} more records accepted after it"
-        f" (credit left {money(credits['balance'])}).",
+        f" (credit left {money(credits['balance'])}); the scene took"
+        f" {credits.get('seconds', 0):.1f}s.",
     ]
 
 

@@ -91,6 +91,7 @@ CREDITS: dict[str, Any] = {
     "alerts_refused": 0,
     "top_up": {"below": 1000, "buy": 5000, "price": 4500, "started": 1,
                "grant_id": "top-up-1-1", "purchase": "paid", "stripe_invoice_id": "in_1"},
+    "seconds": 6.5,
 }  # fmt: skip
 
 
@@ -106,6 +107,6 @@ def test_the_credits_scene_is_told_last_in_plain_lines_with_money_in_the_one_for
         " value 15.00 USD).",
         "Top-up (below 10.00 USD, buy 50.00 USD for 45.00 USD): started once, its invoice in_1"
         " paid, grant top-up-1-1 live; 2 more records accepted after it (credit left 40.00"
-        " USD).",
+        " USD); the scene took 6.5s.",
     ]
     assert headline({**SUMMARY, "credits": CREDITS})[-3:] == said
