@@ -8,7 +8,10 @@ fell in (prices: a tiered meter, a price change during the usage and a contract 
 minimum, ``tools.demo_pricing``), finalizes them in Stripe, has the customers pay them
 (one customer's card declined first) and records each payment from Stripe's signed
 webhooks on the ledger's own listener; then reads back a summary from the database and
-the emulator, audits the whole history and shows the queue health.
+the emulator, audits the whole history and shows the queue health. Last, the credits
+scene (``tools.demo_credits``): a customer burns a prepaid grant to zero and is cut
+off, a spend alert reaches a webhook receiver signed, and an automatic top-up is
+bought, paid and used.
 """
 
 from __future__ import annotations
@@ -49,11 +52,12 @@ from projections.projector import projector_behind
 from projections.transactions import open_transactions
 from store.ledger import BillingLedger
 from store.roles import AUDITOR, WRITER
+from tools.demo_credits import run_credit_scene
 from tools.demo_pricing import pricing_summary, set_up_pricing
 from tools.demo_report import summarize
 from tools.synthetic import DEMO_LIMITS, Produced, synthetic_usage
 
-__all__ = ["run_demo"]
+__all__ = ["charging_settings", "run_demo"]
 
 # -- the demo command ----------------------------------------------------------
 
@@ -121,9 +125,9 @@ def run_demo(records: int, *, seed: int = 7, timeout: float = 300.0) -> dict[str
                 )
             reserved = worker.stats.transactions - worker.stats.refused
             summary = _charge_and_invoice(
-                settings, ledger, produced, reserved, timeout, auditor_url=pg.role_url(AUDITOR)
-            )
-            summary["pricing"] = pricing_summary(settings, pricing, summary["lines"])
+                settings, ledger, produced, reserved, timeout,
+                auditor_url=pg.role_url(AUDITOR), pricing=pricing,
+            )  # fmt: skip
     summary["seconds"] = round(time.monotonic() - started, 2)
     return summary
 
@@ -136,26 +140,13 @@ def _charge_and_invoice(
     timeout: float,
     *,
     auditor_url: str,
+    pricing: dict[str, Any],
 ) -> dict[str, Any]:
     """Charge, close, finalize and collect through the emulator; the summary (audited
-    with the auditor's login)."""
+    with the auditor's login, the prices ``pricing`` set up told); then the credits
+    scene."""
     with StripeEmulator(port=0) as stripe:
-        # The emulator is local: allow more than Stripe test mode's 25 requests/s.
-        secret = "whsec_demo_" + secrets.token_hex(16)
-        charging = settings.model_copy(
-            update={
-                "stripe_api_base": stripe.url,
-                "stripe_rate_per_s": 250,
-                "reconcile_interval_s": 0.5,
-                "settle_interval_s": 1.0,
-                "webhook_port": _free_port(),
-                "webhook_secrets": SecretStr(secret),
-            }
-        )
-        stripe.add_webhook_endpoint(
-            f"http://127.0.0.1:{charging.webhook_port}/webhooks/stripe", secret,
-            ["invoice.*", "credit_note.*"],
-        )  # fmt: skip
+        charging = charging_settings(settings, stripe)
         _charge_everything(charging, ledger, reserved, stripe, deadline=time.monotonic() + timeout)
         summary = summarize(ledger, settings, produced)
         summary["invoices"], summary["webhooks"] = _invoices(charging), _webhooks(charging)
@@ -168,7 +159,34 @@ def _charge_and_invoice(
             "amount_by_currency": _amounts(items),
             "requests": len(stripe.requests()),
         }
+        summary["pricing"] = pricing_summary(settings, pricing, summary["lines"])
+        # The credits scene, after the audit: its customer's usage is its own chapter.
+        summary["credits"] = run_credit_scene(
+            charging, ledger, stripe, deadline=time.monotonic() + timeout
+        )
     return summary
+
+
+def charging_settings(settings: Settings, stripe: StripeEmulator) -> Settings:
+    """``settings`` wired to the emulator, whose ``invoice.*`` and ``credit_note.*``
+    webhooks it sends (signed) to the ledger's listener on a free port."""
+    # The emulator is local: allow more than Stripe test mode's 25 requests/s.
+    secret = "whsec_demo_" + secrets.token_hex(16)
+    charging = settings.model_copy(
+        update={
+            "stripe_api_base": stripe.url,
+            "stripe_rate_per_s": 250,
+            "reconcile_interval_s": 0.5,
+            "settle_interval_s": 1.0,
+            "webhook_port": _free_port(),
+            "webhook_secrets": SecretStr(secret),
+        }
+    )
+    stripe.add_webhook_endpoint(
+        f"http://127.0.0.1:{charging.webhook_port}/webhooks/stripe", secret,
+        ["invoice.*", "credit_note.*"],
+    )  # fmt: skip
+    return charging
 
 
 def _charge_everything(

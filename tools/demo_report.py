@@ -79,6 +79,10 @@ def headline(summary: dict[str, Any]) -> list[str]:
             f"{len(invoices):,} invoices were closed and read back from Stripe;"
             f" {len(paid):,} are paid ({money})."
         )
+    if "credits" in summary:  # the scene after the others' invoices are paid
+        from tools.demo_credits import credits_headline
+
+        said += credits_headline(summary["credits"])
     return said
 
 

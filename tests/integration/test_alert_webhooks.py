@@ -9,7 +9,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from email.message import Message
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -33,6 +33,7 @@ from tests.integration.support import (
     usage,
     wait_for,
 )
+from tools.loopback import serve_posts
 
 pytestmark = pytest.mark.integration
 
@@ -50,27 +51,14 @@ class Receiver:
         self.refused = 0
         self.release = threading.Event()
         self.lock = threading.Lock()
-        receiver = self
+        self.server, self.url = serve_posts(self._post, "/hooks")
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                with receiver.lock:
-                    receiver.event_ids.append(self.headers[EVENT_ID_HEADER])
-                status = receiver.answer(body, self.headers[SIGNATURE_HEADER])
-                self.send_response(status)
-                if status == 302:
-                    self.send_header("Location", "http://169.254.169.254/latest/meta-data")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _post(self, body: bytes, headers: Message[str, str]) -> tuple[int, dict[str, str]]:
+        with self.lock:
+            self.event_ids.append(headers[EVENT_ID_HEADER])
+        status = self.answer(body, headers[SIGNATURE_HEADER])
+        moved = {"Location": "http://169.254.169.254/latest/meta-data"} if status == 302 else {}
+        return status, moved
 
     def answer(self, body: bytes, signature: str) -> int:
         if self.mode == "hang":

@@ -5,18 +5,44 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 
+from adapters.alerts import deliveries
+from adapters.alerts.messages import ALERT_EVENT_TOPIC
 from adapters.bootstrap import migrate, open_ledger
 from adapters.settings import DEFAULT_PRICE_LIST, Settings
-from domain.ids import transaction_id
+from billing_ledger_webhooks import SignatureError, verify
+from domain.account import CustomerAccount
+from domain.credits import CREDITS_EXHAUSTED, GrantState, top_up_grant_id
+from domain.ids import account_id, purchase_id, transaction_id
 from domain.money import round_minor
 from domain.pricing import PriceList
+from domain.purchase import PurchaseState
+from infra.stripe_emulator import StripeEmulator
+from projections.projector import Projector
+from store.connections import Database
+from store.ledger import BillingLedger
 from tests.conftest import settings_env
+from tests.integration.support import stored_states
+from tools.demo import charging_settings
+from tools.demo_credits import (
+    AFTER_RECORDS,
+    ALERTS,
+    BURN_RECORDS,
+    CREDIT_CUSTOMER,
+    GRANT,
+    GRANT_ID,
+    RECORD,
+    TOP_UP_BUY,
+    TOP_UP_PRICE,
+    Receiver,
+    run_credit_scene,
+)
 from tools.synthetic import (
     DEMO_LIMITS,
     DEMO_TIERED_METER,
@@ -147,6 +173,125 @@ def test_the_demo_command_ingests_everything_and_its_summary_matches_the_records
     health = summary["health"]
     assert invalid <= 60
     assert (health["status"], health["reasons"]) == ("ok", [])
+    # The credits scene, as its summary tells it (its ledger is gone with the demo's
+    # database; test_the_demo_credit_scene_... checks the ledger itself).
+    credits = summary["credits"]
+    burned = GRANT // RECORD
+    assert credits["refused"] == {CREDITS_EXHAUSTED: BURN_RECORDS - burned}
+    assert credits["accepted"] == burned + AFTER_RECORDS
+    grant = credits["grants"][GRANT_ID]
+    assert (grant["amount"], grant["consumed"], grant["remaining"]) == (GRANT, str(GRANT), "0")
+    assert sorted(a["threshold"] for a in credits["alerts"]) == sorted(ALERTS)
+    assert credits["alerts_refused"] == 0
+    assert (credits["top_up"]["started"], credits["top_up"]["purchase"]) == (1, "paid")
+    assert credits["grants"][credits["top_up"]["grant_id"]]["state"] == "live"
+
+
+def test_the_demo_credit_scene_burns_a_grant_to_zero_alerts_signed_and_tops_up_once(
+    ingest_ledger: BillingLedger, settings: Settings, emulator: StripeEmulator
+) -> None:
+    """The scene on the test's own database, broker and emulator; each of its claims
+    checked against the ledger's events, the read models, the deliveries and Stripe."""
+    receiver = Receiver()
+    scene = run_credit_scene(
+        charging_settings(settings, emulator), ingest_ledger, emulator,
+        deadline=time.monotonic() + 120, receiver=receiver,
+    )  # fmt: skip
+    account = ingest_ledger.account(CREDIT_CUSTOMER, "USD")
+    assert account is not None and account.credit_policy == "block"
+    events = list(ingest_ledger.events.get(account_id(CREDIT_CUSTOMER, "USD")))
+    top_up = top_up_grant_id(1, 1)
+
+    # Conservation per grant, folded from the events: granted = consumed + expired +
+    # voided + remaining; and no grant's balance below zero after any event.
+    granted: dict[str, Decimal] = {}
+    moved: dict[str, dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
+    consumed_by: dict[str, str] = {}  # transaction -> the grant it consumed
+    for e in events:
+        if isinstance(e, CustomerAccount.CreditGranted):
+            granted[e.grant_id] = Decimal(e.amount)
+        elif isinstance(e, CustomerAccount.CreditsConsumed):
+            for txn, grant_id, amount in zip(e.transaction_ids, e.grant_ids, e.amounts,
+                                             strict=True):  # fmt: skip
+                moved[grant_id]["consumed"] += Decimal(amount)
+                consumed_by[txn] = grant_id
+        elif isinstance(e, CustomerAccount.CreditExpired | CustomerAccount.CreditVoided):
+            kind = "expired" if isinstance(e, CustomerAccount.CreditExpired) else "voided"
+            moved[e.grant_id][kind] += e.amount
+        for grant_id, amount in granted.items():
+            assert amount - sum(moved[grant_id].values()) >= 0, (e, grant_id)
+    assert set(granted) == {GRANT_ID, top_up}
+    for grant_id, amount in granted.items():
+        grant = account.grants[grant_id]
+        assert grant.consumed == moved[grant_id]["consumed"]
+        assert amount == (moved[grant_id]["consumed"] + moved[grant_id]["expired"]
+                          + moved[grant_id]["voided"] + grant.remaining)  # fmt: skip
+    assert (granted[GRANT_ID], account.grants[GRANT_ID].remaining) == (GRANT, 0)
+    assert moved[GRANT_ID]["consumed"] == GRANT  # burned to zero, by usage alone
+
+    # The records: the first ones consumed the grant, the rest of the burn refused
+    # (credits exhausted, consuming nothing), the ones after the top-up consumed it.
+    burned = GRANT // RECORD
+    ids = [f"credit-{i:02d}" for i in range(1, BURN_RECORDS + AFTER_RECORDS + 1)]
+    refused_ids = ids[burned:BURN_RECORDS]
+    with Database(settings.database_url) as db:
+        with Projector(db, ingest_ledger.mapper.to_domain_event) as projector:
+            projector.pump_all()
+        with db.connection() as conn:
+            rows = conn.execute(
+                "SELECT usage_id, state, compensation_reason FROM billing.transactions"
+                " WHERE customer_id = %s ORDER BY usage_id", (CREDIT_CUSTOMER,),
+            ).fetchall()  # fmt: skip
+            grant_rows = conn.execute(
+                "SELECT grant_id, amount, consumed, expired, voided, remaining, state"
+                " FROM billing.credit_grants WHERE customer_id = %s", (CREDIT_CUSTOMER,),
+            ).fetchall()  # fmt: skip
+            endpoint, secret = conn.execute(
+                "SELECT endpoint_id, secret FROM billing.webhook_endpoints WHERE url = %s",
+                (receiver.url,),
+            ).fetchone() or (None, "")  # fmt: skip
+            sent = deliveries.deliveries(conn, endpoint=endpoint)
+    assert [r[0] for r in rows] == ids
+    refused = [r[0] for r in rows if (r[1], r[2]) == ("compensated", CREDITS_EXHAUSTED)]
+    assert refused == refused_ids and len(refused) == BURN_RECORDS - burned > 0
+    assert not any(r[1] == "compensated" for r in rows if r[0] not in refused_ids)
+    by_txn = {str(transaction_id(CREDIT_CUSTOMER, u)): u for u in ids}
+    assert sorted(by_txn[t] for t, g in consumed_by.items() if g == GRANT_ID) == ids[:burned]
+    assert sorted(by_txn[t] for t, g in consumed_by.items() if g == top_up) == ids[BURN_RECORDS:]
+    assert {r[0]: (r[2], r[3], r[4], r[5]) for r in grant_rows}[GRANT_ID] == (GRANT, 0, 0, 0)
+    assert scene["refused"] == {CREDITS_EXHAUSTED: len(refused_ids)}
+
+    # Each alert crossed once and was delivered once, its signature valid with the
+    # endpoint's secret (checked here again, apart from the receiver's own check).
+    crossed = [c for c in stored_states(settings.database_url, ALERT_EVENT_TOPIC)
+               if c["customer_id"] == CREDIT_CUSTOMER]  # fmt: skip
+    assert sorted(c["threshold"] for c in crossed) == sorted(ALERTS)
+    assert sorted((str(d.event_id), d.status, d.attempts) for d in sent) == sorted(
+        (c["alert_id"], "delivered", 1) for c in crossed
+    )
+    assert len(receiver.requests) == len(crossed) and receiver.refused == 0
+    checked = [verify(body, header, secret) for body, header in receiver.requests]
+    assert sorted(e["id"] for e in checked) == sorted(c["alert_id"] for c in crossed)
+    body, header = receiver.requests[0]
+    with pytest.raises(SignatureError):
+        verify(body.replace(b"pied-piper", b"pied-pipes"), header, secret)
+
+    # The top-up: started once, one purchase, one one-off invoice in Stripe, paid, and
+    # its grant live once activated.
+    started = [e for e in events if isinstance(e, CustomerAccount.TopUpStarted)]
+    assert [e.grant_id for e in started] == [top_up]
+    activated = [e for e in events if isinstance(e, CustomerAccount.CreditActivated)]
+    assert [e.grant_id for e in activated] == [top_up]
+    bought = purchase_id(CREDIT_CUSTOMER, "USD", top_up)
+    purchase = ingest_ledger.purchase_by_id(bought)
+    assert purchase is not None and purchase.state is PurchaseState.PAID
+    one_off = [i for i in emulator.invoices() if i["metadata"].get("purchase_id")]
+    assert [(i["metadata"]["purchase_id"], i["total"], i["status"]) for i in one_off] == [
+        (str(bought), TOP_UP_PRICE, "paid")
+    ]
+    assert account.grants[top_up].state is GrantState.LIVE
+    assert granted[top_up] == TOP_UP_BUY
+    assert moved[top_up]["consumed"] == AFTER_RECORDS * RECORD > 0
 
 
 def test_history_shows_a_transactions_events_by_id_and_by_customer_and_usage_id(

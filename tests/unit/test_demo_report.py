@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from tools.demo_credits import credits_headline
 from tools.demo_report import headline, render_summary
 
 SUMMARY: dict[str, Any] = {
@@ -69,3 +70,43 @@ def test_the_lines_table_has_the_period_exact_money_and_the_rounding_note() -> N
         if not text[m.end() :].startswith((" USD", " EUR", "s"))
     ]
     assert unlabelled == []
+
+
+CREDITS: dict[str, Any] = {
+    "customer_id": "pied-piper", "currency": "USD", "policy": "block", "record_amount": 500,
+    "quantity": "4000", "records_sent": 15, "burn_records": 13, "accepted": 12,
+    "refused": {"credits exhausted": 3}, "grant_id": "welcome",
+    "grants": {
+        "welcome": {"source": "promotional", "amount": 5000, "consumed": "5000",
+                    "expired": "0", "voided": "0", "remaining": "0", "state": "live"},
+        "top-up-1-1": {"source": "purchased", "amount": 5000, "consumed": "1000",
+                       "expired": "0", "voided": "0", "remaining": "4000", "state": "live"},
+    },
+    "balance": "4000",
+    "alerts": [
+        {"threshold": "percent_of_grant:50", "value": "2500", "usage_id": "credit-05",
+         "id": "a1"},
+        {"threshold": "balance:1500", "value": "1500", "usage_id": "credit-07", "id": "a2"},
+    ],
+    "alerts_refused": 0,
+    "top_up": {"below": 1000, "buy": 5000, "price": 4500, "started": 1,
+               "grant_id": "top-up-1-1", "purchase": "paid", "stripe_invoice_id": "in_1"},
+    "seconds": 6.5,
+}  # fmt: skip
+
+
+def test_the_credits_scene_is_told_last_in_plain_lines_with_money_in_the_one_format() -> None:
+    said = credits_headline(CREDITS)
+    assert said == [
+        "Credits: pied-piper (policy block) got a promotional grant of 50.00 USD; 10 records"
+        " of 5.00 USD burned it to 0.00 USD (granted 50.00 USD = consumed 50.00 USD + expired"
+        " 0.00 USD + voided 0.00 USD + remaining 0.00 USD), and 3 more were refused (3 credits"
+        " exhausted), not billed.",
+        "Alerts received by the demo's webhook receiver on 127.0.0.1, signature verified:"
+        " percent_of_grant:50 (at credit-05, value 25.00 USD); balance:1500 (at credit-07,"
+        " value 15.00 USD).",
+        "Top-up (below 10.00 USD, buy 50.00 USD for 45.00 USD): started once, its invoice in_1"
+        " paid, grant top-up-1-1 live; 2 more records accepted after it (credit left 40.00"
+        " USD); the scene took 6.5s.",
+    ]
+    assert headline({**SUMMARY, "credits": CREDITS})[-3:] == said

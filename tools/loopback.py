@@ -1,0 +1,39 @@
+"""A small HTTP server on 127.0.0.1 that answers POSTs, for webhook receivers: the
+demo's (``tools.demo_credits``) and the tests'."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["Answer", "serve_posts"]
+
+# What a POST gets: from its body and headers, the status and any headers to send.
+Answer = Callable[[bytes, "Message[str, str]"], tuple[int, dict[str, str]]]
+
+
+def serve_posts(answer: Answer, path: str) -> tuple[ThreadingHTTPServer, str]:
+    """A server on a free loopback port, serving in a daemon thread, each POST answered
+    by ``answer`` (in a thread of its own); the server (``shutdown`` and
+    ``server_close`` it) and the URL of ``path`` on it."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            status, headers = answer(body, self.headers)
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}{path}"
