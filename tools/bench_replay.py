@@ -38,7 +38,7 @@ from infra.embedded import EmbeddedPostgres
 from store.ledger import BillingLedger
 from tools.bench_store import fresh_database
 
-__all__ = ["render_replay", "run_replay_bench"]
+__all__ = ["generate", "render_replay", "run_replay_bench"]
 
 CUSTOMERS = 200
 BATCH = 5000  # records per save
@@ -54,7 +54,7 @@ def run_replay_bench(events: int, *, database_url: str | None = None) -> dict[st
         settings = Settings(database_url=url)
         migrate(settings)
         with open_ledger(settings) as ledger:
-            generated = _generate(ledger, events)
+            generated = generate(ledger, events)
         db = _database_read(url)
         checked = _audit_replay(url)
         return {
@@ -68,7 +68,7 @@ def run_replay_bench(events: int, *, database_url: str | None = None) -> dict[st
         }
 
 
-def _generate(ledger: BillingLedger, events: int) -> dict[str, Any]:
+def generate(ledger: BillingLedger, events: int) -> dict[str, Any]:
     """Records so that Metered + Reserved + Charged (half) + Compensated (a tenth) ~ events."""
     records = max(1, int(events / 2.6))
     step(f"generating {records:,} transactions (~{events:,} events)")

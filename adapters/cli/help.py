@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
         "none: embedded services",
     ),
     "bench replay": (("billing-ledger bench replay --events 1000000",), "none, or --database-url"),
+    "bench relay": (("billing-ledger bench relay --events 200000",), "none, or --database-url"),
     "up": (
         ("billing-ledger up", "billing-ledger up --data-dir ./pgdata --kafka-port 9092"),
         "none: it prints the exports the other commands read",
@@ -268,7 +269,7 @@ OPTION_HELP: dict[str, str] = {
     "outage_s": "how long Stripe fails",
     "before_s": "seconds measured before the burst",
     "after_s": "seconds measured after the burst",
-    "events": "how many events to write and replay",
+    "events": "how many events to write (then replay, or relay)",
     "log_level": "DEBUG, INFO, WARNING or ERROR (JSON lines on stderr)",
     "txn_id": "the transaction's id (a UUID: `transactions` lists them)",
     "reason": "why, in words: recorded in the ledger",

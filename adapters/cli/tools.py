@@ -100,6 +100,13 @@ def add_commands(sub: Any) -> None:
     b_replay.add_argument("--database-url", help="use this PostgreSQL instead of an embedded one")
     b_replay.add_argument("--json", action="store_true")
     b_replay.set_defaults(handler=_bench_replay)
+    b_relay = bench_sub.add_parser(
+        "relay", help="the relay publishing the event store to Kafka vs a raw producer"
+    )
+    b_relay.add_argument("--events", type=positive_int, default=200_000)
+    b_relay.add_argument("--database-url", help="use this PostgreSQL instead of an embedded one")
+    b_relay.add_argument("--json", action="store_true")
+    b_relay.set_defaults(handler=_bench_relay)
 
 
 def _add_pipeline_benches(bench_sub: Any) -> None:
@@ -216,6 +223,13 @@ def _bench_replay(args: argparse.Namespace) -> int:
     result = bench.run_replay_bench(args.events, database_url=args.database_url)
     print(json.dumps(result, indent=2) if args.json else bench.render_replay(result))
     return 0 if result["audit_ok"] else EXIT_FAILURE
+
+
+def _bench_relay(args: argparse.Namespace) -> int:
+    bench = _tool("bench_relay")
+    result = bench.run_relay_bench(args.events, database_url=args.database_url)
+    print(json.dumps(result, indent=2) if args.json else bench.render_relay(result))
+    return 0
 
 
 def _bench_close(args: argparse.Namespace) -> int:
