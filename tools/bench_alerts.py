@@ -16,7 +16,11 @@ whole and by stage. Numbers, no verdict: the machine is shared.
 With ``--credits``, every account holds a prepaid credit grant (so every record burns
 credit in its save) and the alerting ones have, instead, the 20 thresholds
 ``balance:2000`` down to ``balance:100`` on a grant of 2,100 minor units: each alerting
-record takes the balance down 100 and crosses one.
+record takes the balance down 100 and crosses one. The projector runs too, and a
+sampler reads ``billing.credit_balances`` every 20 ms: a record's balance time ends
+when the read model first shows its customer's balance at or below what that record
+left (its ``consumed`` grew by 100 a record, in the order the customer's records were
+produced).
 """
 
 from __future__ import annotations
@@ -170,6 +174,59 @@ def _stack(concurrency: int) -> Iterator[tuple[Settings, _Receiver]]:
         yield settings, receiver
 
 
+class _Balances:
+    """Samples the alerting customers' ``consumed`` in ``billing.credit_balances``: when
+    each first reached each value."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.reached: dict[str, list[tuple[Decimal, float]]] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="balances", daemon=True)
+
+    def _run(self) -> None:
+        with database(self.settings, pool_size=0).connection() as conn:
+            conn.autocommit = True
+            while not self.stop.wait(0.02):
+                rows = conn.execute(
+                    "SELECT customer_id, consumed FROM billing.credit_balances"
+                    " WHERE customer_id LIKE 'alert-%'"
+                ).fetchall()
+                now = time.time()
+                for customer, consumed in rows:
+                    seen = self.reached.setdefault(customer, [])
+                    if not seen or consumed > seen[-1][0]:
+                        seen.append((Decimal(consumed), now))
+
+    def shown_at(self, customer: str, consumed: Decimal) -> float | None:
+        """When the read model first showed ``customer`` having consumed ``consumed``."""
+        return next((at for value, at in self.reached.get(customer, []) if value >= consumed),
+                    None)  # fmt: skip
+
+
+def _balance_latencies(
+    acked: dict[str, float],
+    balances: _Balances,
+    before: dict[str, Decimal],
+    customers: int,
+    every: int,
+) -> list[float]:
+    """Each alerting record's time from the broker's ack to its balance in the read model
+    (its customer's ``consumed`` at least what it was before the load plus 100 for each of
+    the customer's records up to this one)."""
+    count: dict[str, int] = {}
+    out: list[float] = []
+    for usage_id in sorted(acked, key=lambda u: int(u[2:])):
+        customer = _record(int(usage_id[2:]), customers, every).customer_id
+        count[customer] = count.get(customer, 0) + 1
+        shown = balances.shown_at(
+            customer, before.get(customer, Decimal(0)) + 100 * count[customer]
+        )
+        if shown is not None:
+            out.append(shown - acked[usage_id])
+    return out
+
+
 def run_alerts(
     rate: float, seconds: float, concurrency: int, every: int = 1, credits: bool = False
 ) -> dict[str, Any]:
@@ -177,18 +234,33 @@ def run_alerts(
     customers = -(-int(rate * seconds / every + 1) // len(THRESHOLDS))
     with _stack(concurrency) as (settings, receiver), ExitStack() as workers:
         _accounts(settings, customers, credits)
-        for roles in ROLE_PROCESSES:
+        for roles in ROLE_PROCESSES + ((("project",),) if credits else ()):
             workers.enter_context(_worker(settings, roles))
         # one record through everything first, so the groups' joins are not measured
         warm = UsageProducer(settings.kafka_bootstrap, settings.usage_topic, check=False)
         warm.send(_record(-1, customers))
         warm.close()
         _await(lambda: "a--1" in receiver.arrived, 120)
+        balances = _Balances(settings)
+        if credits:  # the projector has caught up with the warm-up record
+            warmed = _record(-1, customers).customer_id
+            none = Decimal(0 if warmed.startswith("alert-") else 100)  # a quiet one: no wait
+            _await(lambda: _consumed(settings).get(warmed, none) >= 100, 60)
+            before = _consumed(settings)
+            balances.thread.start()
         acked = _produce(settings, rate, seconds, customers, every)
         _await(lambda: len(receiver.arrived) > len(acked), 60 + seconds)
+        if credits:
+            last = _record(max(int(u[2:]) for u in acked), customers, every).customer_id
+            _await(lambda: balances.shown_at(last, Decimal(1)) is not None, 30)
+            _await(lambda: len(_balance_latencies(acked, balances, before, customers, every))
+                   >= len(acked), 30)  # fmt: skip
+            balances.stop.set()
+            balances.thread.join()
         with database(settings, pool_size=0).connection() as conn:
             stages = conn.execute(_STAGES).fetchall()
     got = [u for u in acked if u in receiver.arrived]
+    shown = _balance_latencies(acked, balances, before, customers, every) if credits else []
     return {
         "rate_per_s": rate,
         "seconds": seconds,
@@ -206,7 +278,23 @@ def run_alerts(
         # within the last stage: relay, topic, the role's consumer; then the sending
         "recorded_to_fanned_out_ms": _percentiles([r[0] for r in stages]),
         "fanned_out_to_delivered_ms": _percentiles([r[1] for r in stages]),
+        # with credits: the record's balance in billing.credit_balances (the projector)
+        **(
+            {"balances_shown": len(shown), "produced_to_balance_ms": _percentiles(shown)}
+            if credits
+            else {}
+        ),
     }
+
+
+def _consumed(settings: Settings) -> dict[str, Decimal]:
+    """The alerting customers' ``consumed`` in the read model now."""
+    with database(settings, pool_size=0).connection() as conn:
+        rows = conn.execute(
+            "SELECT customer_id, consumed FROM billing.credit_balances"
+            " WHERE customer_id LIKE 'alert-%'"
+        ).fetchall()
+    return {customer: Decimal(consumed) for customer, consumed in rows}
 
 
 # Per delivery: crossing recorded -> delivery row made -> delivered (seconds).

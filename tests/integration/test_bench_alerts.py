@@ -18,3 +18,6 @@ def test_bench_alerts_with_credits_delivers_every_balance_alert() -> None:
     # Each alerting record took its customer's balance down one threshold: one alert each.
     assert report["alerts_received"] == report["alerting_records"]
     assert report["produced_to_received_ms"]["p50"] > 0
+    # Every record's balance was seen in billing.credit_balances (the projector's).
+    assert report["balances_shown"] == report["alerting_records"]
+    assert report["produced_to_balance_ms"]["p50"] > 0
