@@ -28,12 +28,22 @@ fast-forwards from there instead of reading this batch's own events back.
 ingest's write-behind decides batch k+1 while batch k is saved). They are read as if
 cached at those versions: copied, and anything newer in the store folded on. If that
 save fails, the decision made from them is dropped and made again (``BillingLedger.decide``).
+
+Each copy is ``copy.deepcopy``'s, made faster (``clone``): a value of an immutable type
+(text, numbers, ``Decimal``, ``UUID``, moments) is shared, not rebuilt, and a plain
+object (an aggregate, a credit grant) is rebuilt from a copy of its ``__dict__`` as
+``deepcopy`` would, without its generic reduce protocol. Copying every aggregate a batch
+reads was a fifth of an ingest process's time, more with prepaid credit (an account's
+grants, each period's credit line).
 """
 
 from __future__ import annotations
 
+import copyreg
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from copy import deepcopy
+from datetime import date, datetime, time, timedelta, timezone
+from decimal import Decimal
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -47,7 +57,7 @@ from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine
 from store.recorder import LedgerRecorder
 
-__all__ = ["BatchReads"]
+__all__ = ["BatchReads", "clone"]
 
 _A = TypeVar("_A")
 
@@ -113,7 +123,7 @@ class BatchReads:
         lock = repository._use_fastforward_lock(aggregate_id)
         try:
             with lock:
-                return deepcopy(cached)
+                return clone(cached)
         finally:
             repository._disuse_fastforward_lock(aggregate_id)
 
@@ -156,3 +166,75 @@ def _by_aggregate(
     for event in events:
         found.setdefault(event.originator_id, []).append(event)
     return found
+
+
+# Immutable: a copy may share them (``deepcopy`` rebuilds a UUID or a moment through
+# its reduce protocol, to an equal object no one can change either).
+_IMMUTABLE: frozenset[type] = frozenset(
+    {str, int, bool, float, bytes, type(None), Decimal, UUID, datetime, date, time,
+     timedelta, timezone}
+)  # fmt: skip
+
+
+def clone(value: Any) -> Any:
+    """``copy.deepcopy(value)``, sharing what is immutable (see the module docstring):
+    the same structure, aliases within it kept, nothing of it shared but immutables."""
+    return _clone(value, {})
+
+
+def _clone(value: Any, memo: dict[int, Any]) -> Any:
+    kind = type(value)
+    if kind in _IMMUTABLE:
+        return value
+    found = memo.get(id(value), memo)
+    if found is not memo:
+        return found
+    if kind is dict:
+        copied: dict[Any, Any] = {}
+        memo[id(value)] = copied
+        for key, item in value.items():
+            copied[_clone(key, memo)] = _clone(item, memo)
+        return copied
+    if kind is list:
+        items: list[Any] = []
+        memo[id(value)] = items
+        items.extend(_clone(item, memo) for item in value)
+        return items
+    if kind is tuple:
+        parts = [_clone(item, memo) for item in value]
+        if all(a is b for a, b in zip(parts, value, strict=True)):
+            return value  # as deepcopy: a tuple of shared values is itself shared
+        return memo.setdefault(id(value), tuple(parts))
+    plain = _PLAIN.get(kind)
+    if plain is None:
+        plain = _PLAIN[kind] = _plain(kind)
+    if plain:
+        new: Any = kind.__new__  # as ``copyreg.__newobj__`` makes it
+        obj = new(kind)
+        memo[id(value)] = obj
+        state = value.__dict__
+        if state:
+            obj.__dict__.update(_clone(state, memo))
+        return obj
+    # Anything else (an event, a set, an enum): deepcopy itself, with the same memo so
+    # that aliases across both stay aliases; deepcopy keeps what it copies alive in it.
+    return deepcopy(value, memo)
+
+
+_PLAIN: dict[type, bool] = {}  # per type: ``_plain``, decided once
+
+
+def _plain(kind: type) -> bool:
+    """Whether ``deepcopy`` copies instances of ``kind`` as ``__newobj__`` plus a copy of
+    their ``__dict__`` set back (object's own reduce protocol, no slots, no hooks)."""
+    return (
+        not issubclass(kind, (type, list, dict, set, frozenset, tuple))
+        and kind.__reduce_ex__ is object.__reduce_ex__
+        and kind.__reduce__ is object.__reduce__
+        and kind.__getstate__ is object.__getstate__
+        and getattr(kind, "__deepcopy__", None) is None
+        and getattr(kind, "__setstate__", None) is None
+        and kind not in copyreg.dispatch_table
+        and not any(vars(c).get("__slots__") for c in kind.__mro__)
+        and "__dict__" in dir(kind)
+    )
