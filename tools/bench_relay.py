@@ -27,8 +27,7 @@ import psycopg
 
 from adapters.bootstrap import build_relay, migrate, open_ledger
 from adapters.broker import ensure_topics, make_producer
-from adapters.charging.messages import EventMessage
-from adapters.observability import telemetry
+from adapters.charging.relay import event_message, root_trace_headers
 from adapters.progress import Progress, step
 from adapters.settings import Settings
 from infra.embedded import EmbeddedPostgres, TansuBroker
@@ -94,13 +93,9 @@ def _relay(settings: Settings) -> dict[str, Any]:
     messages: list[Message] = []
     with psycopg.connect(settings.database_url) as conn:
         for row in read_after(conn, START, total):
-            _, nid, originator, version, topic, _state = row
-            event = topic.rsplit(".", 1)[-1]
-            headers = [("notification_id", str(nid).encode()), ("event", event.encode())]
-            if ":BillingTransaction." in topic or ":InvoiceLine." in topic:
-                headers += telemetry.root_headers(originator)
-            value = EventMessage(nid, originator, version, topic, event).to_json()
-            messages.append((customers.get(originator, str(originator)).encode(), value, headers))
+            message, headers = event_message(row)
+            key = customers.get(message.originator_id, str(message.originator_id)).encode()
+            messages.append((key, message.to_json(), [*headers, *root_trace_headers(row)]))
     return {
         "published": published,
         "seconds": round(elapsed, 2),

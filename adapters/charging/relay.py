@@ -39,7 +39,7 @@ from store.connections import Database
 from store.eventlog import START, LogRow, Position, follow, read_after
 from store.schema import DEFAULT_EVENTS_TOPIC, EVENTS_TABLE
 
-__all__ = ["Relay"]
+__all__ = ["Relay", "event_message", "root_trace_headers"]
 
 log = logging.getLogger(__name__)
 
@@ -116,21 +116,17 @@ class Relay:
         return Position(str(row[0]), int(row[1])) if row else START
 
     def _publish(self, conn: psycopg.Connection[Any], row: LogRow, *, traced: bool) -> None:
-        _, nid, originator_id, version, topic, state = row
-        event = topic.rsplit(".", 1)[-1]
+        _, nid, originator_id, _, topic, state = row
         alert = topic == ALERT_EVENT_TOPIC and self.alerts_topic is not None
         # An aggregate's customer never changes: its state is read once, or for an alert.
         body = _json(state) if alert or originator_id not in self._customers else None
         customer = self._customer(conn, originator_id, body)
-        message = EventMessage(nid, originator_id, version, topic, event)
-        headers = [("notification_id", str(nid).encode()), ("event", event.encode())]
+        message, headers = event_message(row)
         if traced:
-            with _trace_publish(originator_id, topic, customer, event, nid):
+            with _trace_publish(originator_id, topic, customer, message.event, nid):
                 self._send(customer, message, [*headers, *telemetry.inject_headers()])
         else:  # no span would be recorded: the trace context it would carry, at no cost
-            traced = _in_own_trace(topic)
-            root = telemetry.root_headers(originator_id) if traced else []
-            self._send(customer, message, [*headers, *root])
+            self._send(customer, message, [*headers, *root_trace_headers(row)])
         if alert:
             self._publish_alert(body, nid)
 
@@ -186,9 +182,21 @@ def _first_customer(state: Any) -> str:
     return customer if isinstance(customer, str) else ""
 
 
-def _in_own_trace(topic: str) -> bool:
-    """A transaction's or a line's event: published in the aggregate's own trace."""
-    return ":BillingTransaction." in topic or ":InvoiceLine." in topic
+def event_message(row: LogRow) -> tuple[EventMessage, list[tuple[str, bytes]]]:
+    """``row``'s message on ``billing.events`` and the headers every message carries (its
+    notification id and event name)."""
+    _, nid, originator_id, version, topic, _ = row
+    event = topic.rsplit(".", 1)[-1]
+    headers = [("notification_id", str(nid).encode()), ("event", event.encode())]
+    return EventMessage(nid, originator_id, version, topic, event), headers
+
+
+def root_trace_headers(row: LogRow) -> list[tuple[str, bytes]]:
+    """With no tracer provider installed, the trace context ``row``'s message carries: a
+    transaction's or a line's event, its aggregate's own trace root; any other, none."""
+    _, _, originator_id, _, topic, _ = row
+    own = ":BillingTransaction." in topic or ":InvoiceLine." in topic
+    return telemetry.root_headers(originator_id) if own else []
 
 
 def _trace_publish(
