@@ -18,7 +18,7 @@ import os
 import socket
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 from adapters.alerts.worker import AlertWebhooks
 from adapters.broker import ensure_topics, make_consumer, make_producer, use_security
@@ -42,7 +42,8 @@ from adapters.webhooks.app import webhook_server
 from adapters.webhooks.handler import WebhookHandler
 from domain.price_book import PriceVersion
 from projections import queue_health
-from projections.projector import Projector
+from projections.credits import CREDIT_TOPICS
+from projections.projector import CREDIT_LANE, MAIN_LANE, Projector
 from store.connections import Database
 from store.dead_letters import DeadLetterStore
 from store.ledger import BillingLedger
@@ -417,7 +418,20 @@ def build_reconciler(
 
 
 def build_projector(
-    settings: Settings, ledger: BillingLedger, db: Database | None = None
+    settings: Settings,
+    ledger: BillingLedger,
+    db: Database | None = None,
+    *,
+    lane: Literal["all", "main", "credits"] = "all",
 ) -> Projector:
-    """The projector of the SQL read models, decoding with the ledger's own mapper."""
-    return Projector(db or database(settings, pool_size=0), ledger.mapper.to_domain_event)
+    """The projector of the SQL read models, decoding with the ledger's own mapper:
+    every read model (``lane="all"``), or one of the project role's two lanes: ``main``
+    (all but the credit projections) or ``credits`` (those alone, reading only their
+    events; ``projections.projector.CREDIT_LANE``)."""
+    db = db or database(settings, pool_size=0)
+    decode = ledger.mapper.to_domain_event
+    if lane == "main":
+        return Projector(db, decode, projections=MAIN_LANE)
+    if lane == "credits":
+        return Projector(db, decode, projections=CREDIT_LANE, topics=CREDIT_TOPICS)
+    return Projector(db, decode)

@@ -14,7 +14,7 @@ import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from adapters.alerts.worker import AlertWebhooks
@@ -111,8 +111,9 @@ def _run_roles(
         stats["retention"] = lambda: {"dead_letters_purged": retention.purged}
     if "relay" in roles:
         factories["relay"] = _relay_role(settings, db, pulses)
-    if "project" in roles:
-        factories["project"] = _project_role(settings, ledger, db, pulses)
+    if "project" in roles:  # two lanes: the credit projections keep up on their own
+        factories["project"] = _project_role(settings, ledger, db, pulses, "main")
+        factories["project-credits"] = _project_role(settings, ledger, db, pulses, "credits")
     if "charge" in roles or "reconcile" in roles:
         # One pusher (one Stripe client: breaker, limits) and one schedule across restarts.
         pusher = build_pusher(settings, ledger)
@@ -226,11 +227,19 @@ def _relay_role(settings: Settings, db: Database, pulses: Pulses) -> RoleFactory
 
 
 def _project_role(
-    settings: Settings, ledger: BillingLedger, db: Database, pulses: Pulses
+    settings: Settings,
+    ledger: BillingLedger,
+    db: Database,
+    pulses: Pulses,
+    lane: Literal["main", "credits"],
 ) -> RoleFactory:
+    """One lane of the project role: ``main`` (its loop named ``project``) or ``credits``
+    (``project-credits``), each a projector and a supervised thread of its own."""
+    name = "project" if lane == "main" else "project-credits"
+
     def build() -> RoleRun:
-        projector_ = build_projector(settings, ledger, db)
-        projector_.pulse = pulses.of("project")
+        projector_ = build_projector(settings, ledger, db, lane=lane)
+        projector_.pulse = pulses.of(name)
         return projector_.run
 
     return build

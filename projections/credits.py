@@ -24,6 +24,7 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
+from eventsourcing.utils import get_topic
 from psycopg import sql
 from psycopg.rows import dict_row
 
@@ -34,6 +35,7 @@ __all__ = [
     "BALANCE_COLUMNS",
     "CREDIT_BALANCES",
     "CREDIT_GRANTS",
+    "CREDIT_TOPICS",
     "GRANT_COLUMNS",
     "CreditProjection",
     "credit_balances",
@@ -60,6 +62,10 @@ _CREDIT_EVENTS = (
     CustomerAccount.CreditAwaitingPayment,
     CustomerAccount.CreditActivated,
 )
+
+CREDIT_TOPICS: tuple[str, ...] = tuple(get_topic(cls) for cls in _CREDIT_EVENTS)
+"""The stored topics of the events the credit projections fold: all they need to read
+(``projections.projector.CREDIT_LANE``)."""
 
 _INSERT_GRANT = """
 INSERT INTO {table} (customer_id, currency, grant_id, amount, priority, effective_at,

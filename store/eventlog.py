@@ -7,6 +7,11 @@ a row that commits late always has an xid at or above that horizon, so it is rea
 after the rows before it and never skipped. The relay and the projectors follow the
 log with ``read_after``; a position is the ``(xid, notification_id)`` of the last row
 a follower handled.
+
+A follower of a few topics (``read_topics_after``: the credit projections) reads only
+their rows, and moves past the others without reading them: its position goes to the
+last visible row of the log, whatever its topic, once nothing of its topics is left
+before it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ __all__ = [
     "read_after",
     "read_created",
     "read_topic",
+    "read_topics_after",
 ]
 
 log = logging.getLogger(__name__)
@@ -85,6 +91,22 @@ _READ_AFTER = sql.SQL(
     " ORDER BY xid, notification_id LIMIT %s"
 ).format(_COLUMNS, sql.Identifier(EVENTS_TABLE))
 
+# One statement, so one snapshot: the rows of the topics (kind 0) and the last visible
+# row of the log (kind 1), read under the same horizon. A position moved to that last
+# row skips nothing: every row of the topics before it was visible to the same read.
+_READ_TOPICS_AFTER = sql.SQL(
+    "SELECT xid::text AS xid_text, notification_id, originator_id, originator_version, topic,"
+    " state FROM ((SELECT 0 AS kind, xid, notification_id, originator_id, originator_version,"
+    " topic, state FROM {events} WHERE (xid, notification_id) > (%(xid)s::xid8, %(id)s)"
+    " AND xid < pg_snapshot_xmin(pg_current_snapshot()) AND topic = ANY(%(topics)s)"
+    " ORDER BY xid, notification_id LIMIT %(limit)s)"
+    " UNION ALL (SELECT 1, xid, notification_id, NULL, NULL, NULL, NULL FROM {events}"
+    " WHERE (xid, notification_id) > (%(xid)s::xid8, %(id)s)"
+    " AND xid < pg_snapshot_xmin(pg_current_snapshot())"
+    " ORDER BY xid DESC, notification_id DESC LIMIT 1)) AS r"
+    " ORDER BY kind, xid, notification_id"
+).format(events=sql.Identifier(EVENTS_TABLE))
+
 _READ_CREATED = sql.SQL(
     "SELECT {} FROM {} WHERE originator_id = ANY(%s) AND originator_version = 1"
 ).format(_COLUMNS, sql.Identifier(EVENTS_TABLE))
@@ -99,6 +121,25 @@ def read_after(conn: psycopg.Connection[Any], position: Position, limit: int) ->
     """The next ``limit`` visible rows after ``position``, in commit order."""
     rows = conn.execute(_READ_AFTER, (position.xid, position.notification_id, limit)).fetchall()
     return [LogRow(*row) for row in rows]
+
+
+def read_topics_after(
+    conn: psycopg.Connection[Any], position: Position, limit: int, topics: Iterable[str]
+) -> tuple[list[LogRow], Position]:
+    """The next ``limit`` visible rows of ``topics`` after ``position``, in commit order,
+    and the position to go on from: the last of them when there are ``limit``, else the
+    last visible row of the log (every row of the topics up to it is among them)."""
+    params = {
+        "xid": position.xid,
+        "id": position.notification_id,
+        "topics": sorted(set(topics)),
+        "limit": limit,
+    }
+    found = conn.execute(_READ_TOPICS_AFTER, params).fetchall()
+    rows = [LogRow(*row) for row in found if row[4] is not None]
+    if len(rows) == limit or len(found) == len(rows):
+        return rows, rows[-1].position if rows else position
+    return rows, Position(str(found[-1][0]), int(found[-1][1]))
 
 
 def read_created(conn: psycopg.Connection[Any], originator_ids: Iterable[UUID]) -> list[LogRow]:

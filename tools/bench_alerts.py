@@ -16,11 +16,14 @@ whole and by stage. Numbers, no verdict: the machine is shared.
 With ``--credits``, every account holds a prepaid credit grant (so every record burns
 credit in its save) and the alerting ones have, instead, the 20 thresholds
 ``balance:2000`` down to ``balance:100`` on a grant of 2,100 minor units: each alerting
-record takes the balance down 100 and crosses one. The projector runs too, and a
-sampler reads ``billing.credit_balances`` every 20 ms: a record's balance time ends
-when the read model first shows its customer's balance at or below what that record
-left (its ``consumed`` grew by 100 a record, in the order the customer's records were
-produced).
+record takes the balance down 100 and crosses one. The ``project`` role runs too (in a
+process of its own, both lanes: the credit projections in theirs), and a sampler reads
+``billing.credit_balances`` every 20 ms: a record's balance time ends when the read
+model first shows its customer's balance at or below what that record left (its
+``consumed`` grew by 100 a record, in the order the customer's records were produced).
+Printed from the broker's ack (``produced_to_balance_ms``) and from the moment the
+ingest decided the record (``recorded_to_balance_ms``: the crossing's time, taken before
+its save, so the save's own commit is in it).
 """
 
 from __future__ import annotations
@@ -210,12 +213,12 @@ def _balance_latencies(
     before: dict[str, Decimal],
     customers: int,
     every: int,
-) -> list[float]:
-    """Each alerting record's time from the broker's ack to its balance in the read model
-    (its customer's ``consumed`` at least what it was before the load plus 100 for each of
-    the customer's records up to this one)."""
+) -> dict[str, float]:
+    """Each alerting record's moment its balance was first in the read model (its
+    customer's ``consumed`` at least what it was before the load plus 100 for each of the
+    customer's records up to this one), by usage id."""
     count: dict[str, int] = {}
-    out: list[float] = []
+    out: dict[str, float] = {}
     for usage_id in sorted(acked, key=lambda u: int(u[2:])):
         customer = _record(int(usage_id[2:]), customers, every).customer_id
         count[customer] = count.get(customer, 0) + 1
@@ -223,7 +226,7 @@ def _balance_latencies(
             customer, before.get(customer, Decimal(0)) + 100 * count[customer]
         )
         if shown is not None:
-            out.append(shown - acked[usage_id])
+            out[usage_id] = shown
     return out
 
 
@@ -260,7 +263,7 @@ def run_alerts(
         with database(settings, pool_size=0).connection() as conn:
             stages = conn.execute(_STAGES).fetchall()
     got = [u for u in acked if u in receiver.arrived]
-    shown = _balance_latencies(acked, balances, before, customers, every) if credits else []
+    shown = _balance_latencies(acked, balances, before, customers, every) if credits else {}
     return {
         "rate_per_s": rate,
         "seconds": seconds,
@@ -278,9 +281,16 @@ def run_alerts(
         # within the last stage: relay, topic, the role's consumer; then the sending
         "recorded_to_fanned_out_ms": _percentiles([r[0] for r in stages]),
         "fanned_out_to_delivered_ms": _percentiles([r[1] for r in stages]),
-        # with credits: the record's balance in billing.credit_balances (the projector)
+        # with credits: the record's balance in billing.credit_balances (the projector's
+        # credit lane), from the broker's ack and from the save that crossed it
         **(
-            {"balances_shown": len(shown), "produced_to_balance_ms": _percentiles(shown)}
+            {
+                "balances_shown": len(shown),
+                "produced_to_balance_ms": _percentiles([t - acked[u] for u, t in shown.items()]),
+                "recorded_to_balance_ms": _percentiles(
+                    [t - receiver.recorded[u] for u, t in shown.items() if u in receiver.recorded]
+                ),
+            }
             if credits
             else {}
         ),

@@ -21,3 +21,4 @@ def test_bench_alerts_with_credits_delivers_every_balance_alert() -> None:
     # Every record's balance was seen in billing.credit_balances (the projector's).
     assert report["balances_shown"] == report["alerting_records"]
     assert report["produced_to_balance_ms"]["p50"] > 0
+    assert report["recorded_to_balance_ms"]["p50"] > 0

@@ -15,6 +15,7 @@ import psycopg
 
 from adapters.audit.replay import Scope
 from adapters.audit.report import audit
+from adapters.bootstrap import build_projector
 from adapters.settings import Settings
 from domain.account import CustomerAccount
 from domain.audit import Finding
@@ -23,6 +24,7 @@ from domain.credits import CREDITS_EXHAUSTED
 from projections.projector import Projector
 from store.connections import Database
 from store.ledger import BillingLedger
+from store.schema import EVENTS_TABLE
 from tests.conftest import settings_env
 from tests.integration.support import record, wait_for
 from tests.integration.test_invoices import Parts, _audit_clean, _invoice_of, parts
@@ -196,3 +198,35 @@ def test_the_audit_finds_a_credit_grants_row_that_differs_from_the_history(
     found = _audit(settings, ingest_ledger)
     assert [(f.kind, f.subject) for f in found] == [("projection", "acme/USD/promo")]
     assert "credit_grants.consumed: 0.00 USD, history says 1.00 USD" in found[0].detail
+
+
+def test_the_credit_lane_keeps_balances_in_sql_reading_credit_events_alone(
+    ingest_ledger: BillingLedger, settings: Settings
+) -> None:
+    """The project role's credit lane projects the balances without the other read
+    models (the main lane has not run), moves past the events it does not read, and the
+    main lane's tables fill later from their own position."""
+    ingest_ledger.change_account("lane", "USD", lambda a: _grant(a, 1000))
+    record(ingest_ledger, "lane", ["l-1", "l-2"], qty=1000)  # 100 and 100.1 cents
+    with build_projector(settings, ingest_ledger, lane="credits") as credits:
+        assert {p.name for p in credits.projections} == {"credit_grants", "credit_balances"}
+        credits.pump_all()
+    with psycopg.connect(settings.database_url) as conn:
+        balance = conn.execute(
+            "SELECT consumed, remaining FROM billing.credit_balances WHERE customer_id = 'lane'"
+        ).fetchone()
+        transactions = conn.execute("SELECT count(*) FROM billing.transactions").fetchone()
+        positions = dict(conn.execute(
+            "SELECT name, notification_id FROM billing.projection_positions"
+        ).fetchall())  # fmt: skip
+        last = conn.execute(
+            f"SELECT max(notification_id) FROM {EVENTS_TABLE}"  # noqa: S608
+        ).fetchone()
+    assert balance == (Decimal("200.1"), Decimal("799.9"))
+    assert transactions == (0,)  # the main lane's, untouched
+    assert last is not None and positions["credit_balances"] == last[0]  # past the rest
+    assert positions["transactions"] == 0
+    with build_projector(settings, ingest_ledger, lane="main") as main:
+        assert not {p.name for p in main.projections} & {"credit_grants", "credit_balances"}
+        main.pump_all()
+    assert _audit(settings, ingest_ledger) == []
