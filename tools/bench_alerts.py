@@ -23,7 +23,11 @@ model first shows its customer's balance at or below what that record left (its
 ``consumed`` grew by 100 a record, in the order the customer's records were produced).
 Printed from the broker's ack (``produced_to_balance_ms``) and from the moment the
 ingest decided the record (``recorded_to_balance_ms``: the crossing's time, taken before
-its save, so the save's own commit is in it).
+its save), and split in two: the save itself (``recorded_to_committed_ms``: decided to
+readable, one batch commit) and the read model behind the committed save
+(``committed_to_balance_ms``). A save is readable when the sampler, which also reads the
+alerting accounts' newest versions in the event store every 20 ms, first sees the
+account's version it wrote.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from uuid import UUID
 
 from adapters.alerts import deliveries
 from adapters.bootstrap import database, migrate, open_ledger, prepare
@@ -178,16 +183,24 @@ def _stack(concurrency: int) -> Iterator[tuple[Settings, _Receiver]]:
 
 
 class _Balances:
-    """Samples the alerting customers' ``consumed`` in ``billing.credit_balances``: when
-    each first reached each value."""
+    """Samples, every 20 ms, the alerting customers' ``consumed`` in
+    ``billing.credit_balances`` (when each first reached each value) and their accounts'
+    newest version in the event store (when each save that changed one was first
+    readable: its commit, to the sample)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, customers: int) -> None:
         self.settings = settings
+        self.accounts = {
+            CustomerAccount.create_id(c, "USD"): c
+            for c in (f"alert-{k:06d}" for k in range(customers))
+        }
         self.reached: dict[str, list[tuple[Decimal, float]]] = {}
+        self.versions: dict[UUID, list[tuple[int, float]]] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="balances", daemon=True)
 
     def _run(self) -> None:
+        ids = list(self.accounts)
         with database(self.settings, pool_size=0).connection() as conn:
             conn.autocommit = True
             while not self.stop.wait(0.02):
@@ -195,11 +208,20 @@ class _Balances:
                     "SELECT customer_id, consumed FROM billing.credit_balances"
                     " WHERE customer_id LIKE 'alert-%'"
                 ).fetchall()
+                versions = conn.execute(_NEWEST_VERSIONS, (ids,)).fetchall()
                 now = time.time()
                 for customer, consumed in rows:
                     seen = self.reached.setdefault(customer, [])
                     if not seen or consumed > seen[-1][0]:
                         seen.append((Decimal(consumed), now))
+                for account, version in versions:
+                    saved = self.versions.setdefault(account, [])
+                    if not saved or version > saved[-1][0]:
+                        saved.append((version, now))
+
+    def committed_at(self, account: UUID, version: int) -> float | None:
+        """When the save that recorded ``version`` of ``account`` was first readable."""
+        return next((at for v, at in self.versions.get(account, []) if v >= version), None)
 
     def shown_at(self, customer: str, consumed: Decimal) -> float | None:
         """When the read model first showed ``customer`` having consumed ``consumed``."""
@@ -244,13 +266,15 @@ def run_alerts(
         warm.send(_record(-1, customers))
         warm.close()
         _await(lambda: "a--1" in receiver.arrived, 120)
-        balances = _Balances(settings)
+        balances = _Balances(settings, customers)
         if credits:  # the projector has caught up with the warm-up record
             warmed = _record(-1, customers).customer_id
             none = Decimal(0 if warmed.startswith("alert-") else 100)  # a quiet one: no wait
             _await(lambda: _consumed(settings).get(warmed, none) >= 100, 60)
             before = _consumed(settings)
             balances.thread.start()
+        with database(settings, pool_size=0).connection() as conn:
+            start = conn.execute(_LAST_EVENT).fetchone()[0]  # type: ignore[index]
         acked = _produce(settings, rate, seconds, customers, every)
         _await(lambda: len(receiver.arrived) > len(acked), 60 + seconds)
         if credits:
@@ -262,8 +286,10 @@ def run_alerts(
             balances.thread.join()
         with database(settings, pool_size=0).connection() as conn:
             stages = conn.execute(_STAGES).fetchall()
+            crossings = conn.execute(_CROSSINGS, (start,)).fetchall()
     got = [u for u in acked if u in receiver.arrived]
     shown = _balance_latencies(acked, balances, before, customers, every) if credits else {}
+    committed = _commits(balances, crossings)
     return {
         "rate_per_s": rate,
         "seconds": seconds,
@@ -289,6 +315,18 @@ def run_alerts(
                 "produced_to_balance_ms": _percentiles([t - acked[u] for u, t in shown.items()]),
                 "recorded_to_balance_ms": _percentiles(
                     [t - receiver.recorded[u] for u, t in shown.items() if u in receiver.recorded]
+                ),
+                # the save itself (decided to readable: one batch commit), then the read
+                # model behind it (readable to the balance shown)
+                "recorded_to_committed_ms": _percentiles(
+                    [
+                        t - receiver.recorded[u]
+                        for u, t in committed.items()
+                        if u in receiver.recorded
+                    ]
+                ),
+                "committed_to_balance_ms": _percentiles(
+                    [shown[u] - t for u, t in committed.items() if u in shown]
                 ),
             }
             if credits
@@ -318,6 +356,31 @@ JOIN billingledger_events e
  AND convert_from(e.state, 'UTF8')::jsonb ->> 'alert_id' = d.event_id::text
 WHERE d.delivered_at IS NOT NULL
 """
+
+
+# Each alerting account's newest version (through the primary key, one per account).
+_NEWEST_VERSIONS = """
+SELECT a.id, e.v FROM unnest(%s::uuid[]) AS a(id) CROSS JOIN LATERAL
+  (SELECT originator_version AS v FROM billingledger_events WHERE originator_id = a.id
+   ORDER BY originator_version DESC LIMIT 1) AS e
+"""
+# The account version at which each crossing of the load was recorded (its save's).
+_CROSSINGS = """
+SELECT convert_from(state, 'UTF8')::jsonb ->> 'usage_id', originator_id, originator_version
+FROM billingledger_events
+WHERE topic = 'domain.account:CustomerAccount.AlertCrossed' AND notification_id > %s
+"""
+_LAST_EVENT = "SELECT coalesce(max(notification_id), 0) FROM billingledger_events"
+
+
+def _commits(balances: _Balances, crossings: list[tuple[str, UUID, int]]) -> dict[str, float]:
+    """When each crossing's save was first readable, by usage id."""
+    out = {}
+    for usage_id, account, version in crossings:
+        at = balances.committed_at(account, version)
+        if at is not None:
+            out[usage_id] = at
+    return out
 
 
 def _percentiles(seconds: list[float]) -> dict[str, float]:

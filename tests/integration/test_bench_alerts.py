@@ -22,3 +22,6 @@ def test_bench_alerts_with_credits_delivers_every_balance_alert() -> None:
     assert report["balances_shown"] == report["alerting_records"]
     assert report["produced_to_balance_ms"]["p50"] > 0
     assert report["recorded_to_balance_ms"]["p50"] > 0
+    # ... split at the save's commit, seen for every record
+    assert report["recorded_to_committed_ms"]["p50"] > 0
+    assert report["committed_to_balance_ms"]["p50"] >= 0
