@@ -242,10 +242,12 @@ class FakeGateway:
         invoice = add.stripe_invoice_id
         made: AddedItems = {}
         adds = [(a.line_id, c, s, m, a.meter) for a in add.adds for c, s, m in a.items]
-        if add.look_first:
+        if add.look_first:  # by each item's line and chunk (its metadata)
+            wanted = {(a[0], a[1]) for a in adds}
             for item_id, item in self.items.items():
-                if item["invoice"] == invoice and (item["line"], item["chunk"]) not in made:
-                    made[item["line"], item["chunk"]] = (item_id, None)
+                key = (item["line"], item["chunk"])
+                if item["invoice"] == invoice and key in wanted and key not in made:
+                    made[key] = (item_id, None)
             adds = [a for a in adds if (a[0], a[1]) not in made]
             if not adds:
                 return made
