@@ -430,6 +430,19 @@ class LinePush(Aggregate):
         item_ids: list[str]
         line_item_ids: list[str]
 
+    class AddBatched(Aggregate.Event):
+        """Its planned items are created together with these lines' (its own among
+        them), in one ``add_lines`` request of its draft: recorded in the save that plans
+        every one's items, so a retry of any of them sends the same set."""
+
+        lines: list[str]
+        chunks: list[int]  # each line's items in the request
+        at: datetime
+
+    class AddBatchLeft(Aggregate.Event):
+        """Stripe refused the batch on a draft (nothing made): its items are created on
+        their own from now on."""
+
     class OwnerClaimed(Aggregate.Event):
         """Its pushes run under this claim of the customer's partition from now on: an
         attempt under an older claim of the same partition is refused
@@ -448,6 +461,9 @@ class LinePush(Aggregate):
     owner_epoch = 0
     # item id -> the id of the line item it makes on its invoice (``LineItemsLearned``)
     learned_line_items: dict[str, str] | None = None
+    # the lines (and each one's items) its items are created with, and since when
+    add_batch: list[list[Any]] | None = None
+    add_batched_at: datetime | None = None
 
     @staticmethod
     def create_id(line_id: UUID, **_: Any) -> UUID:
@@ -649,6 +665,38 @@ class LinePush(Aggregate):
         known = dict(self.learned_line_items or {})
         known.update(zip(item_ids, line_item_ids, strict=True))
         self.learned_line_items = known
+
+    # -- a batch of new lines ------------------------------------------------------------
+
+    def batch_add(self, lines: Sequence[UUID], chunks: Sequence[int], at: datetime) -> None:
+        """Record, with its planned items and before the request, that they are created
+        together with ``lines``' (each with its count of ``chunks``), one request."""
+        if self.item_ids or self.add_batch is not None:
+            raise IllegalTransition(f"line push {self.id}: its items are made or batched")
+        if self.line_id not in lines or len(lines) != len(chunks):
+            raise ValueError(f"a batch of {self.line_id} names it, with each line's items")
+        self._add_batched([str(line) for line in lines], list(chunks), at)
+
+    @event(AddBatched)
+    def _add_batched(self, lines: list[str], chunks: list[int], at: datetime) -> None:
+        self.add_batch = [[line, n] for line, n in zip(lines, chunks, strict=True)]
+        self.add_batched_at = at
+
+    def batched(self) -> list[tuple[UUID, int]] | None:
+        """The batch its items are created in, while they are not made: (line, items)."""
+        if self.add_batch is None or self.item_ids:
+            return None
+        return [(UUID(str(line)), int(n)) for line, n in self.add_batch]
+
+    def leave_batch(self) -> None:
+        """Stripe refused the batch: its items are created on their own."""
+        if self.add_batch is not None:
+            self._add_batch_left()
+
+    @event(AddBatchLeft)
+    def _add_batch_left(self) -> None:
+        self.add_batch = None
+        self.add_batched_at = None
 
     def record_drift(self, found: list[int]) -> int:
         """Stripe's draft was read holding ``found`` for this line's items, not its newest

@@ -4,7 +4,8 @@ Each outside thing is a small Protocol with one real adapter and one hand-writte
 
 * ``PaymentGateway``: Stripe (``adapters.stripe.client.StripeGateway``): customers, a
   draft invoice per customer, currency and period, the items of invoice lines (created
-  one by one, then set together, a draft's lines in one request: ``update_lines``),
+  created together, a draft's new lines in one request: ``add_lines``, then set
+  together, a draft's lines in one request: ``update_lines``),
   finalizing an invoice and issuing credit notes; failures come back as
   ``domain.saga.ChargeFailure`` values, never as the SDK's exceptions;
 * ``PurchaseGateway``: the same Stripe client, as the purchaser of prepaid credit needs
@@ -23,17 +24,19 @@ from uuid import UUID
 
 from domain.invoice_states import StripeInvoiceView
 from domain.periods import Period
-from domain.pushing import LinePart, PushPlan, lines_key
+from domain.pushing import LineAdd, LinePart, PushPlan, add_key, lines_key
 from domain.saga import ChargeFailure
 from domain.verification import DraftView
 
 __all__ = [
+    "AddedItems",
     "CreditNote",
     "DeadLetter",
     "DeadLetterSink",
     "DraftInvoice",
     "ItemRepair",
     "LineItems",
+    "LinesAdd",
     "LinesUpdate",
     "PaymentGateway",
     "PurchaseGateway",
@@ -111,6 +114,27 @@ class LinesUpdate:
 
 
 @dataclass(frozen=True)
+class LinesAdd:
+    """One ``add_lines`` request: new lines' items created on one draft invoice, each at
+    its planned parameters (``domain.pushing.LineAdd``: at most ``MAX_ITEMS_PER_ADD``)."""
+
+    invoice_id: UUID  # the ledger's invoice: the key's origin
+    stripe_invoice_id: str
+    stripe_customer_id: str
+    currency: str
+    adds: tuple[LineAdd, ...]
+    look_first: bool  # the key may have expired: look for items made already first
+
+    @property
+    def key(self) -> str:
+        return add_key(self.invoice_id, self.adds)
+
+
+AddedItems = dict[tuple[UUID, int], tuple[str, str | None]]
+"""What an ``add_lines`` made: (line, chunk) -> (item id, its line item id if known)."""
+
+
+@dataclass(frozen=True)
 class CreditNote:
     """A credit note for one reversed transaction of a final invoice."""
 
@@ -152,6 +176,13 @@ class PaymentGateway(Protocol):
     def line_items(self, stripe_invoice_id: str) -> dict[str, str] | ChargeFailure:
         """The line items of the draft's items, as Stripe names them: invoice item id ->
         line item id (``il_...``), every line (paged)."""
+        ...
+
+    def add_lines(self, add: LinesAdd) -> AddedItems | ChargeFailure:
+        """Create the items of ``add`` on its draft in one request under its key, or under
+        the key of the part not found when ``look_first`` finds some made already (none
+        left: no request). Stripe refuses it whole (nothing made) for an invoice that is
+        not a draft; every item of ``add`` is in the answer."""
         ...
 
     def update_lines(self, update: LinesUpdate) -> ChargeFailure | None:

@@ -20,6 +20,13 @@ groups them, whole lines in order, into requests of at most ``MAX_LINES_PER_UPDA
 line items (Stripe's ``POST /v1/invoices/{id}/update_lines``). A request's key is the
 invoice's id and a digest of what it sets (``lines_key``: each line, chunk, sequence
 and repair), never a clock: a retry of the same set replays Stripe's first answer.
+
+**New lines together.** A line's first push creates its items together with the other
+new lines of its draft, in one request (Stripe's ``POST /v1/invoices/{id}/add_lines``):
+``LineAdd`` is one line's share, its items at their planned parameters, and ``add_key``
+the request's key: the invoice's id and a digest of every (line, chunk, sequence,
+amount) it creates, so the same recorded set is always the same request. A request
+creates at most ``MAX_ITEMS_PER_ADD`` items.
 """
 
 from __future__ import annotations
@@ -40,13 +47,16 @@ from domain.transaction import BillingTransaction, TxnState
 
 __all__ = [
     "CHARGEABLE_TOPICS",
+    "MAX_ITEMS_PER_ADD",
     "MAX_LINES_PER_UPDATE",
     "REPRICED_TOPIC",
     "ItemStep",
+    "LineAdd",
     "LinePart",
     "LineSet",
     "PushPlan",
     "PushVerdict",
+    "add_key",
     "after_failure",
     "batches",
     "charged_events",
@@ -54,6 +64,7 @@ __all__ = [
     "item_key",
     "lines_key",
     "plan_push",
+    "planned_push",
     "push_key",
     "repriced_last",
     "settled_in",
@@ -64,6 +75,12 @@ MAX_LINES_PER_UPDATE = 50
 guide to bulk line items (read 2026-12-05) state no number for it; an invoice holds at
 most 250 items. This bound is the ledger's choice, kept well below that, and the
 emulator enforces the same."""
+
+
+MAX_ITEMS_PER_ADD = 10
+"""Items one ``add_lines`` request creates at most: the ledger's choice. Stripe's
+answer (the invoice) embeds the first page of its lines, ten; beyond that the gateway
+pages through the invoice's lines to find the ids of the items it created."""
 
 
 def item_key(line_id: object, chunk: int) -> str:
@@ -204,6 +221,36 @@ def lines_key(invoice_id: object, parts: Sequence[LinePart]) -> str:
     sets = sorted(f"{s.line_id}:{s.chunk}:{s.sequence}:{s.repair}" for p in parts for s in p.sets)
     digest = hashlib.sha256("|".join(sets).encode()).hexdigest()[:32]
     return f"invoice-lines:{invoice_id}:{digest}"
+
+
+@dataclass(frozen=True)
+class LineAdd:
+    """One line's share of an ``add_lines`` request: its items to create, each
+    (chunk, sequence, amount) as planned (``LinePush.planned``), and what describes them."""
+
+    line_id: UUID
+    meter: str
+    period: str  # the line's period, as its items' descriptions name it
+    items: tuple[tuple[int, int, int], ...]
+
+
+def add_key(invoice_id: object, adds: Sequence[LineAdd]) -> str:
+    """Idempotency key of one ``add_lines`` request of the invoice: its id and a digest of
+    every (line, chunk, sequence, amount) it creates, in a fixed order. A retry of the
+    recorded set is the same request; any other set (a part found already made) is
+    another key."""
+    made = sorted(f"{a.line_id}:{c}:{s}:{m}" for a in adds for c, s, m in a.items)
+    digest = hashlib.sha256("|".join(made).encode()).hexdigest()[:32]
+    return f"invoice-add:{invoice_id}:{digest}"
+
+
+def planned_push(push: LinePush, item_ids: Sequence[str]) -> PushPlan:
+    """What Stripe holds for a line once its planned items are made (``item_ids``, in
+    chunk order): the total at the sequence they were planned at."""
+    amounts = [amount for _, amount in push.planned[: len(item_ids)]]
+    sequence = max((s for s, _ in push.planned[: len(item_ids)]), default=0)
+    steps = tuple(ItemStep(c, a, i) for c, (a, i) in enumerate(zip(amounts, item_ids, strict=True)))
+    return PushPlan(sequence, sum(amounts), steps, ())
 
 
 class PushVerdict(StrEnum):

@@ -16,10 +16,35 @@ items) and ended when Stripe answered it: the closer reads the draft back only w
 no attempt can still land (``domain.verification``). A call our own breaker or rate
 limiter refused was never sent: it is no attempt and raises no backoff.
 
-**One request per invoice.** A line's first push creates its items, one request each
-(``set_line_items``: a creation is keyed by the line and chunk alone, and there is
-nothing yet to update). Every later change only sets amounts, and then the push is the
-invoice's: the changed lines of the line's draft invoice that are free to go (not
+**New lines together.** A line's first push creates its items together with the other
+new lines of its draft (nothing planned, made or batched yet; not sealed, fenced out or
+backing off), in one ``add_lines`` request of at most ``MAX_ITEMS_PER_ADD`` items. The
+rule that makes a retry safe: **the batch is what was recorded before the call.** One
+save records, on every line of the batch, its planned items (``ItemPlanned``), the
+batch itself (``AddBatched``: every line of it and how many items each makes) and its
+``AttemptStarted``; only then is the request sent. A retry of *any* of those lines
+(after a crash, a lost answer, a retryable failure) rebuilds the request from that
+record alone: the same lines, chunks and planned amounts, so the same key
+(``domain.pushing.add_key``: the invoice's id and a digest of every line, chunk,
+sequence and amount it makes; never a clock), and Stripe replays its first answer. A
+line added to the invoice meanwhile is not in it. Past the key window (``key_window``,
+counted from the batch's save) the gateway first looks the invoice's items up by their
+metadata (line and chunk) and makes only those it does not find, under the key of that
+smaller set. The answer names each item and the line item Stripe made of it
+(``il_...``): each line records ``Pushed`` at the sequence its items were planned at,
+with its ``Charged`` events and the line items learned (``LineItemsLearned``), so its
+next change goes into ``update_lines`` with no list of the draft's lines first. A line
+alone (no other new line on its draft), a line planned before batches, or one of an
+invoice pushed line by line, creates its items on its own, one request each
+(``set_line_items``: keyed by the line and chunk alone). A refusal of a batch on a
+draft is the request's: every line leaves the batch (``AddBatchLeft``, in the save that
+ends their attempts, so no later push sends it again) and creates its items on its own
+from then on, deciding its own refusal; a refusal on an invoice that is no longer a
+draft needs an operator, as below; a retryable failure backs off every line of it; a
+call our own breaker or limiter refused was never sent (no backoff).
+
+**One request per invoice.** Every later change only sets amounts, and then the push is
+the invoice's: the changed lines of the line's draft invoice that are free to go (not
 sealed, not backing off, charges recorded, items created) are set together by one
 ``update_lines`` request (``domain.pushing.invoice_part`` and ``batches``: at most
 ``MAX_LINES_PER_UPDATE`` line items a request). Stripe names a draft's lines by ids of
@@ -63,8 +88,11 @@ from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LineChange, LinePush
 from domain.invoice_states import InvoiceState
 from domain.ownership import Claim
-from domain.ports import DraftInvoice, LineItems, LinesUpdate, PaymentGateway
+from domain.ports import DraftInvoice, LineItems, LinesAdd, LinesUpdate, PaymentGateway
 from domain.pushing import (
+    MAX_ITEMS_PER_ADD,
+    ItemStep,
+    LineAdd,
     PushPlan,
     PushVerdict,
     after_failure,
@@ -72,6 +100,7 @@ from domain.pushing import (
     charged_events,
     invoice_part,
     plan_push,
+    planned_push,
     repriced_last,
     settled_in,
 )
@@ -203,6 +232,9 @@ class LinePusher:
                 if plan.calls and self.gateway.breaker_state() == "open":
                     # Our own breaker would refuse it unsent: no attempt, no backoff.
                     return self._not_sent(push, now)
+                added = self._add_new(line, push, plan, claim)
+                if added is not None:
+                    return added
                 together = self._push_invoice(line, push, plan, claim)
                 if together is not None:
                     return together
@@ -221,6 +253,104 @@ class LinePusher:
             except (IntegrityError, IllegalTransition):
                 continue  # another writer recorded first: reload and look again
         return PushReport(StepResult.RACED, 0, requests)
+
+    # -- the new lines' items, together -----------------------------------------------
+
+    def _add_new(
+        self, line: InvoiceLine, push: LinePush, plan: PushPlan, claim: Claim | None
+    ) -> PushReport | None:
+        """Create ``line``'s items together with the draft's other new lines, in one
+        ``add_lines`` request (a batch recorded before, when there is one: the same set
+        again), or None: the line goes on its own (items planned before batches, an
+        invoice pushed line by line, a batch Stripe refused on a draft). Raises
+        IntegrityError or IllegalTransition on a lost race (the caller reloads)."""
+        recorded = push.batched()
+        invoice = self._the_invoice(line)
+        made: list[_Member] = []
+        if recorded is None:
+            if not _fresh(push, plan) or invoice.id in self._per_line:
+                return None
+            members = self._new_members(invoice, _Member(line, push, plan), claim)
+            if len(members) < 2:  # alone: created on its own (``set_line_items``)
+                return None
+        else:
+            members, made = self._batch_of(line, push, plan, recorded)
+        customer, requests = self._customer(line.customer_id)
+        if isinstance(customer, ChargeFailure):
+            return self._failed(line, push, plan, customer, requests)
+        stripe_invoice, sent = self._invoice(line, customer)
+        requests += sent
+        if isinstance(stripe_invoice, ChargeFailure):
+            return self._failed(line, push, plan, stripe_invoice, requests)
+        look_first = False
+        if recorded is None:
+            _record_batch(members, self.clock())
+        else:
+            batched_at = push.add_batched_at or push.created_on
+            look_first = self.clock() - batched_at >= self.key_window
+        sent_at = self.clock()
+        lands_by = self.landing.deadline(sent_at, 3 if look_first else 1)
+        attempts = [
+            m.push.start_attempt(m.plan.sequence, sent_at, lands_by, claim) for m in members
+        ]
+        self.ledger.save(*(m.push for m in members))
+        everyone = sorted([*members, *made], key=lambda m: str(m.line.id))
+        adds = tuple(_line_add(m) for m in everyone)
+        add = LinesAdd(invoice.id, stripe_invoice, customer, line.currency, adds, look_first)
+        answer = self.gateway.add_lines(add)
+        requests += 1
+        if isinstance(answer, ChargeFailure):
+            return self._batch_failed(invoice.id, members, attempts, answer, requests, adding=True)
+        learned: dict[str, str] = {}
+        for i, m in enumerate(members):
+            found = [answer[m.line.id, chunk] for chunk in range(len(m.plan.items))]
+            learned.update({item: il for item, il in found if il})
+            members[i] = replace(m, plan=planned_push(m.push, [item for item, _ in found]))
+        return self._batch_pushed(line, members, attempts, requests, learned)
+
+    def _new_members(self, invoice: Invoice, first: _Member, claim: Claim | None) -> list[_Member]:
+        """``first`` and the invoice's other new lines that may go now (nothing planned,
+        made or batched, not sealed, not fenced out, not backing off), up to
+        ``MAX_ITEMS_PER_ADD`` items."""
+        now = self.clock()
+        members, count = [first], len(first.plan.items)
+        for other in invoice.lines:
+            if other == first.line.id:
+                continue
+            push = self.ledger.line_push(other) or LinePush(line_id=other)
+            if push.sealed or push.fenced_out(claim):
+                continue
+            if push.next_attempt_at is not None and push.next_attempt_at > now:
+                continue
+            line = self.ledger.line_by_id(other)
+            plan = plan_push(line, push)
+            if plan is None or not _fresh(push, plan):
+                continue
+            if count + len(plan.items) > MAX_ITEMS_PER_ADD:
+                continue
+            members.append(_Member(line, push, plan))
+            count += len(plan.items)
+        return members if count <= MAX_ITEMS_PER_ADD else [first]
+
+    def _batch_of(
+        self, line: InvoiceLine, push: LinePush, plan: PushPlan, recorded: list[tuple[UUID, int]]
+    ) -> tuple[list[_Member], list[_Member]]:
+        """The recorded batch of ``line``: its lines whose items are still to make (the
+        line first), and those made already (in the request all the same: the same set
+        under the same key). Each at its recorded items."""
+        members = [_Member(line, push, _recorded(push, line.id, recorded))]
+        made: list[_Member] = []
+        for other, _ in recorded:
+            if other == line.id:
+                continue
+            other_push = self.ledger.line_push(other)
+            if other_push is None:  # recorded in the save that made the batch
+                raise IllegalTransition(f"line {other} of a batch has no push")
+            member = _Member(
+                self.ledger.line_by_id(other), other_push, _recorded(other_push, other, recorded)
+            )
+            (made if other_push.item_ids else members).append(member)
+        return members, made
 
     # -- the invoice's push ------------------------------------------------------------
 
@@ -303,7 +433,12 @@ class LinePusher:
         return attempts
 
     def _batch_pushed(
-        self, line: InvoiceLine, chosen: list[_Member], attempts: list[int], requests: int
+        self,
+        line: InvoiceLine,
+        chosen: list[_Member],
+        attempts: list[int],
+        requests: int,
+        learned: dict[str, str] | None = None,
     ) -> PushReport:
         """Stripe set every line of the request: each one's ``Pushed`` and charges. The
         other lines first (one that lost a race to another writer is pushed again later),
@@ -316,7 +451,7 @@ class LinePusher:
             sent = requests if mine else 0
             item_ids = [step.item_id or "" for step in m.plan.items]
             try:
-                done = self._record_push(m.line, m.push, m.plan, item_ids, sent)
+                done = self._record_push(m.line, m.push, m.plan, item_ids, sent, learned=learned)
             except IntegrityError:
                 if mine:
                     raise
@@ -340,19 +475,23 @@ class LinePusher:
         attempts: list[int],
         failure: ChargeFailure,
         requests: int,
+        *,
+        adding: bool = False,
     ) -> PushReport | None:
-        """Stripe did not set the lines. A retryable failure is each line's (recorded with
-        its due time), and so is a refusal of a request that set one line only. A refusal
-        of several lines of an invoice that is still a draft is the request's, not the
-        lines': the invoice is pushed line by line from now on (None: this line goes
-        now), so one line's fault never compensates the others' usage."""
+        """Stripe did not set (or make: ``adding``) the lines. A retryable failure is each
+        line's (recorded with its due time), and so is a refusal of a request that set
+        one line only. A refusal of several lines of an invoice that is still a draft, or
+        of any batch of new lines, is the request's, not the lines': the batch is left
+        and the invoice is pushed line by line from now on (None: this line goes now),
+        so one line's fault never compensates the others' usage."""
         first = chosen[0]
-        if not failure.retryable and len(chosen) > 1:
-            view = self.gateway.read_draft(first.push.stripe_invoice_id or "")
+        if not failure.retryable and (len(chosen) > 1 or adding):
+            view = self.gateway.read_draft(self._the_invoice(first.line).stripe_invoice_id or "")
             requests += 1
             if not isinstance(view, ChargeFailure) and view.status == "draft":
                 for m, attempt in zip(chosen, attempts, strict=True):
                     m.push.end_attempt(attempt, "answered")
+                    m.push.leave_batch()
                 self.ledger.save(*(m.push for m in chosen if m.push.pending_events))
                 self._per_line.add(invoice_id)
                 log.warning(
@@ -489,12 +628,17 @@ class LinePusher:
         plan: PushPlan,
         item_ids: list[str],
         requests: int,
+        *,
+        learned: dict[str, str] | None = None,
     ) -> int:
-        """``Pushed`` and the first charges it makes due, in one save; the rest after."""
+        """``Pushed`` (and the line items Stripe named for its items, ``learned``) and the
+        first charges it makes due, in one save; the rest after."""
         stripe_invoice = self._the_invoice(line).stripe_invoice_id or ""
         push.record_pushed(
             plan.sequence, plan.billed, plan.amounts, item_ids, stripe_invoice, requests
         )
+        if learned:
+            push.learn_line_items(learned)
         charged = self._record_charges(line, push)
         if push.pending_events:  # nothing to charge (a push of removals only)
             self.ledger.save(push)
@@ -659,6 +803,51 @@ class LinePusher:
                 continue
             return True
         return False
+
+
+def _fresh(push: LinePush, plan: PushPlan) -> bool:
+    """Whether the push is a line's first: nothing planned, made or batched yet, and
+    items to create (each one planned now)."""
+    return (
+        not push.item_ids
+        and not push.planned
+        and push.add_batch is None
+        and bool(plan.to_plan)
+        and len(plan.to_plan) == len(plan.items)
+    )
+
+
+def _record_batch(members: list[_Member], now: datetime) -> None:
+    """Each member's items planned and the batch recorded on each (saved by the caller,
+    with the attempts, before the request)."""
+    lines = [m.line.id for m in members]
+    chunks = [len(m.plan.items) for m in members]
+    for m in members:
+        for chunk, sequence, amount in m.plan.to_plan:
+            m.push.plan_item(chunk, sequence, amount)
+        m.push.batch_add(lines, chunks, now)
+
+
+def _recorded(push: LinePush, line_id: UUID, recorded: list[tuple[UUID, int]]) -> PushPlan:
+    """The items a recorded batch makes for ``line_id``: its planned ones, as many as
+    the batch names (the item ids unknown yet)."""
+    chunks = dict(recorded)[line_id]
+    if len(push.planned) < chunks:
+        raise IllegalTransition(f"line push {push.id}: its batch's items are not planned")
+    steps = tuple(
+        ItemStep(c, amount, None, sequence, amount)
+        for c, (sequence, amount) in enumerate(push.planned[:chunks])
+    )
+    sequence = max(s for s, _ in push.planned[:chunks])
+    return PushPlan(sequence, sum(a for _, a in push.planned[:chunks]), steps, ())
+
+
+def _line_add(m: _Member) -> LineAdd:
+    """A member's share of its ``add_lines`` request: its items as planned."""
+    items = tuple(
+        (step.chunk, step.create_sequence or 0, step.create_amount or 0) for step in m.plan.items
+    )
+    return LineAdd(m.line.id, m.line.meter, str(m.line.period), items)
 
 
 def _count_charges(

@@ -4,10 +4,12 @@
 customer, one draft invoice per customer, currency and period (``auto_advance=false``:
 it never finalizes by itself), and per invoice line one invoice item on that invoice
 (more when the line's total is above Stripe's largest item amount) whose amount is
-*set* to the line's billed total: created one by one (``invoiceitems.create``), then
-set together, the changed lines of one draft in one request (``invoices.update_lines``,
-naming each line by the line item id Stripe gave it, ``line_items``); at the period's
-close it finalizes the invoice
+*set* to the line's billed total: created together, a draft's new lines in one
+request (``invoices.add_lines``, under ``invoice-add:{invoice}:{digest}``; one by one,
+``invoiceitems.create``, where the pusher falls back to that), then set together, the
+changed lines of one draft in one request (``invoices.update_lines``, naming each line
+by the line item id Stripe gave it, ``line_items``); at the period's close it finalizes
+the invoice
 (``invoice-finalize:{invoice id}``), and a reversal after that is a credit note
 (``credit:{transaction id}``). Every create has an idempotency key derived from
 the ledger's ids (``customer:{id}``, ``invoice:{invoice id}``, ``line-item:{line}:{n}``)
@@ -32,7 +34,8 @@ values (``adapters.stripe.errors``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -46,14 +49,16 @@ from adapters.stripe.pressure import Pressure
 from adapters.stripe.views import invoice_view
 from domain.invoice_states import StripeInvoiceView
 from domain.ports import (
+    AddedItems,
     CreditNote,
     DraftInvoice,
     ItemRepair,
     LineItems,
+    LinesAdd,
     LinesUpdate,
     PurchaseInvoice,
 )
-from domain.pushing import ItemStep, item_key, push_key
+from domain.pushing import ItemStep, LineAdd, item_key, push_key
 from domain.saga import ChargeFailure, idempotency_key
 from domain.verification import DraftItem, DraftView
 
@@ -89,6 +94,9 @@ class StripeGateway:
 
     def line_items(self, stripe_invoice_id: str) -> dict[str, str] | ChargeFailure:
         return _answer(lambda: self.invoice_line_items(stripe_invoice_id))
+
+    def add_lines(self, add: LinesAdd) -> AddedItems | ChargeFailure:
+        return _answer(lambda: self.add_invoice_lines(add))
 
     def update_lines(self, update: LinesUpdate) -> ChargeFailure | None:
         failure = _answer(lambda: self.set_invoice_lines(update))
@@ -322,6 +330,15 @@ class StripeGateway:
 
     def _line_items(self, stripe_invoice_id: str) -> dict[str, str]:
         found: dict[str, str] = {}
+        for line in self._lines_of(stripe_invoice_id):
+            item = _line_item_id(line)
+            if item != line["id"]:
+                found[item] = str(line["id"])
+        return found
+
+    def _lines_of(self, stripe_invoice_id: str) -> Iterator[dict[str, Any]]:
+        """The invoice's lines, as plain dicts: 100 a page, each page one call through
+        the pressure, fetched as they are read."""
         after: str | None = None
         while True:
             params: dict[str, Any] = {"limit": 100}
@@ -334,13 +351,77 @@ class StripeGateway:
                 ),
             )
             lines = [line.to_dict() for line in page.data]
-            for line in lines:
-                item = _line_item_id(line)
-                if item != line["id"]:
-                    found[item] = str(line["id"])
+            yield from lines
             if not page.has_more or not lines:
-                return found
+                return
             after = str(lines[-1]["id"])
+
+    def add_invoice_lines(self, add: LinesAdd) -> AddedItems:
+        """One ``add_lines`` request creating the items of ``add`` (each with its line and
+        chunk in its metadata); what it made, read from the answer's lines (paged
+        through when they do not show every one). ``look_first``: items found on the
+        invoice by their metadata are not made again."""
+        made: AddedItems = {}
+        adds = list(add.adds)
+        if add.look_first:
+            for item in self.invoice_items(invoice=add.stripe_invoice_id):
+                meta = item.get("metadata") or {}
+                with contextlib.suppress(KeyError, ValueError):
+                    made[UUID(meta["line_id"]), int(meta["chunk"])] = (str(item["id"]), None)
+            adds = [a for a in adds if any((a.line_id, c) not in made for c, _, _ in a.items)]
+            adds = [_rest(a, made) for a in adds]
+        if adds:
+            rest = LinesAdd(
+                add.invoice_id, add.stripe_invoice_id, add.stripe_customer_id, add.currency,
+                tuple(adds), look_first=False,
+            )  # fmt: skip
+            made.update(_traced(
+                "stripe add_lines", lambda: self._add_lines(rest),
+                stripe__invoice_id=add.stripe_invoice_id, billing__lines=len(adds),
+            ))  # fmt: skip
+        wanted = [(a.line_id, c) for a in add.adds for c, _, _ in a.items]
+        return {k: made[k] for k in wanted if k in made}
+
+    def _add_lines(self, add: LinesAdd) -> AddedItems:
+        lines = [
+            {
+                "amount": amount,
+                "description": _describe(a.meter, a.period, chunk),
+                "metadata": {
+                    "line_id": str(a.line_id),
+                    "chunk": str(chunk),
+                    "sequence": str(sequence),
+                },
+            }
+            for a in add.adds
+            for chunk, sequence, amount in a.items
+        ]
+        answer = self._call(
+            "invoices.add_lines",
+            lambda: self.client.v1.invoices.add_lines(
+                add.stripe_invoice_id,
+                params={"lines": lines},  # type: ignore[typeddict-item]
+                options={"idempotency_key": add.key},
+            ),
+        ).to_dict()
+        wanted = {(a.line_id, c) for a in add.adds for c, _, _ in a.items}
+        page = answer.get("lines") or {}
+        made = _made_lines(page.get("data") or (), wanted)
+        if len(made) < len(wanted) and page.get("has_more"):
+            made = self._made_on(add.stripe_invoice_id, wanted)
+        missing = wanted - set(made)
+        if missing:  # Stripe said it made them: an answer without them is no answer
+            raise RuntimeError(f"add_lines answered without {len(missing)} of its lines")
+        return made
+
+    def _made_on(self, stripe_invoice_id: str, wanted: set[tuple[UUID, int]]) -> AddedItems:
+        """The invoice's lines paged through for the items of ``wanted`` (until found)."""
+        made: AddedItems = {}
+        for line in self._lines_of(stripe_invoice_id):
+            made.update(_made_lines([line], wanted))
+            if len(made) == len(wanted):
+                break
+        return made
 
     def set_invoice_lines(self, update: LinesUpdate) -> None:
         """One ``update_lines`` request: each line item's amount and its line's sequence."""
@@ -424,9 +505,7 @@ class StripeGateway:
             found = self.find_line_item(items.stripe_invoice_id, items.line_id, step.chunk)
             if found is not None:
                 return found
-        description = f"{items.meter} {items.period}"
-        if step.chunk:
-            description += f" (part {step.chunk + 1})"
+        description = _describe(items.meter, str(items.period), step.chunk)
         created = self._call(
             "invoice_items.create",
             lambda: self.client.v1.invoice_items.create(
@@ -504,6 +583,33 @@ def _line_item_id(line: dict[str, Any]) -> str:
         parent = line.get("parent") or {}
         item = (parent.get("invoice_item_details") or {}).get("invoice_item")
     return str(item or line.get("id"))
+
+
+def _describe(meter: str, period: str, chunk: int) -> str:
+    """An item's description: its meter and period (and its part, past the first)."""
+    return f"{meter} {period}" + (f" (part {chunk + 1})" if chunk else "")
+
+
+def _rest(add: LineAdd, made: AddedItems) -> LineAdd:
+    """``add`` without the items found made already."""
+    return LineAdd(
+        add.line_id, add.meter, add.period,
+        tuple(i for i in add.items if (add.line_id, i[0]) not in made),
+    )  # fmt: skip
+
+
+def _made_lines(lines: Iterable[dict[str, Any]], wanted: set[tuple[UUID, int]]) -> AddedItems:
+    """The items of ``wanted`` among invoice lines (by their metadata): item and line ids."""
+    made: AddedItems = {}
+    for line in lines:
+        meta = line.get("metadata") or {}
+        try:
+            key = (UUID(meta["line_id"]), int(meta["chunk"]))
+        except (KeyError, ValueError):
+            continue
+        if key in wanted:
+            made[key] = (_line_item_id(line), str(line["id"]))
+    return made
 
 
 def _answer(fn: Callable[[], T]) -> T | ChargeFailure:

@@ -27,15 +27,16 @@ Endpoints served (all need ``Authorization: Bearer <key>``)::
     GET    /v1/invoiceitems/search        (not in real Stripe)
     POST   /v1/invoices                   GET /v1/invoices           GET /v1/invoices/search
     GET    /v1/invoices/{id}              POST /v1/invoices/{id}     GET /v1/invoices/{id}/lines
-    POST   /v1/invoices/{id}/update_lines POST /v1/invoices/{id}/finalize
-    POST   /v1/invoices/{id}/pay
+    POST   /v1/invoices/{id}/add_lines    POST /v1/invoices/{id}/update_lines
+    POST   /v1/invoices/{id}/finalize     POST /v1/invoices/{id}/pay
     POST   /v1/invoices/{id}/void         POST /v1/invoices/{id}/mark_uncollectible
     POST   /v1/credit_notes               GET /v1/credit_notes       GET /v1/credit_notes/{id}
     GET    /v1/events                     GET /v1/events/{id}
 
 Stripe's rules it keeps (see the modules): an invoice holds at most 250 items; items on a
-finalized invoice cannot be changed or deleted, nor its lines updated (``update_lines``
-names a draft's lines by line item ids of their own, at most 50 a request); finalizing
+finalized invoice cannot be changed or deleted, nor its lines added or updated
+(``add_lines`` makes a draft's new items together; ``update_lines`` names a draft's lines
+by line item ids of their own; at most 50 a request); finalizing
 numbers the invoice ``{customer.invoice_prefix}-0001``; a declined payment is a 402
 ``card_error`` and leaves the invoice open; credit notes never exceed the invoice total,
 and a paid invoice's credit must be given out by

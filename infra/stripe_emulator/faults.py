@@ -23,7 +23,11 @@ from .settings import EmulatorSettings, coerce_setting, flatten_outage
 __all__ = ["Faults"]
 
 AMOUNT_SETTING_ENDPOINTS: Final = frozenset(
-    {"POST /v1/invoiceitems/{id}", "POST /v1/invoices/{id}/update_lines"}
+    {
+        "POST /v1/invoiceitems/{id}",
+        "POST /v1/invoices/{id}/update_lines",
+        "POST /v1/invoices/{id}/add_lines",
+    }
 )
 """The requests that set an amount on a draft: the ones ``late_execute_*`` holds."""
 
@@ -134,7 +138,7 @@ class Faults:
     def execute_late(self, endpoint: str) -> float | None:
         """After how many seconds to execute this request unanswered, or None (now).
         Only the requests that set an amount on a draft are held: an invoice item's
-        update and a draft's bulk update of its lines."""
+        update and a draft's bulk update or creation of its lines."""
         if endpoint not in AMOUNT_SETTING_ENDPOINTS:
             return None
         settings = self.settings

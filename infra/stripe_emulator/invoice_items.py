@@ -15,6 +15,15 @@ refused, as Stripe refuses it): an invoice item line takes ``amount``, ``descrip
 before any is changed, so a refused request changes nothing: an invoice that is not a
 draft, a line id that is not on this invoice, the same line twice, more than
 ``MAX_LINES_PER_UPDATE`` lines. It answers the invoice, as Stripe does.
+
+``add_lines`` adds several lines to one draft invoice in one request: each a new invoice
+item of the invoice's customer and currency (``amount``, ``description``, ``metadata``,
+``period``, ``discountable``), or an unassigned (pending) invoice item of that customer
+named by its ``ii_`` id (``invoice_item``; a line item id is refused, as Stripe refuses
+it). The same checks first, so a refused request makes nothing: an invoice that is not a
+draft, more than ``MAX_LINES_PER_UPDATE`` lines, more items than an invoice holds, an
+item that is not pending or not the customer's, or given twice. It answers the invoice
+(its ``lines`` the first page), as Stripe does.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from .store import Call, ItemRecord, Result, Store
 
 __all__ = [
     "MAX_LINES_PER_UPDATE",
+    "add_invoice_lines",
     "create_invoice_item",
     "delete_invoice_item",
     "get_invoice_item",
@@ -66,6 +76,10 @@ _CREATE: Final = frozenset(
 _UPDATE: Final = frozenset({"amount", "description", "metadata", "expand"})
 _UPDATE_LINES: Final = frozenset({"lines", "invoice_metadata", "expand"})
 _LINE_UPDATE: Final = frozenset({"id", "amount", "description", "metadata"})
+_ADD_LINES: Final = frozenset({"lines", "invoice_metadata", "expand"})
+_LINE_ADD: Final = frozenset(
+    {"amount", "description", "metadata", "period", "discountable", "invoice_item"}
+)
 _LIST: Final = LIST_PARAMS | {"customer", "pending", "invoice"}
 _RETRIEVE: Final = frozenset({"expand"})
 _SEARCH: Final = frozenset({"query", "limit", "page", "expand"})
@@ -149,34 +163,54 @@ def create_invoice_item(store: Store, call: Call) -> Result:
     if invoice_id is not None:
         currency = _attach_target(store, invoice_id, customer_id, currency)
         before = render_invoice(store, invoice_id)
+    item = _new_item(
+        store, call, customer_id, currency or "usd", amount, description, item_metadata
+    )
+    if invoice_id is not None and before is not None:
+        item["invoice"] = invoice_id
+        store.invoice_lines.setdefault(invoice_id, []).append(item["id"])
+    record_event(store, "invoiceitem.created", item, call)
+    if invoice_id is not None and before is not None:
+        _invoice_changed(store, invoice_id, before, call)
+    return Result(item, item["id"], mutated=True)
+
+
+def _new_item(  # noqa: PLR0917 (an item's fields)
+    store: Store,
+    call: Call,
+    customer_id: str,
+    currency: str,
+    amount: int,
+    description: str | None,
+    item_metadata: dict[str, str],
+    period: JsonObject | None = None,
+    discountable: bool = True,
+) -> JsonObject:
+    """A new pending invoice item, stored (with the random id of the line it makes)."""
     item_id = new_id("ii_", 24)
     item: JsonObject = {
         "id": item_id,
         "object": "invoiceitem",
         "amount": amount,
-        "currency": currency or "usd",
+        "currency": currency,
         "customer": customer_id,
         "date": call.now,
         "description": description,
-        "discountable": True,
+        "discountable": discountable,
         "discounts": [],
-        "invoice": invoice_id,
+        "invoice": None,
         "livemode": False,
         "metadata": item_metadata,
         "net_amount": amount,
         "parent": None,
-        "period": {"end": call.now, "start": call.now},
+        "period": period or {"end": call.now, "start": call.now},
         "proration": False,
         "quantity": 1,
         "tax_rates": [],
         "test_clock": None,
     }
     store.items[item_id] = ItemRecord(item, store.next_seq(), new_id("il_", 24))
-    record_event(store, "invoiceitem.created", item, call)
-    if invoice_id is not None and before is not None:
-        store.invoice_lines.setdefault(invoice_id, []).append(item_id)
-        _invoice_changed(store, invoice_id, before, call)
-    return Result(item, item_id, mutated=True)
+    return item
 
 
 def get_invoice_item(store: Store, call: Call) -> Result:
@@ -248,8 +282,9 @@ def search_invoice_items(store: Store, call: Call) -> Result:
     return Result(search_page(found, call.params, "/v1/invoiceitems/search"))
 
 
-def _lines_param(params: JsonObject) -> list[tuple[str, JsonObject]]:
-    """``lines[n][...]`` in order: (its parameter name, its fields)."""
+def _lines_param(params: JsonObject, verb: str) -> list[tuple[str, JsonObject]]:
+    """``lines[n][...]`` in order: (its parameter name, its fields); at most
+    ``MAX_LINES_PER_UPDATE`` of them (``verb``: what the request does to them)."""
     raw = params.get("lines")
     if raw in (None, ""):
         raise invalid("Missing required param: lines.", "lines", code="parameter_missing")
@@ -258,6 +293,12 @@ def _lines_param(params: JsonObject) -> list[tuple[str, JsonObject]]:
     if not all(k.isdigit() for k in raw):
         raise invalid("Invalid array", "lines")
     ordered = sorted(raw.items(), key=lambda kv: int(kv[0]))
+    if len(ordered) > MAX_LINES_PER_UPDATE:
+        raise invalid(
+            f"You can {verb} at most {MAX_LINES_PER_UPDATE} lines in one request;"
+            f" {len(ordered)} were given.",
+            "lines",
+        )
     return [(f"lines[{k}]", v) for k, v in ordered]
 
 
@@ -266,13 +307,7 @@ def update_invoice_lines(store: Store, call: Call) -> Result:
     module docstring); every line is checked before any changes."""
     params = call.params
     check_params(params, _UPDATE_LINES)
-    lines = _lines_param(params)
-    if len(lines) > MAX_LINES_PER_UPDATE:
-        raise invalid(
-            f"You can update at most {MAX_LINES_PER_UPDATE} lines in one request;"
-            f" {len(lines)} were given.",
-            "lines",
-        )
+    lines = _lines_param(params, "update")
     changes: list[tuple[str, int | None, JsonObject]] = []
     for param, fields in lines:
         for name in fields:
@@ -284,14 +319,7 @@ def update_invoice_lines(store: Store, call: Call) -> Result:
                 f"Missing required param: {param}[id].", f"{param}[id]", code="parameter_missing"
             )
         changes.append((line, opt_amount(fields, "amount", low=-MAX_AMOUNT), fields))
-    invoice_id = call.path_id or ""
-    inv = require_invoice(store, invoice_id).obj
-    invoice_metadata = merge_metadata(inv["metadata"], _as_metadata(params))
-    # Execution begins here: from now on errors are saved under the idempotency key.
-    if inv["status"] != "draft":
-        raise state_error(
-            "Invalid invoice: This invoice is no longer editable", "invoice", code=_NOT_EDITABLE
-        )
+    invoice_id, inv, invoice_metadata = _editable_draft(store, call)
     by_line = {line_id(store, i): i for i in store.invoice_lines.get(invoice_id, [])}
     seen: set[str] = set()
     updates: list[tuple[ItemRecord, int | None, JsonObject, dict[str, str]]] = []
@@ -316,6 +344,116 @@ def update_invoice_lines(store: Store, call: Call) -> Result:
     inv["metadata"] = invoice_metadata
     _invoice_changed(store, invoice_id, before, call)
     return Result(render_invoice(store, invoice_id), invoice_id, mutated=True)
+
+
+def _line_period(fields: JsonObject, param: str) -> JsonObject | None:
+    raw = fields.get("period")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"start", "end"}:
+        raise invalid(f"Invalid {param}[period]: start and end are required", f"{param}[period]")
+    start = parse_int(raw["start"], f"{param}[period][start]", low=0, high=2**40)
+    end = parse_int(raw["end"], f"{param}[period][end]", low=start, high=2**40)
+    return {"end": end, "start": start}
+
+
+def _new_lines(params: JsonObject) -> list[tuple[str, JsonObject]]:
+    """The ``lines`` of an ``add_lines`` request, their fields checked (validation)."""
+    lines = _lines_param(params, "add")
+    for param, fields in lines:
+        for name in fields:
+            if name not in _LINE_ADD:
+                raise invalid(f"Received unknown parameter: {param}[{name}]", f"{param}[{name}]")
+        if "invoice_item" in fields:
+            if set(fields) != {"invoice_item"}:
+                raise invalid(
+                    f"{param}[invoice_item] assigns an existing item: it takes no other field.",
+                    param,
+                )
+            continue
+        if fields.get("amount") in (None, ""):
+            raise invalid(
+                f"Missing required param: {param}[amount].",
+                f"{param}[amount]",
+                code="parameter_missing",
+            )
+        opt_amount(fields, "amount", low=-MAX_AMOUNT)
+        _line_period(fields, param)
+        metadata(fields)
+    return lines
+
+
+def add_invoice_lines(store: Store, call: Call) -> Result:
+    """``POST /v1/invoices/{id}/add_lines``: new lines on a draft (see the module
+    docstring); every line is checked before any is made."""
+    params = call.params
+    check_params(params, _ADD_LINES)
+    lines = _new_lines(params)
+    invoice_id, inv, invoice_metadata = _editable_draft(store, call)
+    held = len(store.invoice_lines.get(invoice_id, []))
+    if held + len(lines) > MAX_ITEMS_PER_INVOICE:
+        raise state_error(
+            f"An invoice can have at most {MAX_ITEMS_PER_INVOICE} invoice items; invoice "
+            f"{invoice_id} has {held}, and {len(lines)} were given.",
+            "lines",
+        )
+    assigned: list[ItemRecord] = []
+    for param, fields in lines:
+        if "invoice_item" in fields:
+            assigned.append(_assignable(store, inv, str(fields["invoice_item"]), param, assigned))
+    before = render_invoice(store, invoice_id)
+    made = iter(assigned)
+    for _, fields in lines:
+        if "invoice_item" in fields:
+            item = next(made).obj
+        else:
+            item = _new_item(
+                store, call, inv["customer"], inv["currency"],
+                opt_amount(fields, "amount", low=-MAX_AMOUNT) or 0,
+                opt_str(fields, "description"), metadata(fields),
+                _line_period(fields, "lines"),
+                parse_bool(fields.get("discountable", "true"), "discountable"),
+            )  # fmt: skip
+            record_event(store, "invoiceitem.created", item, call)
+        item["invoice"] = invoice_id
+        store.invoice_lines.setdefault(invoice_id, []).append(item["id"])
+    inv["metadata"] = invoice_metadata
+    _invoice_changed(store, invoice_id, before, call)
+    return Result(render_invoice(store, invoice_id), invoice_id, mutated=True)
+
+
+def _assignable(
+    store: Store, inv: JsonObject, item_id: str, param: str, taken: list[ItemRecord]
+) -> ItemRecord:
+    """A pending item of the invoice's customer and currency, named once."""
+    record = store.items.get(item_id)
+    if record is None or record.deleted:
+        raise missing("invoiceitem", item_id, f"{param}[invoice_item]", status=400)
+    item = record.obj
+    if item["invoice"] is not None or record in taken:
+        raise state_error(
+            f"Invoice item {item_id} is already on an invoice.", f"{param}[invoice_item]"
+        )
+    if item["customer"] != inv["customer"] or item["currency"] != inv["currency"]:
+        raise state_error(
+            f"Invoice item {item_id} must be of the invoice's customer and currency.",
+            f"{param}[invoice_item]",
+        )
+    return record
+
+
+def _editable_draft(store: Store, call: Call) -> tuple[str, JsonObject, dict[str, str]]:
+    """The invoice a bulk request names, and its metadata after the request's
+    ``invoice_metadata`` (validation); refused when it is not a draft (execution: from
+    then on errors are saved under the idempotency key)."""
+    invoice_id = call.path_id or ""
+    inv = require_invoice(store, invoice_id).obj
+    invoice_metadata = merge_metadata(inv["metadata"], _as_metadata(call.params))
+    if inv["status"] != "draft":
+        raise state_error(
+            "Invalid invoice: This invoice is no longer editable", "invoice", code=_NOT_EDITABLE
+        )
+    return invoice_id, inv, invoice_metadata
 
 
 def _as_metadata(params: JsonObject) -> JsonObject:

@@ -52,10 +52,11 @@ class EmulatorSettings:
     """Probability (0..1) that a POST/DELETE execution's response is dropped the same way."""
     late_execute_next: int = 0
     """The next N requests that set an amount (an invoice item's update, ``POST
-    /v1/invoiceitems/{id}``, or a draft's bulk update, ``POST
-    /v1/invoices/{id}/update_lines``) are received and left unanswered (the connection closes), then
-    executed ``late_execute_s`` later, their key in flight meanwhile: a request Stripe
-    applies after its client gave up, possibly after a newer one."""
+    /v1/invoiceitems/{id}``, or a draft's bulk update or creation of lines, ``POST
+    /v1/invoices/{id}/update_lines`` and ``.../add_lines``) are received and left
+    unanswered (the connection closes), then executed ``late_execute_s`` later, their
+    key in flight meanwhile: a request Stripe applies after its client gave up,
+    possibly after a newer one."""
     late_execute_probability: float = 0.0
     """Probability (0..1) that a request setting an amount is executed late the same way."""
     late_execute_s: float = 2.0

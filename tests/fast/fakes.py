@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -20,15 +20,17 @@ from adapters.settings import Settings
 from domain.invoice_states import StripeInvoiceView
 from domain.metering import Metering
 from domain.ports import (
+    AddedItems,
     CreditNote,
     DeadLetter,
     DraftInvoice,
     ItemRepair,
     LineItems,
+    LinesAdd,
     LinesUpdate,
 )
 from domain.pricing import Price, PriceList
-from domain.pushing import MAX_LINES_PER_UPDATE, item_key, push_key
+from domain.pushing import MAX_ITEMS_PER_ADD, MAX_LINES_PER_UPDATE, LineAdd, item_key, push_key
 from domain.saga import ChargeFailure
 from domain.transaction import Source
 from domain.usage import UsageRecord
@@ -139,10 +141,14 @@ class FakeGateway:
       line item id Stripe gave the item (``line_items`` lists them; an item's own id is
       refused), only on a draft, at most ``MAX_LINES_PER_UPDATE`` line items, no line
       twice, all checked before any is set.
-    * ``hold(mode)`` holds the next ``set_line_items`` or ``update_lines``: Stripe has it
-      and executes it only when the test calls ``Held.land()``. ``"block"``: its caller
-      waits for that (a slow request); ``"timeout"``: its caller gives up at once with a connection
-      failure (an unknown outcome) while the request still lands later.
+    * **Bulk creations** (``add_lines``) as Stripe takes them: only on a draft of the
+      customer, at most ``MAX_ITEMS_PER_ADD`` items, all made or none; each item made
+      with its line and chunk (what ``look_first`` finds), answered with its line item.
+    * ``hold(mode)`` holds the next ``set_line_items``, ``add_lines`` or ``update_lines``:
+      Stripe has it and executes it only when the test calls ``Held.land()``.
+      ``"block"``: its caller waits for that (a slow request); ``"timeout"``: its caller
+      gives up at once with a connection failure (an unknown outcome) while the request
+      still lands later.
     """
 
     failures: list[ChargeFailure] = field(default_factory=list)
@@ -224,6 +230,57 @@ class FakeGateway:
 
     def update_lines(self, update: LinesUpdate) -> ChargeFailure | None:
         return self._maybe_held(lambda: self._update_lines(update))  # type: ignore[no-any-return]
+
+    def add_lines(self, add: LinesAdd) -> AddedItems | ChargeFailure:
+        return self._maybe_held(lambda: self._add_lines(add))  # type: ignore[no-any-return]
+
+    def _add_lines(self, add: LinesAdd) -> AddedItems | ChargeFailure:
+        self.calls.append("add_lines")
+        failed = self._fail()
+        if failed:
+            return failed
+        invoice = add.stripe_invoice_id
+        made: AddedItems = {}
+        adds = [(a.line_id, c, s, m, a.meter) for a in add.adds for c, s, m in a.items]
+        if add.look_first:  # by each item's line and chunk (its metadata)
+            wanted = {(a[0], a[1]) for a in adds}
+            for item_id, item in self.items.items():
+                key = (item["line"], item["chunk"])
+                if item["invoice"] == invoice and key in wanted and key not in made:
+                    made[key] = (item_id, None)
+            adds = [a for a in adds if (a[0], a[1]) not in made]
+            if not adds:
+                return made
+        params = (invoice, add.stripe_customer_id, add.currency, tuple(sorted(map(str, adds))))
+
+        def run() -> AddedItems | ChargeFailure:
+            if self.drafts.get(invoice) != add.stripe_customer_id:
+                return _refused(f"No such invoice of {add.stripe_customer_id}: '{invoice}'")
+            if invoice in self.finalized:
+                return _refused(f"invoice {invoice} is not a draft: no lines are added")
+            if len(adds) > MAX_ITEMS_PER_ADD:
+                return _refused(f"{len(adds)} lines: at most {MAX_ITEMS_PER_ADD} a request")
+            answer: AddedItems = {}
+            for line, chunk, sequence, amount, _ in adds:
+                made_id = f"ii_{len(self.items)}"
+                self.items[made_id] = {
+                    "amount": amount, "line": line, "invoice": invoice, "chunk": chunk,
+                    "sequence": sequence, "il": f"il_{7919 * (len(self.items) + 1)}",
+                }  # fmt: skip
+                answer[line, chunk] = (made_id, self.items[made_id]["il"])
+            return answer
+
+        # Looked first: the part not found is a request of its own (its own key).
+        rest = tuple(
+            LineAdd(a.line_id, a.meter, a.period, items)
+            for a in add.adds
+            if (items := tuple(i for i in a.items if (a.line_id, i[0]) not in made))
+        )
+        key = replace(add, adds=rest).key
+        done = self._keyed(key, params, run)
+        if isinstance(done, ChargeFailure):
+            return done
+        return {**made, **done}
 
     def _maybe_held(self, run: Callable[[], Any]) -> Any:
         if not self.holding:

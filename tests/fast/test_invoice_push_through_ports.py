@@ -23,7 +23,8 @@ REFUSED = ChargeFailure("http_400", "refused", retryable=False)
 
 
 class Invoice:
-    """Three lines of one customer (one invoice), each pushed once: its item created."""
+    """Three lines of one customer (one invoice), each pushed once: its item created on
+    its own (``set_line_items``), so Stripe's line items are not known yet."""
 
     def __init__(self, claim: Claim | None = None) -> None:
         self.clock = Clock(T0)
@@ -34,9 +35,10 @@ class Invoice:
             claims=lambda customer: claim,
         )  # fmt: skip
         self.txns: list[UUID] = []
-        self.lines = [self.line(self.more(meter, "a")[0]) for meter in METERS]
-        for line in self.lines:
-            assert self.pusher.push(line).result is StepResult.CHARGED
+        self.lines: list[UUID] = []
+        for meter in METERS:  # each pushed before the next exists: each made on its own
+            self.lines.append(self.line(self.more(meter, "a")[0]))
+            assert self.pusher.push(self.lines[-1]).result is StepResult.CHARGED
 
     def more(self, meter: str, prefix: str) -> list[UUID]:
         made = reserve(self.ledger, 1, quantity=100_000, meter=meter, prefix=f"{prefix}-{meter}")

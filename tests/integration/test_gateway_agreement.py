@@ -17,8 +17,23 @@ import pytest
 from adapters.settings import StripeSettings
 from adapters.stripe.client import StripeGateway
 from domain.periods import Period
-from domain.ports import CreditNote, DraftInvoice, LineItems, LinesUpdate, PaymentGateway
-from domain.pushing import MAX_LINES_PER_UPDATE, ItemStep, LinePart, LineSet, PushPlan
+from domain.ports import (
+    AddedItems,
+    CreditNote,
+    DraftInvoice,
+    LineItems,
+    LinesAdd,
+    LinesUpdate,
+    PaymentGateway,
+)
+from domain.pushing import (
+    MAX_LINES_PER_UPDATE,
+    ItemStep,
+    LineAdd,
+    LinePart,
+    LineSet,
+    PushPlan,
+)
 from domain.saga import ChargeFailure
 from domain.verification import DraftView
 from infra.stripe_emulator import StripeEmulator
@@ -88,6 +103,13 @@ class Stripe:
             for line, named, amount in sets
         )  # fmt: skip
         return self.gateway.update_lines(LinesUpdate(self.invoice_id, invoice, parts))
+
+    def add(
+        self, customer: str, invoice: str, adds: tuple[LineAdd, ...], *, look_first: bool = False
+    ) -> AddedItems | ChargeFailure:
+        """One ``add_lines`` request of new lines."""
+        add = LinesAdd(self.invoice_id, invoice, customer, "USD", adds, look_first)
+        return self.gateway.add_lines(add)
 
     def total(self, invoice: str) -> int:
         view = self.gateway.read_draft(invoice)
@@ -239,3 +261,59 @@ def test_a_bulk_update_of_more_lines_than_the_bound_is_refused(stripe: Stripe) -
     assert _refused(stripe.update(invoice, sets))
     assert stripe.update(invoice, sets[:MAX_LINES_PER_UPDATE]) is None
     assert stripe.total(invoice) == MAX_LINES_PER_UPDATE + (100 + MAX_LINES_PER_UPDATE)
+
+
+# -- a draft's new lines made together (add_lines) -------------------------------------
+
+
+def _new(count: int) -> tuple[LineAdd, ...]:
+    """``count`` new lines of one item each (100, 101, ...), planned at sequence 1."""
+    return tuple(
+        LineAdd(uuid4(), "api.requests", str(PERIOD), ((0, 1, 100 + n),)) for n in range(count)
+    )
+
+
+def _made(stripe: Stripe, count: int) -> tuple[str, str, tuple[LineAdd, ...], AddedItems]:
+    """A draft with ``count`` new lines made together: its customer, the draft, the lines
+    and what was made."""
+    customer = stripe.customer()
+    invoice = stripe.draft(customer)
+    adds = _new(count)
+    made = stripe.add(customer, invoice, adds)
+    assert isinstance(made, dict), made
+    return customer, invoice, adds, made
+
+
+def test_new_lines_are_made_together_named_as_update_lines_takes_them_and_replayed(
+    stripe: Stripe,
+) -> None:
+    customer, invoice, adds, made = _made(stripe, 3)
+    assert set(made) == {(a.line_id, 0) for a in adds}
+    assert stripe.total(invoice) == 100 + 101 + 102
+    assert _named(stripe, invoice) == {item: named for item, named in made.values()}
+    assert stripe.add(customer, invoice, adds) == made  # the same request, replayed
+    assert stripe.total(invoice) == 303
+    sets = [(a.line_id, str(made[a.line_id, 0][1]), 7) for a in adds]
+    assert stripe.update(invoice, sets) is None and stripe.total(invoice) == 21
+
+
+def test_new_lines_on_a_finalized_invoice_are_refused_and_none_is_made(stripe: Stripe) -> None:
+    customer, invoice, _, _ = _made(stripe, 1)
+    stripe.gateway.finalize_invoice(invoice, stripe.invoice_id, look_first=False)
+    assert _refused(stripe.add(customer, invoice, _new(2)))
+    assert stripe.total(invoice) == 100
+
+
+def test_new_lines_repeated_past_their_key_are_found_when_looked_for_first(
+    stripe: Stripe,
+) -> None:
+    customer, invoice, adds, made = _made(stripe, 2)
+    stripe.forget_keys()
+    found = stripe.add(customer, invoice, adds, look_first=True)
+    assert isinstance(found, dict), found
+    assert {k: item for k, (item, _) in found.items()} == {k: i for k, (i, _) in made.items()}
+    assert stripe.total(invoice) == 201  # nothing made twice
+    more = (*adds, *_new(1))
+    grown = stripe.add(customer, invoice, more, look_first=True)  # the rest made, once
+    assert isinstance(grown, dict) and len(grown) == 3
+    assert stripe.total(invoice) == 301
