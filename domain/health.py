@@ -102,7 +102,8 @@ def _lines_late(figures: Mapping[str, Any], limits: Thresholds) -> list[str]:
 
 def _invoices(figures: Mapping[str, Any]) -> list[str]:
     """Invoices stopped for an operator (Stripe's draft or finalized total differs from the
-    ledger in a way no push can repair), invoices not closed or finalized by their
+    ledger in a way no push can repair), credit purchases paid after their grant was
+    voided, invoices not closed or finalized by their
     deadline, and webhooks refused for their signature (a wrong secret, a rotation gone
     wrong, or someone forging them)."""
     reasons = []
@@ -112,6 +113,13 @@ def _invoices(figures: Mapping[str, Any]) -> list[str]:
             f"{figures['invoices_needing_attention']} invoice(s) need attention"
             f" (billing-ledger invoices settle); first: {first.get('invoice_id')}:"
             f" {first.get('attention')}"
+        )
+    if figures.get("purchases_needing_attention"):
+        first = (figures.get("purchases_attention") or [{}])[0]
+        reasons.append(
+            f"{figures['purchases_needing_attention']} credit purchase(s) paid after their"
+            f" grant was voided need attention (billing-ledger credits reinstate); first:"
+            f" {first.get('purchase_id')}: {first.get('reason')}"
         )
     if figures.get("invoices_past_deadline"):
         reasons.append(
