@@ -150,22 +150,16 @@ class StripeGateway:
             return deleted_view("void")
         if found["status"] not in ("open", "uncollectible"):
             return invoice_view(found, "void")
-        try:
-            done = self._call(
-                "invoices.void",
-                lambda: self.client.v1.invoices.void_invoice(
-                    stripe_invoice_id,
-                    options={"idempotency_key": idempotency_key("invoice-void", purchase_id)},
-                ),
-            )
-        except stripe.InvalidRequestError as exc:
-            if exc.http_status != 400:
-                raise
-            found = self.retrieve_invoice(stripe_invoice_id)
-            if found["status"] in ("open", "uncollectible"):
-                raise
-            return invoice_view(found, "void")
-        return invoice_view(done.to_dict(), "void")
+        return self._act_or_read(
+            "invoices.void",
+            lambda: self.client.v1.invoices.void_invoice(
+                stripe_invoice_id,
+                options={"idempotency_key": idempotency_key("invoice-void", purchase_id)},
+            ),
+            stripe_invoice_id,
+            source="void",
+            refused_when=("open", "uncollectible"),
+        )
 
     def create_purchase_draft(self, purchase: PurchaseInvoice, *, look_first: bool) -> str:
         """The purchase's one-off draft invoice, created once (``invoice:{purchase}``)."""
@@ -295,23 +289,40 @@ class StripeGateway:
             found = self.retrieve_invoice(stripe_invoice_id)
             if found["status"] != "draft":
                 return invoice_view(found, "finalize")
+        return self._act_or_read(
+            "invoices.finalize",
+            lambda: self.client.v1.invoices.finalize_invoice(
+                stripe_invoice_id,
+                params={"auto_advance": True},
+                options={"idempotency_key": idempotency_key("invoice-finalize", invoice_id)},
+            ),
+            stripe_invoice_id,
+            source="finalize",
+            refused_when=("draft",),
+        )
+
+    def _act_or_read(
+        self,
+        operation: str,
+        act: Callable[[], stripe.Invoice],
+        stripe_invoice_id: str,
+        *,
+        source: str,
+        refused_when: tuple[str, ...],
+    ) -> StripeInvoiceView:
+        """``act`` on the invoice and Stripe's view of the answer; a 400 reads the
+        invoice instead (an earlier attempt did it, its answer lost, or it moved on):
+        still in one of ``refused_when``, the refusal stands."""
         try:
-            done = self._call(
-                "invoices.finalize",
-                lambda: self.client.v1.invoices.finalize_invoice(
-                    stripe_invoice_id,
-                    params={"auto_advance": True},
-                    options={"idempotency_key": idempotency_key("invoice-finalize", invoice_id)},
-                ),
-            )
+            done = self._call(operation, act)
         except stripe.InvalidRequestError as exc:
             if exc.http_status != 400:
                 raise
             found = self.retrieve_invoice(stripe_invoice_id)
-            if found["status"] == "draft":
+            if found["status"] in refused_when:
                 raise
-            return invoice_view(found, "finalize")
-        return invoice_view(done.to_dict(), "finalize")
+            return invoice_view(found, source)
+        return invoice_view(done.to_dict(), source)
 
     def retrieve_invoice(self, stripe_invoice_id: str) -> dict[str, Any]:
         found = self._call(
