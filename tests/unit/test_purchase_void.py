@@ -6,6 +6,7 @@ findings of all of it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -347,3 +348,92 @@ def test_stripe_disagreeing_with_a_void_or_a_payment_after_it_is_a_finding() -> 
                 " pack still awaits payment (invoice.voided not processed)")
     ]  # fmt: skip
     assert check_stripe_purchases([_stripe("open")], {PID: voiding}) == []
+
+
+# -- what each event records (every field: the history is the record) ---------------------
+
+
+def _fields(purchase: CreditPurchase) -> list[tuple[str, dict[str, object]]]:
+    skip = {"originator_id", "originator_version", "timestamp"}
+    return [
+        (type(e).__name__, {k: v for k, v in e.__dict__.items() if k not in skip})
+        for e in purchase.collect_events()
+    ]
+
+
+def _recorded(
+    purchase: CreditPurchase, act: Callable[[CreditPurchase], object]
+) -> list[tuple[str, dict[str, object]]]:
+    """What ``act`` records on ``purchase`` (what it recorded before is dropped)."""
+    _fields(purchase)
+    act(purchase)
+    return _fields(purchase)
+
+
+def _voiding() -> CreditPurchase:
+    purchase = _purchase()
+    purchase.request_void("r")
+    return purchase
+
+
+def test_the_events_of_a_void_record_every_field() -> None:
+    assert _recorded(_purchase(draft=False), lambda p: p.request_void("sold in error")) == [
+        ("VoidRequested", {"reason": "sold in error"}),
+        ("Unpaid", {"status": "void", "source": "operator",
+                    "reason": "its grant was voided before its invoice was made: sold in error"}),
+    ]  # fmt: skip
+    assert _recorded(_voiding(), lambda p: p.observe(_view("deleted", total=0))) == [
+        ("Unpaid", {"status": "deleted", "reason": "its draft in_1 was deleted",
+                    "source": "evt_1"}),
+    ]  # fmt: skip
+    late = _voiding()
+    paid = StripeInvoiceView("paid", None, 900, 900, 1, None, NOW, "evt_2")
+    assert _recorded(late, lambda p: p.observe(paid)) == [
+        ("Finalized", {"number": "", "total": 900, "source": "evt_2"}),
+        ("PaidAfterVoid", {"amount_paid": 900, "stripe_invoice_id": "in_1", "reason": ATTENTION,
+                           "source": "evt_2"}),
+    ]  # fmt: skip
+    assert _recorded(late, lambda p: p.reinstate("paid after the void")) == [
+        ("Reinstated", {"grant_id": "pack-reinstated", "amount": 1000,
+                        "reason": "paid after the void"}),
+    ]  # fmt: skip
+
+
+def test_the_events_of_a_plain_purchase_record_every_field() -> None:
+    assert _recorded(_purchase(), lambda p: p.observe(_view("paid", paid=900))) == [
+        ("Finalized", {"number": "N-1", "total": 900, "source": "evt_1"}),
+        ("Paid", {"amount_paid": 900, "source": "evt_1"}),
+    ]
+    for status, word in (("void", "voided"), ("uncollectible", "marked uncollectible")):
+        assert _recorded(_purchase(finalized=True), lambda p, s=status: p.observe(_view(s))) == [
+            ("Unpaid", {"status": status, "reason": f"its invoice in_1 was {word}",
+                        "source": "evt_1"}),
+        ]  # fmt: skip
+    assert _recorded(_purchase(), lambda p: p.observe(_view("open", total=800)))[-1] == (
+        "Unpaid", {"status": "mismatch", "source": "evt_1",
+                   "reason": "Stripe finalized 8.00 USD where the price is 9.00 USD: settle it"
+                             " by hand"},
+    )  # fmt: skip
+
+
+def test_reinstating_refusals_say_exactly_why() -> None:
+    with pytest.raises(ValueError) as final:
+        _purchase(finalized=True).reinstate("r")
+    assert str(final.value) == (
+        f"purchase {PID} is finalized: only a purchase paid after its grant was voided is"
+        " reinstated"
+    )
+    _, purchase = _paid_after_void()
+    with pytest.raises(ValueError) as blank:
+        purchase.reinstate(" ")
+    assert str(blank.value) == "reinstating a purchase needs a reason"
+
+
+def test_a_deleted_draft_does_not_stop_the_check_of_the_next_purchase() -> None:
+    deleted = _folded(("VoidRequested", {}), ("Unpaid", {"status": "deleted"}))
+    other = PurchaseAudit.started("p2", {**STARTED, "top_up": True})
+    assert other.top_up
+    other.apply("DraftCreated", {"stripe_invoice_id": "in_2", "stripe_customer_id": "cus_1"})
+    assert check_stripe_purchases([], {PID: deleted, "p2": other}) == [
+        Finding("purchase", "p2", "its invoice in_2 is not in Stripe")
+    ]
