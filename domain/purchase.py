@@ -301,10 +301,8 @@ class CreditPurchase(Aggregate):
             self._paid(view.amount_paid, view.source)
         elif view.status in ("void", "uncollectible"):
             word = "voided" if view.status == "void" else "marked uncollectible"
-            self._unpaid(
-                view.status, f"its invoice {self.stripe_invoice_id or ''} was {word}".strip(),
-                view.source,
-            )  # fmt: skip
+            named = f" {self.stripe_invoice_id}" if self.stripe_invoice_id else ""
+            self._unpaid(view.status, f"its invoice{named} was {word}", view.source)
         return len(self.pending_events) > before
 
     @event(Finalized)

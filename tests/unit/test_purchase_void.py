@@ -437,3 +437,28 @@ def test_a_deleted_draft_does_not_stop_the_check_of_the_next_purchase() -> None:
     assert check_stripe_purchases([], {PID: deleted, "p2": other}) == [
         Finding("purchase", "p2", "its invoice in_2 is not in Stripe")
     ]
+
+
+def test_a_purchase_records_what_it_was_started_with_refused_and_unnamed_invoices() -> None:
+    one = CreditPurchase.start("acme", "USD", "pack", 1, 0)
+    assert (one.amount, one.top_up) == (1, False)
+    assert CreditPurchase.start("acme", "USD", "t", 2, 0, top_up=True).top_up is True
+    with pytest.raises(ValueError) as nothing:
+        CreditPurchase.start("acme", "USD", "pack", 0, 0)
+    assert str(nothing.value) == "a purchase buys at least one minor unit"
+    assert _recorded(_purchase(draft=False), lambda p: p.refuse("no", "purchaser")) == [
+        ("Unpaid", {"status": "refused", "reason": "no", "source": "purchaser"}),
+    ]
+    assert _recorded(_purchase(draft=False), lambda p: p.observe(_view("void")))[-1] == (
+        "Unpaid", {"status": "void", "reason": "its invoice was voided", "source": "evt_1"},
+    )  # fmt: skip
+    drafted = _purchase(draft=False)
+    assert _recorded(drafted, lambda p: p.record_draft("in_9", "cus_9")) == [
+        ("DraftCreated", {"stripe_invoice_id": "in_9", "stripe_customer_id": "cus_9"}),
+    ]
+    drafted.refuse("no", "purchaser")
+    drafted.record_item("ii_late")  # settled: an item's answer after it is not recorded
+    assert drafted.item_id is None and drafted.collect_events()[-1].__class__.__name__ == "Unpaid"
+    failed = _purchase(draft=False)
+    failed.record_failure("api_error", "x" * 600, NOW)
+    assert len(failed.reason) == len("draft: api_error: ") + 500
