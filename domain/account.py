@@ -69,6 +69,7 @@ from domain.credits import (
     CreditPolicy,
     CreditSource,
     Grant,
+    GrantState,
     TopUp,
     burn_order,
     check_grant,
@@ -239,6 +240,15 @@ class CustomerAccount(Aggregate):
         """The purchased grant's invoice was paid: it is live from here."""
 
         grant_id: str
+        purchase_id: str
+        stripe_invoice_id: str
+
+    class CreditReinstated(Aggregate.Event):
+        """A purchase paid after its grant was voided, settled by an operator: the credit
+        bought granted again (``grant_id``, recorded just before in the same save)."""
+
+        grant_id: str
+        voided_grant_id: str
         purchase_id: str
         stripe_invoice_id: str
 
@@ -736,6 +746,45 @@ class CustomerAccount(Aggregate):
         grant = self.grants[grant_id]
         grant.awaiting_payment = False
         grant.note = f"paid: invoice {stripe_invoice_id}"
+
+    def pending_purchase(self, grant_id: str) -> str | None:
+        """The purchase of a grant awaiting payment (not voided yet), else None."""
+        grant = self.grants.get(grant_id)
+        if grant is None or grant.state is not GrantState.PENDING:
+            return None
+        return grant.purchase_id
+
+    def reinstate_credit(
+        self, grant_id: str, new_grant_id: str, *, purchase_id: str, stripe_invoice_id: str,
+        amount: int, effective_at: datetime, reason: str,
+    ) -> bool:  # fmt: skip
+        """Grant again, as ``new_grant_id`` (live, purchased), the credit a purchase bought
+        whose grant ``grant_id`` was voided before its invoice was paid
+        (``CreditPurchase.reinstate``): same priority, and its expiry if still ahead.
+        False when it is granted already; ValueError when ``grant_id`` is not that
+        purchase's voided grant."""
+        voided = self._grant(grant_id)
+        if voided.purchase_id != purchase_id or not voided.voided:
+            raise ValueError(f"grant {grant_id} is not the voided grant of purchase {purchase_id}")
+        expires = voided.expires_at
+        if expires is not None and expires <= effective_at:
+            expires = None  # past already: the credit paid for is not taken away at once
+        new = self.grant_credit(
+            new_grant_id, amount, priority=voided.priority, effective_at=effective_at,
+            expires_at=expires, source=CreditSource.PURCHASED.value, reason=reason,
+        )  # fmt: skip
+        if new:
+            self._credit_reinstated(new_grant_id, grant_id, purchase_id, stripe_invoice_id)
+        return new
+
+    @event(CreditReinstated)
+    def _credit_reinstated(
+        self, grant_id: str, voided_grant_id: str, purchase_id: str, stripe_invoice_id: str
+    ) -> None:
+        self.grants[grant_id].note = (
+            f"reinstates grant {voided_grant_id}: its invoice {stripe_invoice_id} was paid"
+            f" after the void (purchase {purchase_id})"
+        )
 
     def live_credit(self, now: datetime) -> Decimal:
         """What the live grants hold at ``now`` (pending and expired credit excluded)."""

@@ -17,6 +17,10 @@ the ledger recorded (before that there is no invoice to compare):
   invoice is not ``paid``, ``void`` nor ``uncollectible`` (else the webhook that says so,
   the one path by which the ledger learns it, was not processed: a ``purchase_webhook``
   finding) and, once the ledger recorded it final, not a draft;
+* a grant voided by an operator while awaiting payment: the invoice is void (or, a
+  draft, deleted: not in Stripe) unless the ledger recorded it paid after the void, in
+  which case it is ``paid`` (and ``check_purchases``, from the history alone, reports
+  it until an operator reinstates it: a ``purchase`` finding);
 * no invoice in Stripe names a purchase (its metadata's ``purchase_id``) the ledger never
   recorded, nor a purchase whose invoice the ledger recorded is another one; one that
   names a purchase whose draft the ledger has not recorded (its answer lost) is still a
@@ -34,7 +38,7 @@ from domain.audit_invoices import StripeInvoice
 from domain.money import format_money
 from domain.purchase import PurchaseState
 
-__all__ = ["PurchaseAudit", "check_stripe_purchases"]
+__all__ = ["PurchaseAudit", "check_purchases", "check_stripe_purchases"]
 
 S = PurchaseState
 # What Stripe's statuses a ledger learns from a webhook, and that webhook's type.
@@ -47,7 +51,7 @@ _WEBHOOKS = {
 
 @dataclass(slots=True)
 class PurchaseAudit:
-    """One purchase as its events say it is."""
+    """One purchase as its events say it is (from its top-up's request, if any)."""
 
     purchase_id: str
     customer_id: str
@@ -57,24 +61,86 @@ class PurchaseAudit:
     state: PurchaseState = S.INVOICING
     stripe_invoice_id: str | None = None
     stripe_customer_id: str | None = None
-    unpaid: str = ""  # why it was never paid: void, uncollectible, refused or mismatch
+    unpaid: str = ""  # why it was never paid: void, uncollectible, refused, mismatch, deleted
+    amount: int = 0
+    top_up: bool = False
+    requested: bool = False  # a top-up requested whose purchase has not started yet
+    attempts: int = 0
+    amount_paid: int = 0  # paid after its grant was voided
+    reinstated_grant_id: str | None = None
 
     @classmethod
     def started(cls, purchase_id: str, data: Mapping[str, Any]) -> PurchaseAudit:
         return cls(
-            purchase_id, data["customer_id"], data["currency"], data["grant_id"], data["price"]
-        )
+            purchase_id, data["customer_id"], data["currency"], data["grant_id"], data["price"],
+            amount=data["amount"], top_up=data["top_up"],
+        )  # fmt: skip
+
+    @classmethod
+    def top_up_requested(cls, data: Mapping[str, Any]) -> PurchaseAudit:
+        """A top-up's purchase as ``CustomerAccount.TopUpStarted`` requests it."""
+        return cls(
+            data["purchase_id"], data["customer_id"], data["currency"], data["grant_id"],
+            data["price"], amount=data["buy"], top_up=True, requested=True,
+        )  # fmt: skip
+
+    @property
+    def row_state(self) -> str:
+        """Its state as ``billing.credit_purchases`` says it."""
+        return "requested" if self.requested else str(self.state)
 
     def apply(self, name: str, data: Mapping[str, Any]) -> None:
         if name == "DraftCreated":
             self.stripe_invoice_id = data["stripe_invoice_id"]
             self.stripe_customer_id = data["stripe_customer_id"]
-        elif name == "Finalized":
+        elif name == "AttemptFailed":
+            self.attempts = data["attempt"]
+        elif name == "Finalized" and self.state is not S.VOIDING:
             self.state = S.FINALIZED
         elif name == "Paid":
             self.state = S.PAID
         elif name == "Unpaid":
             self.state, self.unpaid = S.UNPAID, data["status"]
+        elif name == "VoidRequested":
+            self.state = S.VOIDING
+        elif name == "PaidAfterVoid":
+            self.state, self.amount_paid = S.NEEDS_ATTENTION, data["amount_paid"]
+        elif name == "Reinstated":
+            self.state, self.reinstated_grant_id = S.REINSTATED, data["grant_id"]
+
+
+def check_purchases(
+    purchases: Mapping[str, PurchaseAudit], granted: Mapping[tuple[str, str], Collection[str]]
+) -> list[Finding]:
+    """From the history alone: a purchase paid after its grant was voided and not settled
+    by an operator (the customer paid for credit they do not have), and one settled whose
+    new grant the account does not hold (``granted``: each account's grant ids)."""
+    found: list[Finding] = []
+    for purchase in purchases.values():
+        paid = format_money(purchase.amount_paid, purchase.currency)
+        if purchase.state is S.NEEDS_ATTENTION:
+            found.append(
+                Finding(
+                    "purchase",
+                    purchase.purchase_id,
+                    f"its invoice {purchase.stripe_invoice_id} was paid ({paid}) after grant"
+                    f" {purchase.grant_id} was voided, and no operator settled it:"
+                    f" `billing-ledger credits reinstate {purchase.customer_id}"
+                    f" {purchase.currency} {purchase.grant_id} --reason ...`",
+                )
+            )
+        elif purchase.state is S.REINSTATED and purchase.reinstated_grant_id not in granted.get(
+            (purchase.customer_id, purchase.currency), ()
+        ):
+            found.append(
+                Finding(
+                    "purchase",
+                    purchase.purchase_id,
+                    f"reinstated as grant {purchase.reinstated_grant_id}, which the account"
+                    " does not hold",
+                )
+            )
+    return found
 
 
 def check_stripe_purchases(
@@ -89,6 +155,8 @@ def check_stripe_purchases(
         if purchase.stripe_invoice_id is None:
             continue
         held = by_id.get(purchase.stripe_invoice_id)
+        if held is None and purchase.unpaid == "deleted":
+            continue  # its draft deleted when its grant was voided: gone from Stripe
         if held is None:
             found.append(
                 Finding(
@@ -143,7 +211,7 @@ def _against(purchase: PurchaseAudit, held: StripeInvoice) -> list[Finding]:
         problems.append(status)
     found = [Finding("purchase", purchase.purchase_id, p) for p in problems]
     webhook = _WEBHOOKS.get(held.status)
-    if purchase.state in (S.INVOICING, S.FINALIZED) and webhook is not None:
+    if purchase.state in (S.INVOICING, S.FINALIZED, S.VOIDING) and webhook is not None:
         found.append(
             Finding(
                 "purchase_webhook",
@@ -162,6 +230,16 @@ def _status_problem(purchase: PurchaseAudit, held: StripeInvoice) -> str | None:
         return (
             f"Stripe's invoice {held.id} is {held.status}; the ledger recorded it paid and"
             f" made grant {purchase.grant_id} live"
+        )
+    if purchase.state in (S.NEEDS_ATTENTION, S.REINSTATED) and held.status != "paid":
+        return (
+            f"Stripe's invoice {held.id} is {held.status}; the ledger recorded it paid after"
+            f" grant {purchase.grant_id} was voided"
+        )
+    if purchase.unpaid == "deleted":
+        return (
+            f"Stripe's invoice {held.id} is {held.status}; the ledger recorded it deleted"
+            f" when grant {purchase.grant_id} was voided"
         )
     if purchase.state is S.UNPAID and purchase.unpaid in ("void", "uncollectible"):
         if held.status != purchase.unpaid:

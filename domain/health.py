@@ -102,17 +102,18 @@ def _lines_late(figures: Mapping[str, Any], limits: Thresholds) -> list[str]:
 
 def _invoices(figures: Mapping[str, Any]) -> list[str]:
     """Invoices stopped for an operator (Stripe's draft or finalized total differs from the
-    ledger in a way no push can repair), invoices not closed or finalized by their
+    ledger in a way no push can repair), credit purchases paid after their grant was
+    voided, invoices not closed or finalized by their
     deadline, and webhooks refused for their signature (a wrong secret, a rotation gone
     wrong, or someone forging them)."""
-    reasons = []
-    if figures.get("invoices_needing_attention"):
-        first = (figures.get("invoices_attention") or [{}])[0]
-        reasons.append(
-            f"{figures['invoices_needing_attention']} invoice(s) need attention"
-            f" (billing-ledger invoices settle); first: {first.get('invoice_id')}:"
-            f" {first.get('attention')}"
-        )
+    reasons = _attention(
+        figures, "invoices", "invoice(s)", command="billing-ledger invoices settle",
+        subject="invoice_id", why="attention",
+    )  # fmt: skip
+    reasons += _attention(
+        figures, "purchases", "credit purchase(s) paid after their grant was voided",
+        command="billing-ledger credits reinstate", subject="purchase_id", why="reason",
+    )  # fmt: skip
     if figures.get("invoices_past_deadline"):
         reasons.append(
             f"{figures['invoices_past_deadline']} invoice(s) past their close deadline and"
@@ -124,6 +125,19 @@ def _invoices(figures: Mapping[str, Any]) -> list[str]:
             " last hour"
         )
     return reasons
+
+
+def _attention(
+    figures: Mapping[str, Any], what: str, label: str, *, command: str, subject: str, why: str
+) -> list[str]:
+    """``{what}_needing_attention`` as a reason naming the first of ``{what}_attention``
+    (its ``subject`` and ``why``) and the ``command`` that settles it; none when 0."""
+    count = figures.get(f"{what}_needing_attention")
+    if not count:
+        return []
+    first = (figures.get(f"{what}_attention") or [{}])[0]
+    return [f"{count} {label} need attention ({command}); first: {first.get(subject)}:"
+            f" {first.get(why)}"]  # fmt: skip
 
 
 def _worker_reasons(worker: Mapping[str, Any], limits: Thresholds) -> list[str]:

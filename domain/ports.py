@@ -255,3 +255,11 @@ class PurchaseGateway(Protocol):
     ) -> StripeInvoiceView | ChargeFailure:
         """Finalize it (key ``invoice-finalize:{purchase}``); Stripe's view of it."""
         ...
+
+    def void_purchase_invoice(
+        self, stripe_invoice_id: str, purchase_id: UUID
+    ) -> StripeInvoiceView | ChargeFailure:
+        """Void it (key ``invoice-void:{purchase}``) when it is open or uncollectible,
+        delete it when it is a draft (a view of status ``deleted``); Stripe's view of it
+        (paid or void already: as it is)."""
+        ...

@@ -21,14 +21,34 @@ id and the step (never a clock), the same keys the period invoices use:
 any order: ``paid`` records ``Paid``; ``void`` and ``uncollectible`` record ``Unpaid``
 with the reason. ``Paid`` makes the grant live and ``Unpaid`` voids what is left of it,
 in the same save (``CustomerAccount.settle_purchase``). Once paid or unpaid a purchase
-changes no more: a payment after the grant was voided is left to an operator.
+changes no more.
+
+**A grant voided while its purchase awaits payment** (``credits void``): the same save
+records ``VoidRequested`` here (``request_void``), and the purchase's next step is its
+invoice's void (``invoice-void:{purchase}``): the purchaser looks the invoice up and
+voids it when it is open or uncollectible, deletes it when it is still a draft, and
+records Stripe's answer (``observe``: ``Unpaid`` void, or deleted). A purchase with no
+invoice yet is ``Unpaid`` at once (a draft whose answer was lost stays a draft: only
+the ledger finalizes). A payment that lands anyway (it raced the void, or the invoice
+was paid already) is never silent: ``PaidAfterVoid`` records what was paid and the
+invoice, and the purchase **needs attention** until an operator settles it with
+``reinstate`` (``Reinstated``: the credit bought, granted again as a new live grant
+linked to this purchase, ``CustomerAccount.reinstate_credit``). Reinstating rather than
+refunding: the customer paid for credit, the ledger can give exactly that in one audited
+save, and a refund (money out of Stripe, by hand) would leave the ledger with no
+record of it; an operator who wants the money back refunds in Stripe and voids the
+reinstated grant, both recorded.
+
+    VoidRequested ──> Unpaid (void, deleted)
+          └─────────> PaidAfterVoid (needs attention) ──> Reinstated
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
@@ -38,7 +58,10 @@ from domain.ids import purchase_id
 from domain.invoice_states import StripeInvoiceView
 from domain.money import format_money
 
-__all__ = ["CreditPurchase", "PurchaseState", "PurchaseStep"]
+if TYPE_CHECKING:
+    from domain.account import CustomerAccount
+
+__all__ = ["CreditPurchase", "PurchaseState", "PurchaseStep", "void_purchased_grant"]
 
 
 class PurchaseState(StrEnum):
@@ -46,6 +69,9 @@ class PurchaseState(StrEnum):
     FINALIZED = "finalized"  # final in Stripe: waiting for the payment
     PAID = "paid"  # the grant is live
     UNPAID = "unpaid"  # never paid: the grant was voided (the reason says why)
+    VOIDING = "voiding"  # its grant was voided: its invoice is being voided in Stripe
+    NEEDS_ATTENTION = "needs_attention"  # paid after its grant was voided: an operator's
+    REINSTATED = "reinstated"  # paid after the void; the credit bought granted again
 
 
 class PurchaseStep(StrEnum):
@@ -54,6 +80,7 @@ class PurchaseStep(StrEnum):
     DRAFT = "draft"
     ITEM = "item"
     FINALIZE = "finalize"
+    VOID = "void"  # its grant was voided: void (or delete) its invoice
     NONE = "none"  # nothing: waiting for the payment, or done
 
 
@@ -62,6 +89,11 @@ S = PurchaseState
 
 class CreditPurchase(Aggregate):
     """The invoice of one purchased grant, from its start to its payment."""
+
+    # Added after the first purchases: class defaults, so older snapshots load.
+    void_reason = ""
+    amount_paid = 0  # what Stripe says was paid after the void
+    reinstated_grant_id: str | None = None
 
     class Started(Aggregate.Created):
         customer_id: str
@@ -95,9 +127,29 @@ class CreditPurchase(Aggregate):
         source: str
 
     class Unpaid(Aggregate.Event):
-        status: str  # void, uncollectible, refused or mismatch
+        status: str  # void, uncollectible, refused, mismatch or deleted
         reason: str
         source: str
+
+    class VoidRequested(Aggregate.Event):
+        """Its grant was voided by an operator while awaiting payment (same save)."""
+
+        reason: str
+
+    class PaidAfterVoid(Aggregate.Event):
+        """Stripe says the invoice was paid after its grant was voided."""
+
+        amount_paid: int
+        stripe_invoice_id: str
+        reason: str  # what happened, and the command that settles it
+        source: str
+
+    class Reinstated(Aggregate.Event):
+        """An operator granted the credit bought again (``grant_id``, a new live grant)."""
+
+        grant_id: str
+        amount: int
+        reason: str
 
     @staticmethod
     def create_id(customer_id: str, currency: str, grant_id: str, **_: Any) -> UUID:
@@ -139,11 +191,13 @@ class CreditPurchase(Aggregate):
 
     @property
     def settled(self) -> bool:
-        """Paid or never to be: nothing more happens to it."""
-        return self.state in (S.PAID, S.UNPAID)
+        """Paid or never to be (or paid after its void): Stripe changes it no more."""
+        return self.state in (S.PAID, S.UNPAID, S.NEEDS_ATTENTION, S.REINSTATED)
 
     @property
     def next_step(self) -> PurchaseStep:
+        if self.state is S.VOIDING:
+            return PurchaseStep.VOID
         if self.settled or self.finalized:
             return PurchaseStep.NONE
         if self.stripe_invoice_id is None:
@@ -196,12 +250,34 @@ class CreditPurchase(Aggregate):
         if not self.settled:
             self._unpaid("refused", reason, source)
 
+    def request_void(self, reason: str) -> bool:
+        """Its grant was voided while awaiting payment: void its invoice next (none made
+        yet: unpaid at once); whether anything was recorded (a purchase already settled
+        or voiding records nothing)."""
+        if self.settled or self.state is S.VOIDING:
+            return False
+        self._void_requested(reason)
+        if self.stripe_invoice_id is None:
+            self._unpaid("void", f"its grant was voided before its invoice was made: {reason}",
+                         "operator")  # fmt: skip
+        return True
+
+    @event(VoidRequested)
+    def _void_requested(self, reason: str) -> None:
+        self.state = S.VOIDING
+        self.void_reason = reason
+        self.next_attempt_at = None
+
     def observe(self, view: StripeInvoiceView) -> bool:
         """Record what Stripe says of the invoice that this purchase has not recorded;
         whether anything was. A draft, a repeated or a stale view records nothing."""
         if self.settled or view.status == "draft":
             return False
         before = len(self.pending_events)
+        if view.status == "deleted":  # only a voiding purchase's draft is deleted
+            self._unpaid("deleted", f"its draft {self.stripe_invoice_id} was deleted",
+                         view.source)  # fmt: skip
+            return True
         if not self.finalized:
             self._finalized(view.number or "", view.total, view.source)
             if view.total != self.price:
@@ -212,21 +288,58 @@ class CreditPurchase(Aggregate):
                     view.source,
                 )
                 return True
-        if view.status == "paid":
+        if view.status == "paid" and self.state is S.VOIDING:
+            invoice = str(self.stripe_invoice_id)  # voiding: it has one
+            self._paid_after_void(
+                view.amount_paid, invoice,
+                f"its invoice {invoice} was paid ({self._money(view.amount_paid)}) after"
+                f" grant {self.grant_id} was voided: `billing-ledger credits reinstate"
+                f" {self.customer_id} {self.currency} {self.grant_id} --reason ...`",
+                view.source,
+            )  # fmt: skip
+        elif view.status == "paid":
             self._paid(view.amount_paid, view.source)
         elif view.status in ("void", "uncollectible"):
             word = "voided" if view.status == "void" else "marked uncollectible"
-            self._unpaid(
-                view.status, f"its invoice {self.stripe_invoice_id or ''} was {word}".strip(),
-                view.source,
-            )  # fmt: skip
+            named = f" {self.stripe_invoice_id}" if self.stripe_invoice_id else ""
+            self._unpaid(view.status, f"its invoice{named} was {word}", view.source)
         return len(self.pending_events) > before
 
     @event(Finalized)
     def _finalized(self, number: str, total: int, source: str) -> None:
         self.finalized = True
-        self.state = S.FINALIZED
+        if self.state is not S.VOIDING:
+            self.state = S.FINALIZED
         self.next_attempt_at = None
+
+    @event(PaidAfterVoid)
+    def _paid_after_void(
+        self, amount_paid: int, stripe_invoice_id: str, reason: str, source: str
+    ) -> None:
+        self.state = S.NEEDS_ATTENTION
+        self.amount_paid = amount_paid
+        self.reason = reason
+
+    def reinstate(self, reason: str) -> str:
+        """Settle a payment after the void: the id of the new grant that gives the
+        customer the credit bought (the account's ``reinstate_credit`` records it, in
+        the same save). ValueError unless it needs attention, or without a reason."""
+        if self.state is not S.NEEDS_ATTENTION:
+            raise ValueError(
+                f"purchase {self.id} is {self.state}: only a purchase paid after its grant"
+                " was voided is reinstated"
+            )
+        if not reason.strip():
+            raise ValueError("reinstating a purchase needs a reason")
+        grant_id = f"{self.grant_id}-reinstated"
+        self._reinstated(grant_id, self.amount, reason)
+        return grant_id
+
+    @event(Reinstated)
+    def _reinstated(self, grant_id: str, amount: int, reason: str) -> None:
+        self.state = S.REINSTATED
+        self.reinstated_grant_id = grant_id
+        self.reason = ""
 
     @event(Paid)
     def _paid(self, amount_paid: int, source: str) -> None:
@@ -240,3 +353,17 @@ class CreditPurchase(Aggregate):
 
     def _money(self, amount: int) -> str:
         return format_money(amount, self.currency)
+
+
+def void_purchased_grant(
+    account: CustomerAccount, purchase: CreditPurchase | None, grant_id: str, reason: str
+) -> Decimal:
+    """Void what is left of a grant (``CustomerAccount.void_credit``) and, when it is a
+    purchased grant awaiting payment, its purchase's invoice too (``request_void``), for
+    one save of both; the amount voided. ``purchase``: the grant's purchase
+    (``CustomerAccount.pending_purchase`` names it), None when it has none."""
+    pending = account.pending_purchase(grant_id)
+    voided = account.void_credit(grant_id, reason)
+    if pending is not None and purchase is not None and str(purchase.id) == pending:
+        purchase.request_void(reason)
+    return voided

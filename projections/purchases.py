@@ -4,8 +4,10 @@ A row starts with the automatic top-up that requested it (``CustomerAccount.TopU
 state ``requested``) or with the purchase itself (``CreditPurchase.Started``:
 ``invoicing``), and follows the purchase's events: its draft (the Stripe invoice id),
 failed attempts (how many, the next due time, why), ``finalized``, then ``paid`` or
-``unpaid`` (with the reason). The reconciler reads it (``open_purchases``) to start the
-top-ups requested and to drive the invoices that are due; the aggregates decide, so a
+``unpaid`` (with the reason); a grant voided while awaiting payment: ``voiding``, then
+``unpaid``, or ``needs_attention`` (paid after the void) and ``reinstated``. The
+reconciler reads it (``open_purchases``) to start the top-ups requested and to drive
+the invoices that are due (made or voided); the aggregates decide, so a
 row behind the history only delays. Its table is made by the migrations, never here.
 """
 
@@ -50,7 +52,8 @@ ON CONFLICT (purchase_id) DO UPDATE SET
 """
 _UPDATE = """
 UPDATE {table} SET
-    state = coalesce(%(state)s, state),
+    state = CASE WHEN state = 'voiding' AND %(state)s = 'finalized' THEN state
+                 ELSE coalesce(%(state)s, state) END,
     stripe_invoice_id = coalesce(%(stripe_invoice_id)s, stripe_invoice_id),
     attempts = coalesce(%(attempts)s, attempts),
     next_attempt_at = CASE WHEN %(clear_due)s THEN NULL
@@ -68,6 +71,9 @@ _EVENTS = (
     CreditPurchase.Finalized,
     CreditPurchase.Paid,
     CreditPurchase.Unpaid,
+    CreditPurchase.VoidRequested,
+    CreditPurchase.PaidAfterVoid,
+    CreditPurchase.Reinstated,
 )
 
 
@@ -122,6 +128,12 @@ def _moved(event: Any) -> dict[str, Any]:
         )  # fmt: skip
     elif isinstance(event, CreditPurchase.Finalized):
         row["state"] = "finalized"
+    elif isinstance(event, CreditPurchase.VoidRequested):
+        row.update(state="voiding", reason=f"its grant was voided: {event.reason}")
+    elif isinstance(event, CreditPurchase.PaidAfterVoid):
+        row.update(state="needs_attention", reason=event.reason)
+    elif isinstance(event, CreditPurchase.Reinstated):
+        row.update(state="reinstated", reason=f"reinstated as grant {event.grant_id}")
     elif isinstance(event, CreditPurchase.Paid):
         row.update(state="paid", reason="")
     elif isinstance(event, CreditPurchase.Unpaid):
@@ -140,10 +152,11 @@ class OpenPurchase(NamedTuple):
 
 
 def open_purchases(conn: psycopg.Connection[Any], now: datetime) -> list[OpenPurchase]:
-    """The top-ups requested and the invoices being made whose next step is due."""
+    """The top-ups requested, and the invoices being made or voided, whose next step is
+    due."""
     query = sql.SQL(
         "SELECT purchase_id, customer_id, currency, grant_id, state FROM {}"
-        " WHERE state IN ('requested', 'invoicing')"
+        " WHERE state IN ('requested', 'invoicing', 'voiding')"
         " AND (next_attempt_at IS NULL OR next_attempt_at <= %s)"
         " ORDER BY requested_at, purchase_id"
     ).format(sql.Identifier(SCHEMA, NAME))

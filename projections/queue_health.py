@@ -83,6 +83,14 @@ def read_health(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         counted = cur.execute(
             "SELECT count(*) AS n FROM billing.invoices WHERE attention IS NOT NULL"
         ).fetchone()
+        purchases = cur.execute(
+            "SELECT purchase_id, customer_id, currency, grant_id, reason"
+            " FROM billing.credit_purchases WHERE state = 'needs_attention'"
+            " ORDER BY updated_at LIMIT 20"
+        ).fetchall()
+        purchases_counted = cur.execute(
+            "SELECT count(*) AS n FROM billing.credit_purchases WHERE state = 'needs_attention'"
+        ).fetchone()
     plain: dict[str, Any] = _plain(
         {
             **figures,
@@ -90,6 +98,8 @@ def read_health(conn: psycopg.Connection[Any]) -> dict[str, Any]:
             "consumer_lag": lag,
             "invoices_needing_attention": counted["n"] if counted else 0,
             "invoices_attention": attention,
+            "purchases_needing_attention": purchases_counted["n"] if purchases_counted else 0,
+            "purchases_attention": purchases,
         }
     )
     return plain

@@ -75,7 +75,7 @@ from domain.ownership import Claim, PartitionClaim
 from domain.periods import Period, PeriodPolicy
 from domain.price_book import PRICE_BOOK_ID, PriceBook, PriceSchedule, PriceVersion, as_schedule
 from domain.pricing import PriceList
-from domain.purchase import CreditPurchase
+from domain.purchase import CreditPurchase, void_purchased_grant
 from domain.transaction import BillingTransaction
 from store.batch_reads import BatchReads
 from store.errors import ConcurrencyExhausted
@@ -492,6 +492,58 @@ class BillingLedger(Application[UUID]):
                 continue
             return bought
         raise ConcurrencyExhausted(f"could not start a purchase for {customer_id}/{currency}")
+
+    def void_grant(
+        self, customer_id: str, currency: str, grant_id: str, reason: str
+    ) -> tuple[Decimal, UUID | None]:
+        """Void what is left of a grant and, when it is a purchased grant awaiting
+        payment, request its invoice's void on its purchase, in one save
+        (``domain.purchase.void_purchased_grant``); the amount voided and the purchase
+        to drive (None: none). ValueError (nothing recorded) as ``void_credit`` raises."""
+        for _ in range(self.max_attempts):
+            account = self._load_account(customer_id, currency)
+            if account is None:
+                raise ValueError(f"no grant {grant_id} for {customer_id} in {currency}")
+            pending = account.pending_purchase(grant_id)
+            purchase = self.purchase_by_id(UUID(pending)) if pending else None
+            voided = void_purchased_grant(account, purchase, grant_id, reason)
+            try:
+                self.save(account, purchase)
+            except IntegrityError:
+                continue
+            return voided, purchase.id if purchase is not None else None
+        raise ConcurrencyExhausted(f"could not void grant {grant_id} of {customer_id}")
+
+    def reinstate_purchase(
+        self, customer_id: str, currency: str, grant_id: str, reason: str, now: datetime
+    ) -> tuple[str, bool]:
+        """Settle a purchase paid after its grant was voided: the credit it bought granted
+        again as a new live grant, and the purchase ``Reinstated``, in one save
+        (``CreditPurchase.reinstate``, ``CustomerAccount.reinstate_credit``); the new
+        grant's id and whether it was recorded now (False: reinstated before).
+        ValueError, nothing recorded, when the grant has no such purchase."""
+        for _ in range(self.max_attempts):
+            account = self._load_account(customer_id, currency)
+            grant = account.grants.get(grant_id) if account is not None else None
+            if account is None or grant is None or grant.purchase_id is None:
+                raise ValueError(f"no purchased grant {grant_id} for {customer_id} in {currency}")
+            purchase = self.purchase_by_id(UUID(grant.purchase_id))
+            if purchase is None:
+                raise ValueError(f"grant {grant_id} has no purchase recorded")
+            if purchase.reinstated_grant_id is not None:
+                return purchase.reinstated_grant_id, False
+            new_grant = purchase.reinstate(reason)
+            account.reinstate_credit(
+                grant_id, new_grant, purchase_id=str(purchase.id),
+                stripe_invoice_id=purchase.stripe_invoice_id or "", amount=purchase.amount,
+                effective_at=now, reason=reason,
+            )  # fmt: skip
+            try:
+                self.save(account, purchase)
+            except IntegrityError:
+                continue
+            return new_grant, True
+        raise ConcurrencyExhausted(f"could not reinstate grant {grant_id} of {customer_id}")
 
     def save_purchase(self, purchase: CreditPurchase, **kwargs: Any) -> None:
         """Save what ``purchase`` recorded and, when it was just paid or refused, its

@@ -2,7 +2,8 @@
 
 ``compare_*`` report every difference between what the replay says and
 ``billing.transactions``, ``billing.customer_balances``, ``billing.invoice_lines``,
-``billing.invoices``, ``billing.credit_grants`` and ``billing.contract_versions``;
+``billing.invoices``, ``billing.credit_grants``, ``billing.credit_purchases`` and
+``billing.contract_versions``;
 ``projection_lag`` names the read models that have not applied
 every event (their differences may be just that). Also here: the dead letters without
 a reason and the webhook event ids the listener recorded. All read on the audit's one
@@ -25,6 +26,7 @@ from psycopg.rows import dict_row
 from adapters.audit.replay import Replay, Scope
 from domain.audit import Balance, Finding, TxnAudit, amount_text
 from domain.audit_credits import CreditAudit
+from domain.audit_purchases import PurchaseAudit
 from domain.ids import contract_id
 from projections.transactions import COLUMNS as TXN_COLUMNS
 from store.schema import EVENTS_TABLE
@@ -34,6 +36,7 @@ __all__ = [
     "compare_balances",
     "compare_contract_versions",
     "compare_credit_grants",
+    "compare_credit_purchases",
     "compare_invoices",
     "compare_lines",
     "compare_transactions",
@@ -198,6 +201,32 @@ def compare_credit_grants(
     return _row_differences(live, replayed, "credit_grants", columns, "grant")
 
 
+_PURCHASE_COMPARED = (
+    "customer_id", "currency", "grant_id", "amount", "price", "top_up", "state",
+    "stripe_invoice_id", "attempts",
+)  # fmt: skip
+
+
+def compare_credit_purchases(
+    conn: psycopg.Connection[Any], purchases: Mapping[str, PurchaseAudit], customer: str | None
+) -> list[Finding]:
+    """Every difference between the replayed purchases (of one customer, if given) and
+    ``billing.credit_purchases``."""
+
+    def want(_: str, purchase: PurchaseAudit) -> dict[str, Any]:
+        return {
+            "customer_id": purchase.customer_id, "currency": purchase.currency,
+            "grant_id": purchase.grant_id, "amount": purchase.amount, "price": purchase.price,
+            "top_up": purchase.top_up, "state": purchase.row_state,
+            "stripe_invoice_id": purchase.stripe_invoice_id, "attempts": purchase.attempts,
+        }  # fmt: skip
+
+    mine = {k: p for k, p in purchases.items() if customer in (None, p.customer_id)}
+    return _compare_projection(
+        conn, "credit_purchases", "purchase", _PURCHASE_COMPARED, customer, mine, want
+    )
+
+
 _CONTRACT_COMPARED = ("customer", "effective_from", "minimums", "meter_minimums")
 
 
@@ -294,7 +323,7 @@ def dead_letters_without_reason(conn: psycopg.Connection[Any]) -> list[Finding]:
 _AMOUNTS = frozenset(
     {"amount", "metered", "charged", "compensated", "in_flight", "spend_limit", "available",
      "exact_total", "billed", "stripe_amount", "expected_total", "total", "amount_paid",
-     "credited", "consumed", "expired", "voided"}
+     "credited", "consumed", "expired", "voided", "price"}
 )  # fmt: skip
 
 

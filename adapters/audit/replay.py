@@ -382,6 +382,9 @@ def _account_event(
             committed = add_exact(add_exact(committed, -Decimal(old)), Decimal(new))
         out.committed[account] = committed
         return
+    if name == "TopUpStarted":  # its purchase's row starts here (billing.credit_purchases)
+        out.purchases.setdefault(data["purchase_id"], PurchaseAudit.top_up_requested(data))
+        return
     if name in _CREDIT_EVENTS:
         for key in _CREDIT_EVENTS[name]:
             data[key] = unwrap(data[key])

@@ -21,6 +21,7 @@ from adapters.audit.compare import (
     compare_balances,
     compare_contract_versions,
     compare_credit_grants,
+    compare_credit_purchases,
     compare_invoices,
     compare_lines,
     compare_transactions,
@@ -51,7 +52,7 @@ from domain.audit_invoices import (
 from domain.audit_lines import check_line_items, check_lines, credit_applied
 from domain.audit_minimums import check_true_ups
 from domain.audit_prices import check_line_prices, check_prices
-from domain.audit_purchases import check_stripe_purchases
+from domain.audit_purchases import check_purchases, check_stripe_purchases
 from domain.money import format_money
 from store.connections import Database
 from store.eventlog import copy_log
@@ -139,6 +140,11 @@ def audit(
                 findings += compare_invoices(conn, result, scope.customer)
                 findings += compare_balances(conn, balances, scope.customer)
                 findings += compare_credit_grants(conn, result.credits, scope.customer)
+                findings += check_purchases(
+                    result.purchases,
+                    {account: audit.grants.keys() for account, audit in result.credits.items()},
+                )
+                findings += compare_credit_purchases(conn, result.purchases, scope.customer)
                 findings += compare_contract_versions(conn, result.contracts, scope.customer)
                 findings += compare_lines(conn, result, scope.customer)
                 findings += [

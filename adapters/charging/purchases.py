@@ -8,9 +8,16 @@ recording each answer before sending the next, so a purchaser killed at any poin
 the same requests under the same keys when the reconciler drives it again (after a
 failed attempt, it looks the object up first). A retryable failure is recorded with its
 due time and retried for ever; one Stripe refuses for good makes the purchase unpaid
-(the grant voided, with the reason). The payment itself arrives by webhook
-(``adapters.webhooks.handler``), or in the finalize answer when Stripe collects at once:
-either way ``BillingLedger.save_purchase`` makes the grant live in the same save.
+(the grant voided, with the reason).
+
+When an operator voided the grant while it awaited payment, the next step is the void
+of its invoice (``invoice-void:{purchase}``, ``StripeGateway.void_purchase``: a draft
+deleted, an open invoice voided, a paid one read as it is); its failures, even those
+Stripe calls final, are retried with backoff (the next attempt reads the invoice again:
+an invoice paid meanwhile ends the purchase in ``needs attention``, never silent). The
+payment itself arrives by webhook (``adapters.webhooks.handler``), or in the finalize
+answer when Stripe collects at once: either way ``BillingLedger.save_purchase`` makes
+the grant live in the same save.
 
 ``start_top_up`` is the worker's half of an automatic top-up: the ingest save that
 crossed the threshold recorded ``TopUpStarted``; this records the purchased grant
@@ -132,6 +139,12 @@ class Purchaser:
             if isinstance(item, ChargeFailure):
                 return self._failed(purchase, item)
             purchase.record_item(item)
+        elif step is PurchaseStep.VOID:
+            assert purchase.stripe_invoice_id is not None
+            view = self.gateway.void_purchase_invoice(purchase.stripe_invoice_id, purchase.id)
+            if isinstance(view, ChargeFailure):
+                return self._failed(purchase, view, retry=True)
+            purchase.observe(view)
         else:
             assert purchase.stripe_invoice_id is not None
             view = self.gateway.finalize_invoice(
@@ -148,8 +161,10 @@ class Purchaser:
         )  # fmt: skip
         return PurchaseResult.PROGRESSED
 
-    def _failed(self, purchase: CreditPurchase, failure: ChargeFailure) -> PurchaseResult:
-        if not failure.retryable:
+    def _failed(
+        self, purchase: CreditPurchase, failure: ChargeFailure, *, retry: bool = False
+    ) -> PurchaseResult:
+        if not (failure.retryable or retry):
             purchase.refuse(
                 f"Stripe refused its {purchase.next_step}: {failure.error_class}:"
                 f" {failure.message}",

@@ -13,6 +13,12 @@ its purchase (``domain.purchase``), whose one-off Stripe invoice this command st
 once (``--price``, in major units, default the amount); the reconciler carries it on
 after any failure, and the ``invoice.paid`` webhook makes the grant live. ``top-up set``
 and ``top-up clear`` keep a customer's automatic top-up rule (``CustomerAccount.set_top_up``).
+
+``void`` of a purchased grant still awaiting payment also voids its invoice in Stripe
+(``domain.purchase``); a payment that lands anyway puts the purchase in ``needs
+attention``, and ``reinstate`` settles it by granting the credit bought again, live
+(chosen over a refund: the customer paid for credit, and the ledger records giving it;
+a refund would be money moved outside the ledger's history).
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ def add_commands(sub: Any) -> None:
     void.add_argument("grant_id", help="the grant's id (`credits show` lists them)")
     void.add_argument("--reason", required=True)
     void.set_defaults(handler=_void)
+    _add_reinstate(cmds)
     listed = cmds.add_parser("list", help="every grant (the SQL read model billing.credit_grants)")
     listed.add_argument("--customer", help="one customer only")
     listed.add_argument("--json", action="store_true")
@@ -114,17 +121,35 @@ def add_commands(sub: Any) -> None:
     clear.set_defaults(handler=_top_up_clear)
 
 
+def _add_reinstate(cmds: Any) -> None:
+    reinstate = cmds.add_parser(
+        "reinstate",
+        help="settle a purchase paid after its grant was voided: grant the credit it bought"
+        " again, live",
+    )
+    reinstate.add_argument("customer")
+    reinstate.add_argument("currency")
+    reinstate.add_argument("grant_id", help="the voided purchased grant (`credits show`)")
+    reinstate.add_argument("--reason", required=True)
+    reinstate.set_defaults(handler=_reinstate)
+
+
 def _change(customer: str, currency: str, change: Any) -> Any:
     from adapters.bootstrap import open_ledger
     from adapters.settings import Settings
+
+    _check_customer(customer)
+    with open_ledger(Settings()) as ledger:
+        return ledger.change_account(customer, currency, change)
+
+
+def _check_customer(customer: str) -> None:
     from projections.base import check_customer
 
     try:
         check_customer(customer)
     except ValueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-    with open_ledger(Settings()) as ledger:
-        return ledger.change_account(customer, currency, change)
 
 
 def _existing(customer: str, currency: str, change: Any) -> Any:
@@ -184,12 +209,8 @@ def _purchase(args: argparse.Namespace, currency: str, amount: int) -> int:
     from adapters.settings import Settings
     from domain.credits import GrantState
     from domain.money import format_money, parse_exact_amount
-    from projections.base import check_customer
 
-    try:
-        check_customer(args.customer)
-    except ValueError as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
+    _check_customer(args.customer)
     price = amount if args.price is None else parse_exact_amount(args.price, currency)
     now = datetime.now(UTC)
     settings = Settings()
@@ -254,11 +275,45 @@ def _top_up_clear(args: argparse.Namespace) -> int:
 
 
 def _void(args: argparse.Namespace) -> int:
+    """Void the grant; a purchased grant awaiting payment has its invoice voided in Stripe
+    too (its purchase's next step, sent at once; the reconciler retries it)."""
+    from adapters.bootstrap import build_purchaser, build_pusher, open_ledger
+    from adapters.settings import Settings
     from domain.money import check_currency, format_money
 
     currency = check_currency(args.currency)
-    voided = _change(args.customer, currency, lambda a: a.void_credit(args.grant_id, args.reason))
-    print(f"voided {format_money(voided, currency)} of grant {args.grant_id} of {args.customer}")
+    _check_customer(args.customer)
+    settings = Settings()
+    with open_ledger(settings) as ledger:
+        voided, bought = ledger.void_grant(args.customer, currency, args.grant_id, args.reason)
+        said = (
+            f"voided {format_money(voided, currency)} of grant {args.grant_id} of {args.customer}"
+        )
+        if bought is None:
+            print(said)
+            return 0
+        result = build_purchaser(settings, build_pusher(settings, ledger)).step(bought)
+        purchase = ledger.purchase_by_id(bought)
+    state = purchase.state if purchase is not None else "?"
+    print(f"{said}; its purchase {bought}: {state} ({result})")
+    return 0
+
+
+def _reinstate(args: argparse.Namespace) -> int:
+    """Settle a purchase paid after its grant was voided (``needs attention``): the credit
+    it bought is granted again as a new live grant linked to it (``credits reinstate``)."""
+    from adapters.bootstrap import open_ledger
+    from adapters.settings import Settings
+    from domain.money import check_currency
+
+    currency = check_currency(args.currency)
+    _check_customer(args.customer)
+    with open_ledger(Settings()) as ledger:
+        new_grant, new = ledger.reinstate_purchase(
+            args.customer, currency, args.grant_id, args.reason, datetime.now(UTC)
+        )
+    said = "reinstated" if new else "already reinstated (nothing recorded)"
+    print(f"{said}: grant {args.grant_id} of {args.customer} as the live grant {new_grant}")
     return 0
 
 

@@ -161,6 +161,10 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "credits void": (
         ('billing-ledger credits void acme USD welcome-2027 --reason "granted in error"',),
+        f"{DB}; {STRIPE} (a purchased grant's invoice, voided too while unpaid)",
+    ),
+    "credits reinstate": (
+        ('billing-ledger credits reinstate acme USD pack-1 --reason "paid after the void"',),
         DB,
     ),
     "credits list": (("billing-ledger credits list --customer acme --json",), DB),

@@ -46,7 +46,7 @@ from adapters.observability import telemetry
 from adapters.settings import StripeSettings
 from adapters.stripe.errors import classify
 from adapters.stripe.pressure import Pressure
-from adapters.stripe.views import invoice_view
+from adapters.stripe.views import deleted_view, invoice_view
 from domain.invoice_states import StripeInvoiceView
 from domain.ports import (
     AddedItems,
@@ -134,6 +134,39 @@ class StripeGateway:
     ) -> str | ChargeFailure:
         return _answer(
             lambda: self.create_purchase_item(purchase, stripe_invoice_id, look_first=look_first)
+        )
+
+    def void_purchase_invoice(
+        self, stripe_invoice_id: str, purchase_id: UUID
+    ) -> StripeInvoiceView | ChargeFailure:
+        return _answer(lambda: self.void_purchase(stripe_invoice_id, purchase_id))
+
+    def void_purchase(self, stripe_invoice_id: str, purchase_id: UUID) -> StripeInvoiceView:
+        """Read the purchase's invoice, then: a draft is deleted (Stripe voids only final
+        invoices); an open or uncollectible one is voided (``invoice-void:{purchase}``);
+        a paid or void one is answered as it is. One gone (deleted by an earlier attempt
+        whose answer was lost) counts as deleted; a void refused because the invoice was
+        paid meanwhile is answered with the paid invoice."""
+        try:
+            found = self.retrieve_invoice(stripe_invoice_id)
+        except stripe.InvalidRequestError as exc:
+            if exc.http_status != 404:
+                raise
+            return deleted_view("void")
+        if found["status"] == "draft":
+            self._call("invoices.delete", lambda: self.client.v1.invoices.delete(stripe_invoice_id))
+            return deleted_view("void")
+        if found["status"] not in ("open", "uncollectible"):
+            return invoice_view(found, "void")
+        return self._act_or_read(
+            "invoices.void",
+            lambda: self.client.v1.invoices.void_invoice(
+                stripe_invoice_id,
+                options={"idempotency_key": idempotency_key("invoice-void", purchase_id)},
+            ),
+            stripe_invoice_id,
+            source="void",
+            refused_when=("open", "uncollectible"),
         )
 
     def create_purchase_draft(self, purchase: PurchaseInvoice, *, look_first: bool) -> str:
@@ -264,23 +297,40 @@ class StripeGateway:
             found = self.retrieve_invoice(stripe_invoice_id)
             if found["status"] != "draft":
                 return invoice_view(found, "finalize")
+        return self._act_or_read(
+            "invoices.finalize",
+            lambda: self.client.v1.invoices.finalize_invoice(
+                stripe_invoice_id,
+                params={"auto_advance": True},
+                options={"idempotency_key": idempotency_key("invoice-finalize", invoice_id)},
+            ),
+            stripe_invoice_id,
+            source="finalize",
+            refused_when=("draft",),
+        )
+
+    def _act_or_read(
+        self,
+        operation: str,
+        act: Callable[[], stripe.Invoice],
+        stripe_invoice_id: str,
+        *,
+        source: str,
+        refused_when: tuple[str, ...],
+    ) -> StripeInvoiceView:
+        """``act`` on the invoice and Stripe's view of the answer; a 400 reads the
+        invoice instead (an earlier attempt did it, its answer lost, or it moved on):
+        still in one of ``refused_when``, the refusal stands."""
         try:
-            done = self._call(
-                "invoices.finalize",
-                lambda: self.client.v1.invoices.finalize_invoice(
-                    stripe_invoice_id,
-                    params={"auto_advance": True},
-                    options={"idempotency_key": idempotency_key("invoice-finalize", invoice_id)},
-                ),
-            )
+            done = self._call(operation, act)
         except stripe.InvalidRequestError as exc:
             if exc.http_status != 400:
                 raise
             found = self.retrieve_invoice(stripe_invoice_id)
-            if found["status"] == "draft":
+            if found["status"] in refused_when:
                 raise
-            return invoice_view(found, "finalize")
-        return invoice_view(done.to_dict(), "finalize")
+            return invoice_view(found, source)
+        return invoice_view(done.to_dict(), source)
 
     def retrieve_invoice(self, stripe_invoice_id: str) -> dict[str, Any]:
         found = self._call(

@@ -18,7 +18,7 @@ import orjson
 
 from domain.invoice_states import StripeInvoiceView
 
-__all__ = ["StripeEvent", "invoice_view", "stripe_event"]
+__all__ = ["StripeEvent", "deleted_view", "invoice_view", "stripe_event"]
 
 STATUSES = frozenset({"draft", "open", "paid", "void", "uncollectible"})
 
@@ -100,6 +100,11 @@ def invoice_view(obj: Mapping[str, Any], source: str) -> StripeInvoiceView:
         at=_when(moment) or datetime.now(UTC),
         source=source,
     )
+
+
+def deleted_view(source: str) -> StripeInvoiceView:
+    """A draft invoice deleted (Stripe keeps nothing of it to read)."""
+    return StripeInvoiceView("deleted", None, 0, 0, 0, None, datetime.now(UTC), source)
 
 
 def _int(obj: Mapping[str, Any], name: str) -> int:

@@ -27,6 +27,7 @@ Endpoints served (all need ``Authorization: Bearer <key>``)::
     GET    /v1/invoiceitems/search        (not in real Stripe)
     POST   /v1/invoices                   GET /v1/invoices           GET /v1/invoices/search
     GET    /v1/invoices/{id}              POST /v1/invoices/{id}     GET /v1/invoices/{id}/lines
+    DELETE /v1/invoices/{id}              (a draft only)
     POST   /v1/invoices/{id}/add_lines    POST /v1/invoices/{id}/update_lines
     POST   /v1/invoices/{id}/finalize     POST /v1/invoices/{id}/pay
     POST   /v1/invoices/{id}/void         POST /v1/invoices/{id}/mark_uncollectible

@@ -34,6 +34,7 @@ __all__ = [
     "MAX_ITEMS_PER_INVOICE",
     "STATUSES",
     "create_invoice",
+    "delete_invoice",
     "emit_invoice_event",
     "get_invoice",
     "line_id",
@@ -175,6 +176,28 @@ def get_invoice(store: Store, call: Call) -> Result:
     invoice_id = call.path_id or ""
     require_invoice(store, invoice_id)
     return Result(render_invoice(store, invoice_id), invoice_id)
+
+
+def delete_invoice(store: Store, call: Call) -> Result:
+    """``DELETE /v1/invoices/{id}``: a draft is deleted for good (its items with it: they
+    were made for it); a finalized invoice is refused (Stripe: void it instead). Deleted,
+    it is gone: retrieving it again is a 404."""
+    check_params(call.params, frozenset())
+    invoice_id = call.path_id or ""
+    record = require_invoice(store, invoice_id)
+    if record.obj["status"] != "draft":
+        raise state_error(
+            "You can only delete draft invoices. Void finalized invoices instead.",
+            code="invoice_not_editable",
+        )
+    rendered = render_invoice(store, invoice_id)
+    for item in store.items.values():
+        if item.obj["invoice"] == invoice_id and not item.deleted:
+            item.deleted, item.deleted_at = True, float(call.now)
+    del store.invoices[invoice_id]
+    record_event(store, "invoice.deleted", rendered, call)
+    return Result({"id": invoice_id, "object": "invoice", "deleted": True}, invoice_id,
+                  mutated=True)  # fmt: skip
 
 
 def update_invoice(store: Store, call: Call) -> Result:

@@ -51,6 +51,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     _route("GET", "/v1/invoices/search", invoices.search_invoices),
     _route("GET", "/v1/invoices/{id}", invoices.get_invoice),
     _route("POST", "/v1/invoices/{id}", invoices.update_invoice),
+    _route("DELETE", "/v1/invoices/{id}", invoices.delete_invoice),
     _route("GET", "/v1/invoices/{id}/lines", invoices.list_invoice_lines),
     _route("POST", "/v1/invoices/{id}/add_lines", invoice_items.add_invoice_lines),
     _route("POST", "/v1/invoices/{id}/update_lines", invoice_items.update_invoice_lines),

@@ -275,3 +275,24 @@ def test_invoices_needing_attention_degrade_naming_the_first_and_the_command() -
         ],
     )
     assert assess({**base, "invoices_needing_attention": 0}) == (OK, [])
+
+
+def test_purchases_paid_after_their_void_degrade_naming_the_first_and_the_command() -> None:
+    base = figures()
+    paid = {
+        **base,
+        "purchases_needing_attention": 3,
+        "purchases_attention": [{"purchase_id": "p-1", "reason": "its invoice in_1 was paid"}],
+    }
+    assert assess(paid) == (
+        DEGRADED,
+        [
+            "3 credit purchase(s) paid after their grant was voided need attention"
+            " (billing-ledger credits reinstate); first: p-1: its invoice in_1 was paid"
+        ],
+    )
+    assert assess({**base, "purchases_needing_attention": 0}) == (OK, [])
+    assert assess({**base, "purchases_needing_attention": 1})[1] == [
+        "1 credit purchase(s) paid after their grant was voided need attention"
+        " (billing-ledger credits reinstate); first: None: None"
+    ]

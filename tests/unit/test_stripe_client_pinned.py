@@ -402,6 +402,87 @@ def test_an_unknown_invoice_or_a_server_error_on_finalize_is_answered_without_a_
 
 
 # ---------------------------------------------------------------------------------------------
+# voiding a purchase's invoice (its grant voided while awaiting payment)
+
+PURCHASE = UUID(int=44)
+VOID = "/v1/invoices/in_1/void"
+
+
+def _voided(view: object, status: str) -> None:
+    assert isinstance(view, StripeInvoiceView), view
+    assert (view.status, view.source) == (status, "void")
+
+
+@pytest.mark.parametrize("status", ["open", "uncollectible"])
+def test_an_open_purchase_invoice_is_voided_under_its_void_key(status: str) -> None:
+    s = Stripe()
+    s.on("GET", "/v1/invoices/in_1", _ok(_invoice(status, 900)))
+    s.on("POST", VOID, _ok(_invoice("void", 900)))
+    _voided(s.gateway.void_purchase_invoice("in_1", PURCHASE), "void")
+    assert s.fake.calls == [
+        ("GET", "/v1/invoices/in_1", None), ("POST", VOID, f"invoice-void:{PURCHASE}"),
+    ]  # fmt: skip
+    assert s.counted() == {("invoices.retrieve", "ok"): 1, ("invoices.void", "ok"): 1}
+
+
+def test_a_draft_purchase_invoice_is_deleted_and_one_gone_counts_as_deleted() -> None:
+    s = Stripe()
+    s.on("GET", "/v1/invoices/in_1", _ok(_invoice("draft", 900)), _error(404, "No such"))
+    s.on("DELETE", "/v1/invoices/in_1", _ok({"id": "in_1", "deleted": True}))
+    _voided(s.gateway.void_purchase_invoice("in_1", PURCHASE), "deleted")
+    _voided(s.gateway.void_purchase_invoice("in_1", PURCHASE), "deleted")  # lost answer
+    assert [c[:2] for c in s.fake.calls] == [
+        ("GET", "/v1/invoices/in_1"), ("DELETE", "/v1/invoices/in_1"),
+        ("GET", "/v1/invoices/in_1"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("status", ["paid", "void"])
+def test_a_paid_or_void_purchase_invoice_is_answered_as_it_is(status: str) -> None:
+    s = Stripe()
+    s.on("GET", "/v1/invoices/in_1", _ok(_invoice(status, 900, amount_paid=900)))
+    view = s.gateway.void_purchase_invoice("in_1", PURCHASE)
+    _voided(view, status)
+    assert isinstance(view, StripeInvoiceView) and view.amount_paid == 900
+    assert s.fake.calls == [("GET", "/v1/invoices/in_1", None)]
+
+
+def test_a_void_refused_because_it_was_paid_meanwhile_answers_the_paid_invoice() -> None:
+    s = Stripe()
+    s.on("GET", "/v1/invoices/in_1", _ok(_invoice("open", 900)),
+         _ok(_invoice("paid", 900, amount_paid=900)))  # fmt: skip
+    s.on("POST", VOID, _error(400, "Invoices with `paid` payments cannot be voided."))
+    _voided(s.gateway.void_purchase_invoice("in_1", PURCHASE), "paid")
+    assert [c[:2] for c in s.fake.calls] == [
+        ("GET", "/v1/invoices/in_1"), ("POST", VOID), ("GET", "/v1/invoices/in_1"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("void", "read", "error_class"),
+    [
+        (_error(400, "no"), _invoice("open", 900), "http_400"),  # still open: refused
+        (_error(502, "down"), None, "http_502"),  # a server error: no second read
+    ],
+)
+def test_a_void_that_fails_is_the_failure(
+    void: Reply, read: dict[str, Any] | None, error_class: str
+) -> None:
+    s = Stripe()
+    s.on("GET", "/v1/invoices/in_1", _ok(_invoice("open", 900)), *([_ok(read)] if read else []))
+    s.on("POST", VOID, void)
+    failure = _failure(s.gateway.void_purchase_invoice("in_1", PURCHASE))
+    assert failure.error_class == error_class
+    assert len(s.fake.calls) == (3 if read else 2)
+
+
+def test_a_read_that_fails_other_than_404_is_the_failure() -> None:
+    s = Stripe()
+    s.on("GET", "/v1/invoices/in_1", _error(500, "down"))
+    assert _failure(s.gateway.void_purchase_invoice("in_1", PURCHASE)).error_class == "http_500"
+
+
+# ---------------------------------------------------------------------------------------------
 # reading a draft back
 
 

@@ -291,6 +291,30 @@ def test_void_is_final_and_refused_for_drafts_and_paid_invoices(
     assert client.v1.invoices.retrieve(invoice.id).status == "void"
 
 
+def test_only_a_draft_is_deleted_with_its_items_and_is_gone_after(
+    emulator: StripeEmulator, client: stripe.StripeClient
+) -> None:
+    invoice = draft(client, new_customer(client).id)
+    item = attach(client, invoice, 300)
+    deleted = client.v1.invoices.delete(invoice.id)
+    assert (deleted.id, deleted.deleted) == (invoice.id, True)
+    assert event_types(emulator, invoice.id)[-1] == "invoice.deleted"
+    for gone in (
+        lambda: client.v1.invoices.retrieve(invoice.id),
+        lambda: client.v1.invoices.delete(invoice.id),
+        lambda: client.v1.invoice_items.retrieve(item.id),
+    ):
+        with pytest.raises(stripe.InvalidRequestError) as missing:
+            gone()
+        assert missing.value.http_status == 404
+    final = open_invoice(client, 100)
+    with pytest.raises(stripe.InvalidRequestError) as refused:
+        client.v1.invoices.delete(final.id)
+    assert refused.value.http_status == 400
+    assert "Void finalized invoices" in str(refused.value.user_message)
+    assert client.v1.invoices.retrieve(final.id).status == "open"
+
+
 def test_uncollectible_can_still_be_paid_or_voided(
     emulator: StripeEmulator, client: stripe.StripeClient
 ) -> None:
