@@ -13,9 +13,10 @@ encoded strings). What it proves, per grant and per account:
   ``CreditActivated``); a grant is activated only while it awaits payment;
 * under the ``block`` policy, every reserved transaction that consumed credit consumed
   its whole amount (the customer's credit never went below zero to bill it);
-* what the invoices' credit lines took off for each transaction is exactly what the
-  grants gave it (``CreditsApplied`` against ``CreditsConsumed``), so no credit is
-  billed twice nor given without being consumed.
+* what the invoices' credit lines took off for each usage line is exactly what the
+  grants gave the transactions on that line, for as many transactions
+  (``CreditsApplied`` against ``CreditsConsumed`` and the line each transaction joined),
+  so no credit is billed twice nor given without being consumed.
 """
 
 from __future__ import annotations
@@ -145,14 +146,15 @@ def _live(grant: GrantAudit, at: datetime) -> bool:
 
 def check_credits(
     accounts: Mapping[tuple[str, str], CreditAudit],
-    applied: Mapping[str, Decimal],
+    applied: Mapping[str, tuple[Decimal, int]],
     txns: Mapping[str, TxnAudit],
 ) -> list[Finding]:
     """Each account's own problems, a grant below zero, a transaction under ``block``
     only partly covered, and credit lines that do not match the consumption;
-    ``applied``: each transaction's credit as the invoices' credit lines record it."""
+    ``applied``: each usage line's credit as the invoices' credit lines record it, and
+    the records it credited (``domain.audit_lines.credit_applied``)."""
     findings = []
-    given: dict[str, Decimal] = {}
+    given: dict[str, tuple[Decimal, int]] = {}  # per usage line, from the consumption
     for (customer, currency), account in accounts.items():
         subject = f"{customer}/{currency}"
         findings += [Finding("credits", subject, p) for p in account.problems]
@@ -163,19 +165,29 @@ def check_credits(
                             f"below zero: {format_money(grant.remaining, currency)} left")
                 )  # fmt: skip
         for txn_id, credit in account.consumed_by.items():
-            given[txn_id] = credit
             txn = txns.get(txn_id)
-            if account.blocked_at.get(txn_id) and txn is not None and credit != txn.amount:
+            if txn is None or txn.line_id is None:
+                findings.append(
+                    Finding("credits", txn_id,
+                            f"consumed {format_money(credit, currency)} and is on no line")
+                )  # fmt: skip
+                continue
+            total, count = given.get(txn.line_id, (Decimal(0), 0))
+            with localcontext(prec=80):
+                given[txn.line_id] = (total + credit, count + 1)
+            if account.blocked_at.get(txn_id) and credit != txn.amount:
                 findings.append(
                     Finding("credits", txn_id,
                             f"consumed {format_money(credit, currency)} under the block policy;"
                             f" its amount is {format_money(txn.amount, currency)}")
                 )  # fmt: skip
-    for txn_id in sorted(set(given) | set(applied)):
-        if given.get(txn_id, Decimal(0)) != applied.get(txn_id, Decimal(0)):
+    none = (Decimal(0), 0)
+    for line_id in sorted(set(given) | set(applied)):
+        (gave, records), (took, credited) = given.get(line_id, none), applied.get(line_id, none)
+        if (gave, records) != (took, credited):
             findings.append(
-                Finding("credits", txn_id,
-                        f"its grants gave {given.get(txn_id, 0)}; its invoice's credit line"
-                        f" took off {applied.get(txn_id, 0)}")
+                Finding("credits", line_id,
+                        f"its transactions' grants gave {gave} to {records} of them; its"
+                        f" invoice's credit line took off {took} for {credited}")
             )  # fmt: skip
     return findings

@@ -54,9 +54,10 @@ class LineAudit:
     quantity: Decimal = Decimal(0)
     settled: list[tuple[str, Decimal, Decimal]] = field(default_factory=list)
     removed: Decimal = Decimal(0)
-    # A credit line (domain.credit_line): each usage line's and each transaction's credit.
+    # A credit line (domain.credit_line): each usage line's credit, and the records it
+    # credited there.
     credit_of_line: dict[str, Decimal] = field(default_factory=dict)
-    credit_of: dict[str, Decimal] = field(default_factory=dict)
+    credited_on_line: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def opened(cls, line_id: str, data: Mapping[str, Any]) -> LineAudit:
@@ -142,18 +143,27 @@ class LineAudit:
                     self.exact_total -= amount
 
     def _credits_applied(self, data: Mapping[str, Any], version: int) -> None:
-        """A credit line's total is minus the credit, rounded once per usage line."""
+        """A credit line's total is minus the credit, rounded once per usage line. Version
+        2 records each usage line's credit and count; version 1 (``transaction_ids``)
+        listed every record, each counted once on its usage line."""
+        lines, amounts = data["line_ids"], data["amounts"]
+        if "transaction_ids" in data:
+            counts = [1] * len(lines)
+            if len(data["transaction_ids"]) != len(lines):
+                self.problems.append(f"v{version}: CreditsApplied lists of unequal lengths")
+        else:
+            counts = data["counts"]
+        if not len(lines) == len(amounts) == len(counts):
+            self.problems.append(f"v{version}: CreditsApplied lists of unequal lengths")
         with localcontext(prec=80):
-            for txn_id, line, text in zip(
-                data["transaction_ids"], data["line_ids"], data["amounts"], strict=True
-            ):
+            for line, text, count in zip(lines, amounts, counts, strict=False):
                 amount = Decimal(text)
                 self.credit_of_line[line] = self.credit_of_line.get(line, Decimal(0)) + amount
-                self.credit_of[txn_id] = self.credit_of.get(txn_id, Decimal(0)) + amount
+                self.credited_on_line[line] = self.credited_on_line.get(line, 0) + count
+                self.transactions += count
                 self.exact_total -= amount
         self.sequence = version
         self.billed = -sum(round_minor(c) for c in self.credit_of_line.values())
-        self.transactions = len(self.credit_of)
         self._check_recorded(data, version)
 
     def _check_recorded(self, data: Mapping[str, Any], version: int) -> None:
@@ -240,13 +250,15 @@ class PushAudit:
             self.charged_through = data["through"]
 
 
-def credit_applied(lines: Mapping[str, LineAudit]) -> dict[str, Decimal]:
-    """Each transaction's credit as the invoices' credit lines record it."""
-    applied: dict[str, Decimal] = {}
+def credit_applied(lines: Mapping[str, LineAudit]) -> dict[str, tuple[Decimal, int]]:
+    """Each usage line's credit as the invoices' credit lines record it, and how many
+    records it credited."""
+    applied: dict[str, tuple[Decimal, int]] = {}
     for line in lines.values():
-        for txn_id, credit in line.credit_of.items():
+        for usage_line, credit in line.credit_of_line.items():
+            total, count = applied.get(usage_line, (Decimal(0), 0))
             with localcontext(prec=80):
-                applied[txn_id] = applied.get(txn_id, Decimal(0)) + credit
+                applied[usage_line] = (total + credit, count + line.credited_on_line[usage_line])
     return applied
 
 

@@ -49,14 +49,26 @@ class CreditLine(InvoiceLine):
     """The credit consumed by one invoice's usage (its ``billed`` is negative)."""
 
     class CreditsApplied(InvoiceLine.Event):
-        """One per batch: each transaction's exact credit and the usage line it is on."""
+        """One per batch: the exact credit its records consumed, per usage line, and how
+        many records that is. (Version 1 listed every record, its transaction beside
+        its usage line and credit: read as version 2, summed per usage line.)"""
 
-        transaction_ids: list[str]
+        class_version = 2
+
         line_ids: list[str]
-        amounts: list[str]  # exact minor units, canonical decimal text
+        amounts: list[str]  # per usage line: exact minor units, canonical decimal text
+        counts: list[int]  # per usage line: the records it credited
         exact_total: Decimal  # negative: the credit
         billed: int  # negative: -sum(round(credit per usage line))
         transactions: int
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            line_ids, amounts, counts = _per_line(
+                zip(state["line_ids"], map(Decimal, state["amounts"]), strict=True)
+            )
+            del state["transaction_ids"]
+            state.update(line_ids=line_ids, amounts=amounts, counts=counts)
 
     # Each usage line's exact credit: replaced by every CreditsApplied, never changed.
     per_line = _NO_CREDIT
@@ -82,39 +94,31 @@ class CreditLine(InvoiceLine):
         raise IllegalTransition("a credit line holds credit, not usage: use apply")
 
     def apply(self, entries: Sequence[tuple[UUID, UUID, Decimal]]) -> None:
-        """Add each (transaction, usage line, exact credit) in one event; the credits in
-        canonical form (``domain.money.canonical``, as ``reserve_and_burn`` gives them)."""
-        entries = [e for e in entries if e[2] > 0]
-        if not entries:
+        """Add each (transaction, usage line, exact credit) in one event, summed per usage
+        line; the credits in canonical form (``domain.money.canonical``, as
+        ``reserve_and_burn`` gives them)."""
+        credited = [(str(line), c) for _, line, c in entries if c > 0]
+        if not credited:
             return
         if self.frozen:
             raise IllegalTransition(f"line {self.id} is frozen: its invoice has closed")
-        texts = {line: str(line) for line in {line for _, line, _ in entries}}
-        line_ids = [texts[line] for _, line, _ in entries]
-        per_line = _added(self.per_line, zip(line_ids, (c for _, _, c in entries), strict=True))
+        line_ids, amounts, counts = _per_line(credited)
+        per_line = _added(self.per_line, line_ids, amounts)
         exact = sum_exact(per_line.values())
         billed = -sum(round_minor(c) for c in per_line.values())
-        self._applied(
-            [str(t) for t, _, _ in entries],
-            line_ids,
-            [f"{c:f}" for _, _, c in entries],  # canonical already (see ``apply``)
-            -exact,
-            billed,
-            self.transactions + len(entries),
-        )
+        self._applied(line_ids, amounts, counts, -exact, billed, self.transactions + len(credited))
 
     @event(CreditsApplied)
     def _applied(  # noqa: PLR0917 (the event's fields, applied on every load)
         self,
-        transaction_ids: list[str],
         line_ids: list[str],
         amounts: list[str],
+        counts: list[int],
         exact_total: Decimal,
         billed: int,
         transactions: int,
     ) -> None:
-        pairs = zip(line_ids, map(Decimal, amounts), strict=True)
-        self.per_line = _added(self.per_line, pairs)
+        self.per_line = _added(self.per_line, line_ids, amounts)
         self.exact_total = exact_total
         self.billed = billed
         self.transactions = transactions
@@ -128,14 +132,30 @@ class CreditLine(InvoiceLine):
         return InvoiceLine.create_id(customer_id, currency, CREDIT_KEY, period_start)
 
 
-def _added(
-    per_line: dict[str, Decimal], credits: Iterable[tuple[str, Decimal]]
-) -> dict[str, Decimal]:
-    """``per_line`` with ``credits`` (usage line, exact credit) added, as a new dict."""
+def _per_line(
+    credits: Iterable[tuple[str, Decimal]],
+) -> tuple[list[str], list[str], list[int]]:
+    """``credits`` (usage line, exact credit) summed per usage line, in the order the lines
+    first appear: the lines, their credits as canonical text, and how many each summed."""
     grouped: dict[str, list[Decimal]] = {}
     for line, credit in credits:
-        grouped.setdefault(line, []).append(credit)
+        found = grouped.get(line)
+        if found is None:
+            grouped[line] = [credit]
+        else:
+            found.append(credit)
+    return (
+        list(grouped),
+        [f"{sum_exact(c):f}" for c in grouped.values()],
+        [len(c) for c in grouped.values()],
+    )
+
+
+def _added(
+    per_line: dict[str, Decimal], line_ids: Sequence[str], amounts: Sequence[str]
+) -> dict[str, Decimal]:
+    """``per_line`` with each usage line's credit (``amounts``, text) added, as a new dict."""
     added = dict(per_line)
-    for line, credit_list in grouped.items():
-        added[line] = add_exact(per_line.get(line, Decimal(0)), sum_exact(credit_list))
+    for line, amount in zip(line_ids, amounts, strict=True):
+        added[line] = add_exact(per_line.get(line, Decimal(0)), Decimal(amount))
     return added

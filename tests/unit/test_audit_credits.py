@@ -41,8 +41,13 @@ def _account(policy: str = "block") -> CustomerAccount:
     return account
 
 
-def _txn(txn_id: str, amount: str) -> TxnAudit:
-    return TxnAudit(txn_id, "acme", "u", "api.requests", "1", Decimal(amount), "USD", "")
+LINE = str(uuid4())  # the usage line the transactions joined
+
+
+def _txn(txn_id: str, amount: str, line: str | None = LINE) -> TxnAudit:
+    txn = TxnAudit(txn_id, "acme", "u", "api.requests", "1", Decimal(amount), "USD", "")
+    txn.line_id = line
+    return txn
 
 
 def test_a_history_the_account_decided_has_no_finding() -> None:
@@ -51,7 +56,7 @@ def test_a_history_the_account_decided_has_no_finding() -> None:
     account.reserve_and_burn(txns, NOW)
     account.expire_credits(NOW + timedelta(days=2))
     audit = _fold(account)
-    applied = {str(txns[0][0]): Decimal("60.5")}
+    applied = {LINE: (Decimal("60.5"), 1)}  # the second was refused: no credit
     known = {str(t): _txn(str(t), f"{a}") for t, a in txns}
     assert check_credits({("acme", "USD"): audit}, applied, known) == []
     g = audit.grants["g"]
@@ -63,7 +68,9 @@ def test_consumption_beyond_what_is_left_and_a_grant_below_zero_are_findings() -
     audit = _fold(account)
     audit.apply("CreditsConsumed", {"transaction_ids": ["t"], "grant_ids": ["g"],
                                     "amounts": ["120"], "at": NOW.isoformat()}, 5)  # fmt: skip
-    found = check_credits({("acme", "USD"): audit}, {"t": Decimal(120)}, {"t": _txn("t", "120")})
+    found = check_credits(
+        {("acme", "USD"): audit}, {LINE: (Decimal(120), 1)}, {"t": _txn("t", "120")}
+    )
     details = [f.detail for f in found]
     assert any("consumed" in d and "which had" in d for d in details)
     assert any(d.startswith("below zero") for d in details)
@@ -79,7 +86,9 @@ def test_a_record_only_partly_covered_under_block_is_a_finding() -> None:
     audit = _fold(_account())
     audit.apply("CreditsConsumed", {"transaction_ids": ["t"], "grant_ids": ["g"],
                                     "amounts": ["10"], "at": NOW.isoformat()}, 5)  # fmt: skip
-    found = check_credits({("acme", "USD"): audit}, {"t": Decimal(10)}, {"t": _txn("t", "25")})
+    found = check_credits(
+        {("acme", "USD"): audit}, {LINE: (Decimal(10), 1)}, {"t": _txn("t", "25")}
+    )
     assert [f.subject for f in found] == ["t"]
     assert "under the block policy" in found[0].detail
 
@@ -94,10 +103,38 @@ def test_consuming_an_expired_grant_is_a_finding_even_without_its_expiry_event()
 
 def test_a_credit_line_that_differs_from_the_consumption_is_a_finding() -> None:
     account = _account("overage")
+    t, u = uuid4(), uuid4()
+    account.reserve_and_burn([(t, Decimal(30)), (u, Decimal(20))], NOW)
+    audit = _fold(account)
+    known = {str(t): _txn(str(t), "30"), str(u): _txn(str(u), "20")}
+    assert check_credits({("acme", "USD"): audit}, {LINE: (Decimal(50), 2)}, known) == []
+    found = check_credits({("acme", "USD"): audit}, {LINE: (Decimal(49), 2)}, known)
+    assert [f.subject for f in found] == [LINE]
+    assert "gave 50 to 2 of them" in found[0].detail and "took off 49 for 2" in found[0].detail
+    missing = check_credits({("acme", "USD"): audit}, {}, known)
+    assert "took off 0 for 0" in missing[0].detail
+    # The same credit, said to be for one record fewer: a record credited twice or not at all.
+    assert check_credits({("acme", "USD"): audit}, {LINE: (Decimal(50), 1)}, known)
+
+
+def test_credit_given_to_a_transaction_on_another_line_is_a_finding() -> None:
+    account = _account("overage")
+    t, u = uuid4(), uuid4()
+    account.reserve_and_burn([(t, Decimal(30)), (u, Decimal(20))], NOW)
+    audit = _fold(account)
+    other = str(uuid4())
+    known = {str(t): _txn(str(t), "30"), str(u): _txn(str(u), "20", other)}
+    found = check_credits({("acme", "USD"): audit}, {LINE: (Decimal(50), 2)}, known)
+    assert sorted(f.subject for f in found) == sorted([LINE, other])
+
+
+def test_credit_consumed_by_a_transaction_on_no_line_is_a_finding() -> None:
+    account = _account("overage")
     t = uuid4()
     account.reserve_and_burn([(t, Decimal(30))], NOW)
     audit = _fold(account)
-    found = check_credits({("acme", "USD"): audit}, {str(t): Decimal(29)}, {})
-    assert [f.subject for f in found] == [str(t)]
-    missing = check_credits({("acme", "USD"): audit}, {}, {})
-    assert "took off 0" in missing[0].detail
+    for known in ({}, {str(t): _txn(str(t), "30", None)}):
+        found = check_credits({("acme", "USD"): audit}, {}, known)
+        assert [(f.subject, f.detail) for f in found] == [
+            (str(t), "consumed 0.30 USD and is on no line")
+        ]

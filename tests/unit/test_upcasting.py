@@ -1,5 +1,5 @@
-"""Histories written before exact amounts, invoice lines and price books still load
-(``class_version``).
+"""Histories written before exact amounts, invoice lines, price books and credit lines
+summed per usage line still load (``class_version``).
 
 The stored JSON below is what the previous version of the ledger wrote (no
 ``class_version``: version 1): an integer amount rounded per record, a ``Reserved``
@@ -17,6 +17,9 @@ import orjson
 from eventsourcing.persistence import StoredEvent
 
 from domain.account import CustomerAccount
+from domain.audit_lines import LineAudit
+from domain.credit_line import CreditLine
+from domain.periods import PeriodPolicy
 from domain.price_book import INITIAL_VERSION, PRICE_BOOK_ID, PriceBook
 from domain.pricing import Price, PriceList
 from domain.transaction import BillingTransaction, Source, TxnState
@@ -229,3 +232,52 @@ def test_a_line_from_before_quantities_loads_as_a_per_unit_line_that_counts_none
     [event] = line.collect_events()
     assert isinstance(event, InvoiceLine.Settled)
     assert (event.quantities, event.quantity, event.tier) == (None, None, None)
+
+
+def test_a_version_1_credit_line_loads_summed_per_usage_line() -> None:
+    """A credit line's ``CreditsApplied`` once listed every record (its transaction, its
+    usage line, its credit); it loads as version 2, summed per usage line, to the line
+    the same records make today, and the audit reads both forms alike."""
+    ledger = memory_ledger()
+    period = PeriodPolicy().period_of(datetime(2026, 12, 1, tzinfo=UTC))
+    today = CreditLine.open_for("acme", "USD", period)
+    a, b = uuid4(), uuid4()
+    records = [
+        (uuid4(), a, Decimal("0.25")),
+        (uuid4(), b, Decimal("2")),
+        (uuid4(), a, Decimal("0.3")),
+    ]
+    today.apply(records)
+    opened, applied = today.collect_events()
+    assert isinstance(applied, CreditLine.CreditsApplied)
+    v1 = {
+        "transaction_ids": [str(t) for t, _, _ in records],
+        "line_ids": [str(line) for _, line, _ in records],
+        "amounts": [f"{c:f}" for _, _, c in records],
+        "exact_total": {"_type_": "decimal_str", "_data_": "-2.55"},
+        "billed": -3,
+        "transactions": 3,
+    }
+    stored = [
+        ledger.mapper.to_stored_event(opened),
+        _stored(today.id, 2, "domain.credit_line:CreditLine.CreditsApplied", v1),
+    ]
+    loaded = None
+    for event in map(ledger.mapper.to_domain_event, stored):
+        loaded = event.mutate(loaded)
+    assert isinstance(loaded, CreditLine)
+    assert (loaded.per_line, loaded.billed, loaded.exact_total, loaded.transactions) == (
+        today.per_line, today.billed, today.exact_total, today.transactions,
+    )  # fmt: skip
+    assert loaded.per_line == {str(a): Decimal("0.55"), str(b): Decimal(2)}
+    # The audit folds the stored data as it is, version 1 or 2.
+    folds = []
+    for data in (v1, {k: v for k, v in vars(applied).items() if k in _V2_FIELDS}):
+        audit = LineAudit("l", "acme", "USD", "credits", "p")
+        audit.apply("CreditsApplied", {**data, "exact_total": "-2.55"}, 2)
+        folds.append((audit.credit_of_line, audit.credited_on_line, audit.problems))
+    assert folds[0] == folds[1] == ({str(a): Decimal("0.55"), str(b): Decimal(2)},
+                                    {str(a): 2, str(b): 1}, [])  # fmt: skip
+
+
+_V2_FIELDS = ("line_ids", "amounts", "counts", "billed", "transactions")
