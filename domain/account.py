@@ -57,6 +57,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate, event
 
 from domain.alerts import (
+    PERCENT_OF_GRANT,
     Credit,
     Spend,
     Threshold,
@@ -64,6 +65,7 @@ from domain.alerts import (
     alert_id,
     crossings,
     parse_thresholds,
+    quiet_spend,
 )
 from domain.credits import (
     CreditPolicy,
@@ -466,13 +468,23 @@ class CustomerAccount(Aggregate):
         threshold is set."""
         if not self.alert_thresholds or not records:
             return
+        watch = Watch(self.alert_period, self.alert_period_spend, set(self.alerts_crossed))
+        thresholds = [Threshold.parse(k) for k in self.alert_thresholds]
+        # The usual batch crosses nothing, which its end shows (``quiet_spend``).
+        balance = self._live_balance(now) if self.grants else None
+        spend = quiet_spend(
+            thresholds, watch, self.committed, self.spend_limit, records, granted, balance
+        )
+        if spend is not None and not self._grant_marks_passed(thresholds):
+            if spend != self.alert_period_spend:
+                assert self.alert_period is not None  # quiet_spend needs a watched period
+                self._alert_period_spent(self.alert_period, f"{canonical(spend):f}")
+            return
         # Committed before the first record: less what this save reserved of them
         # (``crossings`` checks that records and decisions pair up).
         before = self.committed
         for record in compress(records, granted):
             before = add_exact(before, -record.amount)
-        watch = Watch(self.alert_period, self.alert_period_spend, set(self.alerts_crossed))
-        thresholds = [Threshold.parse(k) for k in self.alert_thresholds]
         credit = self._credit_before(records, now) if self.grants else None
         found = crossings(thresholds, watch, before, self.spend_limit, records, granted, credit)
         for crossing in found:
@@ -494,16 +506,51 @@ class CustomerAccount(Aggregate):
         if (watch.period, watch.spend) != (self.alert_period, self.alert_period_spend):
             self._alert_period_spent(watch.period, f"{canonical(watch.spend):f}")
 
+    def _live_balance(self, now: datetime | None) -> Decimal:
+        """What the grants live at ``now`` hold (all of them when ``now`` is None): the
+        balance the alerts measure."""
+        balance = Decimal(0)
+        for grant in self.grants.values():
+            if now is None or grant.live(now):
+                balance = running_sum(balance, grant.remaining)
+        return balance
+
+    def _grant_marks_passed(self, thresholds: Sequence[Threshold]) -> bool:
+        """Whether this save's consumption may have carried a grant across a
+        ``percent_of_grant`` mark: some grant consumed at least a mark now, and less
+        than it before what the save's pending ``CreditsConsumed`` took (all of them: a
+        superset of the records checked, so never a crossing missed)."""
+        percents = [t.value for t in thresholds if t.kind == PERCENT_OF_GRANT]
+        if not percents:
+            return False
+        lowest = min(percents)
+        reached = {
+            g.grant_id: g
+            for g in self.grants.values()
+            if g.consumed >= Decimal(g.amount * lowest).scaleb(-2)
+        }
+        if not reached:
+            return False
+        taken = dict.fromkeys(reached, Decimal(0))
+        for pending in self.pending_events:
+            if isinstance(pending, self.CreditsConsumed):
+                for grant_id, text in zip(pending.grant_ids, pending.amounts, strict=True):
+                    if grant_id in taken:
+                        taken[grant_id] = running_sum(taken[grant_id], Decimal(text))
+        for grant_id, grant in reached.items():
+            before = running_difference(grant.consumed, taken[grant_id])
+            for percent in percents:
+                if before < Decimal(grant.amount * percent).scaleb(-2) <= grant.consumed:
+                    return True
+        return False
+
     def _credit_before(self, records: Sequence[Spend], now: datetime | None) -> Credit:
         """The credit as it was before ``records`` burnt it: this save's consumption
         (its pending ``CreditsConsumed``) given back, per grant and in all."""
         ids = {str(r.transaction_id): r.transaction_id for r in records}
         taken: dict[UUID, list[tuple[str, Decimal]]] = {}
         consumed = {g.grant_id: g.consumed for g in self.grants.values()}
-        balance = Decimal(0)
-        for grant in self.grants.values():
-            if now is None or grant.live(now):
-                balance = running_sum(balance, grant.remaining)
+        balance = self._live_balance(now)
         for pending in self.pending_events:
             if not isinstance(pending, self.CreditsConsumed):
                 continue

@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import NamedTuple
 from uuid import UUID
 
 from domain.credits import MAX_GRANT_MINOR
@@ -63,6 +64,7 @@ __all__ = [
     "alert_id",
     "crossings",
     "parse_thresholds",
+    "quiet_spend",
 ]
 
 ALERT_NAMESPACE = UUID("7d2c9a41-5e8b-5f16-a3c0-9b4e1d7f2a68")
@@ -118,9 +120,9 @@ def parse_thresholds(keys: Iterable[str]) -> list[Threshold]:
     return found
 
 
-@dataclass(frozen=True)
-class Spend:
-    """A record as the alerts see it: what it asked for, and in which period."""
+class Spend(NamedTuple):
+    """A record as the alerts see it: what it asked for, and in which period (a tuple:
+    one is made per record of every batch of an account with alerts)."""
 
     usage_id: str
     transaction_id: UUID
@@ -239,6 +241,42 @@ def crossings(  # noqa: PLR0917
             watch.crossed.add(threshold.key)
             found.append(Crossing(threshold, period, record.usage_id, record.transaction_id, value))
     return found
+
+
+def quiet_spend(  # noqa: PLR0917
+    thresholds: Sequence[Threshold],
+    watch: Watch,
+    committed: Decimal,
+    limit: int | None,
+    records: Sequence[Spend],
+    granted: Sequence[bool],
+    balance: Decimal | None,
+) -> Decimal | None:
+    """The period's spend after ``records`` when none of them can have reached a
+    threshold ``crossings`` would find (``percent_of_grant`` aside: the account checks
+    its grants), else None; then ``crossings`` walks them one by one.
+
+    ``committed`` and ``balance`` are the committed spend and the live credit after the
+    records (None: no grant). When every record was reserved, none is negative and none
+    is of a later period than the one watched, every measure moves one way through
+    the batch (the committed spend and the period's spend up, the balance down, the
+    period and what it crossed unchanged), so a threshold one record reached, the last
+    one reaches too: the batch's end decides, in a few comparisons instead of a walk."""
+    period = watch.period
+    if period is None or not all(granted):
+        return None
+    total = Decimal(0)
+    for record in records:
+        if record.amount < 0 or record.period > period:
+            return None
+        total = running_sum(total, record.amount)
+    spend = running_sum(watch.spend, total)
+    for threshold in thresholds:
+        if threshold.kind == PERCENT_OF_GRANT or threshold.key in watch.crossed:
+            continue
+        if _measure(threshold, committed, spend, limit, balance) is not None:
+            return None
+    return spend
 
 
 def _measure(
