@@ -80,6 +80,10 @@ def test_a_drafts_new_lines_are_made_by_one_request_each_recording_its_push() ->
     assert report.requests == 3 and set(report.lines) == set(others)
     (add,) = d.gateway.adds
     assert {a.line_id for a in add.adds} == set(d.lines)
+    for a in add.adds:  # each line's one item: its total at its sequence, its period's
+        line = d.ledger.line_by_id(a.line_id)
+        assert (a.meter, a.period) == (line.meter, str(line.period))
+        assert a.items == ((0, line.sequence, line.billed),)
     for line in d.lines:
         push = d.push_of(line)
         assert push.pushed_sequence == d.ledger.line_by_id(line).sequence

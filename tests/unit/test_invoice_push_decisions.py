@@ -6,16 +6,21 @@ from __future__ import annotations
 
 from uuid import UUID, uuid4
 
+import pytest
+
 from domain.invoice_line import LinePush
 from domain.pushing import (
     MAX_LINES_PER_UPDATE,
     ItemStep,
+    LineAdd,
     LinePart,
     LineSet,
     PushPlan,
+    add_key,
     batches,
     invoice_part,
     lines_key,
+    planned_push,
 )
 
 A = UUID(int=1)
@@ -106,3 +111,39 @@ def test_the_key_is_pinned_so_a_new_release_replays_what_an_old_one_sent() -> No
     assert lines_key(UUID(int=9), [part]) == (
         "invoice-lines:00000000-0000-0000-0000-000000000009:26625183d6ddbbffb6aa08a6bd5fba90"
     )
+
+
+# -- new lines together: ``add_lines`` ------------------------------------------------------
+
+
+def _adds() -> list[LineAdd]:
+    return [
+        LineAdd(A, "api.requests", "2026-11", ((0, 5, 300), (1, 6, 200))),
+        LineAdd(B, "api.requests", "2026-11", ((0, 3, 70),)),
+    ]
+
+
+def test_the_add_key_is_the_set_created_in_any_order_and_pinned_across_releases() -> None:
+    # A retry after an upgrade sends the key the first attempt sent: its digest is of
+    # "line:chunk:sequence:amount" texts, sorted, joined by "|", sha256, 32 hex digits.
+    a, b = _adds()
+    key = add_key(UUID(int=9), [a, b])
+    assert key == (
+        "invoice-add:00000000-0000-0000-0000-000000000009:03262afd09e94189db8c1919fdfa4afc"
+    )
+    assert add_key(UUID(int=9), [b, a]) == key
+    assert add_key(UUID(int=9), [a]) != key  # a part found made already: another request
+    assert add_key(UUID(int=8), [a, b]) != key
+
+
+def test_a_made_batch_holds_its_planned_items_at_the_newest_planned_sequence() -> None:
+    push = LinePush(line_id=A)
+    push.plan_item(0, 5, 300)
+    push.plan_item(1, 6, 200)
+    assert planned_push(push, ["ii_a", "ii_b"]) == PushPlan(
+        6, 500, (ItemStep(0, 300, "ii_a"), ItemStep(1, 200, "ii_b")), ()
+    )
+    assert planned_push(push, ["ii_a"]) == PushPlan(5, 300, (ItemStep(0, 300, "ii_a"),), ())
+    assert planned_push(push, []) == PushPlan(0, 0, (), ())  # nothing made: nothing held
+    with pytest.raises(ValueError, match="zip"):  # more items than were planned
+        planned_push(push, ["ii_a", "ii_b", "ii_c"])
