@@ -44,11 +44,14 @@ docs: setup
 
 # From scratch each time (mutmut keeps results between runs, which a changed test does not
 # reset); 2 workers: the machine is shared. tools/mutation_report.py judges the results.
+# mutmut's own output (a progress line redrawn thousands of times) goes to mutants.log,
+# whose end is shown when the run fails (a failing clean run says which test failed).
 MUTATE_CHILDREN ?= 2
 
 mutate: setup
 	rm -rf mutants
-	$(BIN)/mutmut run --max-children $(MUTATE_CHILDREN) > /dev/null
+	$(BIN)/mutmut run --max-children $(MUTATE_CHILDREN) > mutants.log 2>&1 \
+		|| { tail -n 40 mutants.log; exit 1; }
 	$(BIN)/python -m tools.mutation_report
 
 bench: setup
