@@ -226,6 +226,9 @@ def _relay_role(settings: Settings, db: Database, pulses: Pulses) -> RoleFactory
     return build
 
 
+CREDIT_LANE_IDLE_WAIT_S = 0.01
+
+
 def _project_role(
     settings: Settings,
     ledger: BillingLedger,
@@ -236,11 +239,16 @@ def _project_role(
     """One lane of the project role: ``main`` (its loop named ``project``) or ``credits``
     (``project-credits``), each a projector and a supervised thread of its own."""
     name = "project" if lane == "main" else "project-credits"
+    # The credit lane's read is one indexed statement: polled often, a balance waits for
+    # the poll less (the main lane's rounds over every read model keep the default).
+    idle_wait_s = CREDIT_LANE_IDLE_WAIT_S if lane == "credits" else None
 
     def build() -> RoleRun:
         projector_ = build_projector(settings, ledger, db, lane=lane)
         projector_.pulse = pulses.of(name)
-        return projector_.run
+        if idle_wait_s is None:
+            return projector_.run
+        return lambda stop: projector_.run(stop, idle_wait_s=idle_wait_s)
 
     return build
 
