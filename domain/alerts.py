@@ -263,8 +263,8 @@ def quiet_spend(  # noqa: PLR0917
     period and what it crossed unchanged), so a threshold one record reached, the last
     one reaches too: the batch's end decides, in a few comparisons instead of a walk."""
     period = watch.period
-    if period is None or not all(granted):
-        return None
+    if period is None or len(granted) != len(records) or not all(granted):
+        return None  # (unpaired: the walk says so)
     total = Decimal(0)
     for record in records:
         if record.amount < 0 or record.period > period:

@@ -40,10 +40,18 @@ def _account(rng: random.Random) -> CustomerAccount:
     if rng.random() < 0.5:
         account.set_limit(rng.randint(500, 6000))
     for g in range(rng.randint(0, 3)):
-        account.grant_credit(
-            f"g{g}", rng.randint(1, 3000), priority=rng.randint(0, 2), effective_at=T0,
-            expires_at=T0 + timedelta(days=rng.randint(1, 9)), source="manual", reason="r",
-        )  # fmt: skip
+        # Some take effect later, some are bought and await payment: not in the balance.
+        terms: dict[str, Any] = {
+            "priority": rng.randint(0, 2),
+            "effective_at": T0 + timedelta(days=rng.choice((0, 0, 2, 5))),
+            "expires_at": T0 + timedelta(days=rng.randint(6, 12)),
+        }
+        if rng.random() < 0.25:
+            account.purchase_credit(f"g{g}", rng.randint(1, 3000), 100, reason="r", **terms)
+        else:
+            account.grant_credit(
+                f"g{g}", rng.randint(1, 3000), source="manual", reason="r", **terms
+            )
     account.set_alerts(_thresholds(rng))
     return account
 
@@ -114,6 +122,7 @@ def test_a_batch_that_reaches_a_threshold_is_walked() -> None:
     assert quiet_spend(at_100, crossed, Decimal(0), None, spend, [True], None) == Decimal(100)
     # A refused record, a negative one, a later period, no period watched yet: walked.
     assert quiet_spend(at_100, watch, Decimal(0), None, spend, [False], None) is None
+    assert quiet_spend(at_100, watch, Decimal(0), None, spend * 2, [True], None) is None
     negative = [spend[0]._replace(amount=Decimal(-1))]
     assert quiet_spend(at_100, watch, Decimal(0), None, negative, [True], None) is None
     later = [spend[0]._replace(period=PERIODS[2])]

@@ -6,11 +6,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 from domain.account import CustomerAccount
 from domain.audit import TxnAudit
 from domain.audit_credits import CreditAudit, check_credits
+from domain.audit_lines import LineAudit, credit_applied
+from domain.credit_line import CreditLine
+from domain.periods import PeriodPolicy
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 NOW = T0 + timedelta(days=1)
@@ -138,3 +141,37 @@ def test_credit_consumed_by_a_transaction_on_no_line_is_a_finding() -> None:
         assert [(f.subject, f.detail) for f in found] == [
             (str(t), "consumed 0.30 USD and is on no line")
         ]
+
+
+def test_the_credit_lines_as_folded_tie_to_the_consumption_per_usage_line() -> None:
+    """The credit lines' events, folded as the audit folds them, against the account's:
+    two usage lines on one period's credit line, a third on the next period's."""
+    account = _account("overage")
+    txns = [(uuid4(), Decimal("10.5")), (uuid4(), Decimal(20)), (uuid4(), Decimal(7))]
+    account.reserve_and_burn(txns, NOW)
+    a, b, c = (str(uuid4()) for _ in range(3))
+    on = dict(zip((str(t) for t, _ in txns), (a, a, b), strict=True))
+    policy = PeriodPolicy()
+    dec, jan = policy.period_of(T0), policy.next(policy.period_of(T0))
+    lines = {}
+    for period, entries in ((dec, txns[:2]), (jan, txns[2:]), (dec, [(uuid4(), Decimal(2))])):
+        line = CreditLine.open_for("acme", "USD", period)
+        line.apply([(t, UUID(on.get(str(t), c)), credit) for t, credit in entries])
+        audit = LineAudit(str(line.id), "acme", "USD", "credits", str(period))
+        for event in line.collect_events()[1:]:
+            data = {k: _stored(v) for k, v in vars(event).items()}
+            audit.apply(type(event).__name__, data, event.originator_version)
+        lines[f"{period}-{len(lines)}"] = audit
+        assert audit.problems == []
+    applied = credit_applied(lines)
+    assert applied == {a: (Decimal("30.5"), 2), b: (Decimal(7), 1), c: (Decimal(2), 1)}
+    known = {str(t): _txn(str(t), f"{amount}", on[str(t)]) for t, amount in txns}
+    # The third line's credit was given by no grant of the account: the one finding.
+    found = check_credits({("acme", "USD"): _fold(account)}, applied, known)
+    assert [(f.subject, f.detail) for f in found] == [
+        (
+            c,
+            "its transactions' grants gave 0 to 0 of them; its invoice's credit line took"
+            " off 2 for 1",
+        )
+    ]

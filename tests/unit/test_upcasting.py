@@ -262,8 +262,15 @@ def test_a_version_1_credit_line_loads_summed_per_usage_line() -> None:
         ledger.mapper.to_stored_event(opened),
         _stored(today.id, 2, "domain.credit_line:CreditLine.CreditsApplied", v1),
     ]
+    events = [ledger.mapper.to_domain_event(e) for e in stored]
+    upcast = events[1]
+    assert isinstance(upcast, CreditLine.CreditsApplied)
+    assert (upcast.line_ids, upcast.amounts, upcast.counts) == (
+        [str(a), str(b)], ["0.55", "2"], [2, 1],
+    )  # fmt: skip
+    assert not hasattr(upcast, "transaction_ids")
     loaded = None
-    for event in map(ledger.mapper.to_domain_event, stored):
+    for event in events:
         loaded = event.mutate(loaded)
     assert isinstance(loaded, CreditLine)
     assert (loaded.per_line, loaded.billed, loaded.exact_total, loaded.transactions) == (
