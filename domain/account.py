@@ -64,6 +64,7 @@ from domain.alerts import (
     Watch,
     alert_id,
     crossings,
+    grant_mark,
     parse_thresholds,
     quiet_spend,
 )
@@ -527,7 +528,7 @@ class CustomerAccount(Aggregate):
         reached = {
             g.grant_id: g
             for g in self.grants.values()
-            if g.consumed >= Decimal(g.amount * lowest).scaleb(-2)
+            if g.consumed >= grant_mark(g.amount, lowest)
         }
         if not reached:
             return False
@@ -540,7 +541,7 @@ class CustomerAccount(Aggregate):
         for grant_id, grant in reached.items():
             before = running_difference(grant.consumed, taken[grant_id])
             for percent in percents:
-                if before < Decimal(grant.amount * percent).scaleb(-2) <= grant.consumed:
+                if before < grant_mark(grant.amount, percent) <= grant.consumed:
                     return True
         return False
 

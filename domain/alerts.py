@@ -63,6 +63,7 @@ __all__ = [
     "Watch",
     "alert_id",
     "crossings",
+    "grant_mark",
     "parse_thresholds",
     "quiet_spend",
 ]
@@ -198,9 +199,15 @@ class Credit:
         """Each threshold's mark on each grant: its share of the grant's amount (once a
         save, before the records)."""
         self._marks = {
-            grant_id: [(t, Decimal(amount * t.value).scaleb(-2)) for t in thresholds]
+            grant_id: [(t, grant_mark(amount, t.value)) for t in thresholds]
             for grant_id, amount in self.amounts.items()
         }
+
+
+def grant_mark(amount: int, percent: int) -> Decimal:
+    """The consumption at which a grant of ``amount`` reaches ``percent_of_grant:percent``
+    (exact: a whole amount times a whole percentage, over 100)."""
+    return Decimal(amount * percent).scaleb(-2)
 
 
 def crossings(  # noqa: PLR0917

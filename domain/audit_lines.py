@@ -147,13 +147,9 @@ class LineAudit:
         2 records each usage line's credit and count; version 1 (``transaction_ids``)
         listed every record, each counted once on its usage line."""
         lines, amounts = data["line_ids"], data["amounts"]
-        if "transaction_ids" in data:
-            counts = [1] * len(lines)
-            if len(data["transaction_ids"]) != len(lines):
-                self.problems.append(f"v{version}: CreditsApplied lists of unequal lengths")
-        else:
-            counts = data["counts"]
-        if not len(lines) == len(amounts) == len(counts):
+        v1 = data.get("transaction_ids")
+        counts = [1] * len(lines) if v1 is not None else data["counts"]
+        if len({len(lines), len(amounts), len(counts), len(lines if v1 is None else v1)}) > 1:
             self.problems.append(f"v{version}: CreditsApplied lists of unequal lengths")
         with localcontext(prec=80):
             for line, text, count in zip(lines, amounts, counts, strict=False):

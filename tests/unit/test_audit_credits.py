@@ -8,6 +8,8 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID, uuid4
 
+import pytest
+
 from domain.account import CustomerAccount
 from domain.audit import TxnAudit
 from domain.audit_credits import CreditAudit, check_credits
@@ -175,3 +177,20 @@ def test_the_credit_lines_as_folded_tie_to_the_consumption_per_usage_line() -> N
             " off 2 for 1",
         )
     ]
+
+
+@pytest.mark.parametrize(
+    "lists",
+    [
+        {"transaction_ids": ["t"], "line_ids": ["a", "b"], "amounts": ["1", "2"]},
+        {"transaction_ids": ["t", "u"], "line_ids": ["a", "b"], "amounts": ["1"]},
+        {"line_ids": ["a"], "amounts": ["1", "2"], "counts": [1]},
+        {"line_ids": ["a", "b"], "amounts": ["1", "2"], "counts": [1]},
+    ],
+)
+def test_a_credit_line_event_whose_lists_do_not_pair_up_is_a_finding(
+    lists: dict[str, Any],
+) -> None:
+    audit = LineAudit("l", "acme", "USD", "credits", "p")
+    audit.apply("CreditsApplied", {**lists, "exact_total": "0", "billed": 0, "transactions": 0}, 2)
+    assert "v2: CreditsApplied lists of unequal lengths" in audit.problems
