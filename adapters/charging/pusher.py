@@ -459,7 +459,7 @@ class LinePusher:
             charged += done
             _log_push(m.line, m.plan, sent, done)
             more = self.ledger.line_by_id(m.line.id).sequence > m.plan.sequence
-            if not mine and not more:
+            if not mine:  # set by this request: its interval runs from it, changed or not
                 others.append(m.line.id)
         metrics().charge_steps.add(1, {"result": "pushed"})
         first = chosen[0]
