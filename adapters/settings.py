@@ -240,16 +240,17 @@ class Settings(BaseSettings):
         30.0,
         gt=0,
         description="a line is pushed to Stripe at most this often (its first change at"
-        " once); 30 s: bench charge at 2,000 records/s over 300 lines sent 10.6 requests per"
-        " 1,000 records with a usage-to-charged p99 of 34 s, against 15.0 and 77 s at 10 s",
+        " once); 30 s: bench charge at 2,000 records/s over 300 lines sent 4.8 Stripe"
+        " requests per 1,000 records with a usage-to-charged p99 of 33-34 s, against 8.6"
+        " and 16 s at 10 s",
     )
     settle_quiet_s: float = Field(
         0.0,
         ge=0,
         description="a line with no change for this long is pushed before its interval"
         " ends (0: never; a line that keeps changing is pushed once an interval either way);"
-        " 2 s: bench charge drained 21 s after the load instead of 34 s, for 7% more Stripe"
-        " requests at 2,000 records/s and 52% more at 100 records/s",
+        " 2 s: bench outage drained 7.9 s after the load instead of 16.4 s, for no more"
+        " Stripe requests at 1,000 records/s, but 81% more at 100 records/s",
     )
     settle_quiet_min_s: float = Field(
         5.0,
