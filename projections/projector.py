@@ -3,11 +3,17 @@
 It reads the log with the store's gap-free reader (``store.eventlog.read_after``)
 and decodes rows with the application's own mapper. For each projection, one
 database transaction locks the projection's row in ``billing.projection_positions``,
-reads the next batch after that position, applies it to the projection's table and
-moves the position. The rows and the position commit together or not at all, so a
-crash mid-batch leaves both as they were and the batch is applied once, later. The
-row lock (held only inside that transaction, released by a crash like any other)
-makes two projectors of one projection take turns instead of both applying a batch.
+applies the next batch after that position to the projection's table and moves the
+position. The rows and the position commit together or not at all, so a crash
+mid-batch leaves both as they were and the batch is applied once, later. The row lock
+(held only inside that transaction, released by a crash like any other) makes two
+projectors of one projection take turns instead of both applying a batch.
+
+The batch is read and decoded before that transaction begins, at the position as it
+stood: the lock gives the transaction an id, and while a transaction with an id is
+open, no follower of the log (the relay, the other lane) can read a save committed
+after it began. When another projector moved the position meanwhile, the batch read
+is not the one after the locked position, and the one that is is read inside.
 
 ``rebuild(name)`` replays the whole history into a shadow table, then in one
 transaction catches it up to the end of the log, drops the live table, renames the
@@ -163,6 +169,14 @@ class Projector:
     def _pump(
         self, conn: psycopg.Connection[Any], p: Projection, cache: dict[Position, Batch]
     ) -> int:
+        # Read and decode the batch before the transaction: its row lock gives it a
+        # transaction id, and while that is open no follower of the log (the relay, the
+        # other lane) sees a save committed after it began. The batch is the same rows
+        # read inside (a prefix of the log after the position, whatever the snapshot);
+        # another projector that moved the position meanwhile makes it a cache miss.
+        ahead = _read_position(conn, p.name)
+        if ahead not in cache:
+            cache[ahead] = _read_batch(conn, ahead, self.batch, self.history, self.topics)
         with conn.transaction():
             position = _lock_position(conn, p.name)
             applied, last = _apply_next(
@@ -326,12 +340,7 @@ def _apply_next(
     rows of others with nothing applied (``store.eventlog.read_topics_after``)."""
     batch = cache.get(position) if cache is not None else None
     if batch is None:
-        if topics is None:
-            rows = read_after(conn, position, limit)
-            last = rows[-1].position if rows else position
-        else:
-            rows, last = read_topics_after(conn, position, limit, topics)
-        batch = ([history.decode(r.notification()) for r in rows], last)
+        batch = _read_batch(conn, position, limit, history, topics)
         if cache is not None:
             cache[position] = batch
     events, last = batch
@@ -340,10 +349,38 @@ def _apply_next(
     return len(events), last
 
 
+def _read_batch(
+    conn: psycopg.Connection[Any],
+    position: Position,
+    limit: int,
+    history: History,
+    topics: Sequence[str] | None,
+) -> Batch:
+    """The next ``limit`` visible events after ``position`` (of ``topics`` only, when
+    given), decoded, and the position after them."""
+    if topics is None:
+        rows = read_after(conn, position, limit)
+        last = rows[-1].position if rows else position
+    else:
+        rows, last = read_topics_after(conn, position, limit, topics)
+    return [history.decode(r.notification()) for r in rows], last
+
+
+def _read_position(conn: psycopg.Connection[Any], name: str) -> Position:
+    """The projection's position, read without locking it (outside a transaction: no
+    transaction id taken)."""
+    return _position(conn, name, "")
+
+
 def _lock_position(conn: psycopg.Connection[Any], name: str) -> Position:
+    return _position(conn, name, " FOR UPDATE")
+
+
+def _position(conn: psycopg.Connection[Any], name: str, lock: str) -> Position:
     row = conn.execute(
-        "SELECT xid::text, notification_id FROM billing.projection_positions"
-        " WHERE name = %s FOR UPDATE",
+        sql.SQL(
+            "SELECT xid::text, notification_id FROM billing.projection_positions WHERE name = %s{}"
+        ).format(sql.SQL(lock)),
         (name,),
     ).fetchone()
     if row is None:

@@ -26,7 +26,7 @@ from projections.base import History, InvalidFilter
 from projections.projector import PROJECTIONS, Projector, rebuild
 from projections.transactions import TransactionsProjection, transactions
 from store.connections import Database
-from store.eventlog import START, Position
+from store.eventlog import START, Position, read_after
 from store.ledger import BillingLedger
 from tests.conftest import settings_env
 from tests.integration.support import (
@@ -437,3 +437,39 @@ def test_the_documented_sql_examples_run_against_the_read_models(settings: Setti
         assert [conn.execute(statement).fetchall() for statement in invoice_sql] == [[], [], []]
     assert results[1] and results[1][0][2] == "reserved"  # the one transaction is unfinished
     assert results[2] == [("acme", "USD", 600, 100, 500, 0)]  # 1.00 USD left of 6.00
+
+
+def test_a_projector_decoding_a_batch_holds_back_no_other_follower_of_the_log(
+    settings: Settings, request: pytest.FixtureRequest
+) -> None:
+    """The projector reads and decodes a batch before the transaction that applies it:
+    that transaction's row lock takes a transaction id, and while one is open no follower
+    (the relay, the other lane) can read a save committed after it began."""
+    migrate(settings)
+    with open_ledger(settings) as ledger:
+        record(ledger, "acme", [f"r-{i}" for i in range(5)])
+        url = settings.database_url
+        seen: list[int] = []
+
+        def visible() -> int:
+            with psycopg.connect(url, autocommit=True) as conn:
+                return len(read_after(conn, START, 100_000))
+
+        def decode(notification: Any) -> Any:
+            if not seen:  # the first row of the first batch: a save commits meanwhile
+                before = visible()
+                record(ledger, "globex", ["late"])
+                seen.append(visible() - before)
+            return ledger.mapper.to_domain_event(notification)
+
+        projector = Projector(Database(url), decode, batch=1000)
+        request.addfinalizer(projector.close)
+        projector.pump_all()
+        assert seen and seen[0] > 0  # the late save's events, readable at once
+        live = projection_rows(url)
+        assert _rebuilt(settings, ledger) == live  # and every event applied once
+
+
+def _rebuilt(settings: Settings, ledger: BillingLedger) -> dict[str, Any]:
+    rebuild_all(settings.database_url, ledger)
+    return projection_rows(settings.database_url)
