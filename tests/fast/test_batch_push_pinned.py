@@ -55,6 +55,7 @@ USD = (
 PRICES = Settings().load_prices()
 DUE = T0 + backoff(1, POLICY, 0.5)  # a first failure's due time at the fixed jitter
 ONE_CALL = LANDING.per_call + LANDING.margin
+DUE_MAX = T0 + POLICY.max_delay  # a refusal kept for an operator: looked at now and then
 
 
 class Crash(Exception):
@@ -737,11 +738,143 @@ def test_a_refused_request_whose_draft_cannot_be_read_now_is_retried_compensatin
         b.gateway.fail["items"] = REFUSED
     b.gateway.fail["read"] = DOWN  # whose refusal it is cannot be told now
     report = b.pusher.push(first)
-    assert (report.result, report.lines) == (StepResult.RETRY, (second,))
+    # the customer, the draft and the request, or the line items and the request; the read
+    requests = 4 if adding else 3
+    assert report == PushReport(
+        StepResult.RETRY, b.seq(first), requests, retry_at=DUE, lines=(second,)
+    )  # fmt: skip
     assert TxnState.COMPENSATED not in b.states()
     for line in (first, second):
-        assert b.push_of(line).next_attempt_at is not None
+        [failed] = b.events(line, LinePush.PushFailed)
+        assert (failed.error_class, failed.retryable, failed.next_attempt_at) == (
+            "http_400", True, DUE,
+        )  # fmt: skip
+        assert failed.requests == (requests if line == first else 0)
+        assert b.push_of(line).in_doubt_until(T0) is None  # refused: it cannot land later
     b.clock.now = T0 + timedelta(minutes=10)
     assert b.pusher.push(first).result is StepResult.CHARGED  # the request again
     assert b.pusher.push(second).result in {StepResult.CHARGED, StepResult.NOTHING}
     assert b.states() == {TxnState.CHARGED}
+
+
+def test_a_failure_of_an_invoices_request_whose_save_loses_a_race_leaves_that_line_due() -> None:
+    b = Book()
+    first, lost, third = _pushed_one_by_one(b)
+    b.gateway.fail["items"] = DOWN
+    failures: list[UUID] = []
+
+    def lost_failure(objs: Any) -> bool:
+        if _recording(LinePush.PushFailed)(objs):
+            failures.append(objs[0].line_id)
+        return failures[-1:] == [lost]
+
+    b.ledger.before.append((lost_failure, _lose_the_race))
+    report = b.pusher.push(first)
+    assert failures == [first, lost]  # the line pushed first, then the others in order
+    assert report == PushReport(
+        StepResult.RETRY, b.seq(first), 2, retry_at=DUE, lines=(lost, third)
+    )  # fmt: skip
+    assert b.events(lost, LinePush.PushFailed) == []  # another writer's record stands
+    assert len(b.events(third, LinePush.PushFailed)) == 1
+    assert b.pusher.push(lost).result is StepResult.CHARGED  # not backing off: due now
+
+
+def test_lines_left_out_of_an_invoices_request_do_not_keep_the_lines_after_them_out() -> None:
+    b = Book(claim=Claim(partition=0, epoch=1))
+    first, fenced, uncharged, last = _pushed_one_by_one(b, USD[:4])
+    b.pusher.push(first)  # the line items learned, every line set
+    push = b.push_of(fenced)
+    push.end_attempt(push.start_attempt(push.pushed_sequence, T0, T0, Claim(0, 2)), "answered")
+    b.ledger.save(push)
+    b.usage(USD[2], 10)
+    b.usage(USD[2], 10)
+    b.pusher.max_charges_per_save = 1  # `uncharged`: its charges saved change by change, ...
+    saves: list[int] = []
+
+    def second_charges(objs: Any) -> bool:
+        saves.extend([1] if _recording(LinePush.ChargesRecorded)(objs) else [])
+        return len(saves) == 2
+
+    b.ledger.before.append((second_charges, _crash))
+    with pytest.raises(Crash):  # ... and the process dies after the first save
+        b.pusher.push(uncharged)
+    b.pusher.max_charges_per_save = 5000
+    for meter in USD[:4]:
+        b.usage(meter, 10)
+    report = b.pusher.push(first)
+    assert [p.line_id for p in b.gateway.update_requests[-1].parts] == [first, last]
+    assert report.lines == (last,)
+
+
+def test_an_invoices_request_lists_line_items_only_when_a_line_it_sets_needs_them() -> None:
+    b = Book()
+    first, second = b.usage(USD[0]), b.usage(USD[1])
+    b.pusher.push(first)  # made together: their line items came with the answer
+    alone = b.usage(USD[2])
+    b.pusher.push(alone)  # made on its own: its line items are not known
+    b.usage(USD[2], Decimal("0.001"))  # below a cent: nothing to set
+    b.usage(USD[0], 10)
+    b.usage(USD[1], 10)
+    report = b.pusher.push(first)
+    assert report == PushReport(StepResult.CHARGED, b.seq(first), 1, 2, lines=(second,))
+    assert b.gateway.listed == []
+    assert b.events(alone, LinePush.LineItemsLearned) == []
+
+
+def test_a_line_too_big_for_an_invoices_request_goes_alone_keeping_the_line_items_learned() -> None:
+    b = Book()
+    big = b.usage(USD[0], 50 * 99_999_999 + 100)  # 51 items
+    b.pusher.push(big)  # made on its own: one creation an item
+    b.usage(USD[0], 10)
+    b.gateway.fail["items"] = DOWN  # a timeout: Stripe may hold anything, every item is set
+    assert b.pusher.push(big).result is StepResult.RETRY
+    assert b.gateway.listed == ["in_1"]  # its line items learned
+    other = b.usage(USD[1])
+    b.pusher.push(other)  # made on its own: its line items not known
+    b.clock.now = DUE
+    b.usage(USD[0], 10)
+    b.usage(USD[1], 10)
+    report = b.pusher.push(big)  # 51 line items: more than one request sets
+    assert b.gateway.listed == ["in_1"] * 2  # for `other`'s line items
+    assert (report.result, report.lines) == (StepResult.CHARGED, ())
+    assert b.gateway.calls[-1] == "update"
+    [learned] = b.events(other, LinePush.LineItemsLearned)  # kept for its own push
+    assert learned.item_ids == b.push_of(other).item_ids
+    assert b.pusher.push(other) == PushReport(StepResult.CHARGED, b.seq(other), 1, 1)
+    assert b.gateway.listed == ["in_1"] * 2  # not listed again
+    assert b.held(big) == b.line(big).billed and b.held(other) == b.line(other).billed
+
+
+def test_a_refused_batch_with_one_line_left_to_make_is_read_as_the_requests_refusal() -> None:
+    b = Book()
+    first, lost, third = b.usage(USD[0]), b.usage(USD[1]), b.usage(USD[2])
+    b.ledger.before.append((_recording(LinePush.Pushed), _lose_the_race))  # `lost`'s save
+    b.pusher.push(first)
+    assert [len(b.events(x, LinePush.Pushed)) for x in (first, lost, third)] == [1, 0, 1]
+    b.gateway.finalize_invoice("in_1", b.invoice(first).id, look_first=False)
+    b.gateway.fail["add"] = REFUSED
+    report = b.pusher.push(lost)
+    # the request, the read that says whose refusal (a batch's), the line's own read
+    assert report == PushReport(StepResult.DEFERRED, b.seq(lost), 3, retry_at=DUE_MAX)
+    assert b.gateway.reads == ["in_1"] * 2
+    assert TxnState.COMPENSATED not in b.states()
+
+
+def test_lines_with_nothing_to_set_or_an_item_unmade_do_not_keep_the_lines_after_them_out() -> None:
+    b = Book()
+    first = b.usage(USD[0])
+    b.pusher.push(first)
+    steady = b.usage(USD[1])
+    b.pusher.push(steady)
+    unmade = b.usage(USD[2])
+    b.gateway.meanwhile["items"] = _crash  # its creation planned, then the process died
+    with pytest.raises(Crash):
+        b.pusher.push(unmade)
+    assert b.push_of(unmade).planned and not b.push_of(unmade).item_ids
+    last = b.usage(USD[3])
+    b.pusher.push(last)  # made on its own (the others are not new)
+    b.usage(USD[0], 10)
+    b.usage(USD[3], 10)
+    report = b.pusher.push(first)
+    assert [p.line_id for p in b.gateway.update_requests[-1].parts] == [first, last]
+    assert report.lines == (last,)
