@@ -488,7 +488,11 @@ class LinePusher:
         if not failure.retryable and (len(chosen) > 1 or adding):
             view = self.gateway.read_draft(self._the_invoice(first.line).stripe_invoice_id or "")
             requests += 1
-            if not isinstance(view, ChargeFailure) and view.status == "draft":
+            if isinstance(view, ChargeFailure) and view.retryable:
+                # Whose refusal it is cannot be told now: every line retries (never
+                # compensate on a guess; a line's own read could find the draft).
+                failure = replace(failure, retryable=True, answered=True)
+            elif not isinstance(view, ChargeFailure) and view.status == "draft":
                 for m, attempt in zip(chosen, attempts, strict=True):
                     m.push.end_attempt(attempt, "answered")
                     m.push.leave_batch()
