@@ -13,7 +13,9 @@ The batch is read and decoded before that transaction begins, at the position as
 stood: the lock gives the transaction an id, and while a transaction with an id is
 open, no follower of the log (the relay, the other lane) can read a save committed
 after it began. When another projector moved the position meanwhile, the batch read
-is not the one after the locked position, and the one that is is read inside.
+is not the one after the locked position, and the one that is is read inside. When
+nothing is visible after the position, no transaction is begun at all (an idle lane's
+poll takes no transaction id).
 
 ``rebuild(name)`` replays the whole history into a shadow table, then in one
 transaction catches it up to the end of the log, drops the live table, renames the
@@ -177,6 +179,9 @@ class Projector:
         ahead = _read_position(conn, p.name)
         if ahead not in cache:
             cache[ahead] = _read_batch(conn, ahead, self.batch, self.history, self.topics)
+        events, last = cache[ahead]
+        if not events and last == ahead:
+            return 0  # nothing visible after it: no transaction (and no id) at all
         with conn.transaction():
             position = _lock_position(conn, p.name)
             applied, last = _apply_next(

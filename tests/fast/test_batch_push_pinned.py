@@ -501,6 +501,21 @@ def _pushed_one_by_one(b: Book, meters: tuple[str, ...] = USD[:3]) -> list[UUID]
     return lines
 
 
+def _charges_left_unrecorded(b: Book, line: UUID) -> None:
+    """``line`` pushed with its charges saved change by change, and the process dead after
+    the first of those saves: Stripe holds its total, its charges are not all recorded."""
+    b.pusher.max_charges_per_save = 1
+    saves: list[int] = []
+
+    def second_charges(objs: Any) -> bool:
+        saves.extend([1] if _recording(LinePush.ChargesRecorded)(objs) else [])
+        return len(saves) == 2
+
+    b.ledger.before.append((second_charges, _crash))
+    with pytest.raises(Crash):
+        b.pusher.push(line)
+
+
 def test_an_invoices_lines_are_set_by_one_request_recording_each_lines_attempt_and_push() -> None:
     b = Book(claim=Claim(partition=0, epoch=1))
     lines = _pushed_one_by_one(b)
@@ -603,16 +618,7 @@ def test_an_invoices_request_leaves_out_lines_that_cannot_go_now() -> None:
     new = b.usage(USD[5])  # never pushed: made on its own
     b.usage(USD[3], 10)
     b.usage(USD[3], 10)
-    b.pusher.max_charges_per_save = 1  # `uncharged`: its charges saved change by change, ...
-    saves: list[int] = []
-
-    def second_charges(objs: Any) -> bool:
-        saves.extend([1] if _recording(LinePush.ChargesRecorded)(objs) else [])
-        return len(saves) == 2
-
-    b.ledger.before.append((second_charges, _crash))
-    with pytest.raises(Crash):  # ... and the process dies after the first save
-        b.pusher.push(uncharged)
+    _charges_left_unrecorded(b, uncharged)
     assert b.push_of(uncharged).charged_through < b.push_of(uncharged).pushed_sequence
     b.pusher.max_charges_per_save = 5000
     b.usage(USD[3], 10)  # changed again: its own push records the charges first
@@ -788,16 +794,7 @@ def test_lines_left_out_of_an_invoices_request_do_not_keep_the_lines_after_them_
     b.ledger.save(push)
     b.usage(USD[2], 10)
     b.usage(USD[2], 10)
-    b.pusher.max_charges_per_save = 1  # `uncharged`: its charges saved change by change, ...
-    saves: list[int] = []
-
-    def second_charges(objs: Any) -> bool:
-        saves.extend([1] if _recording(LinePush.ChargesRecorded)(objs) else [])
-        return len(saves) == 2
-
-    b.ledger.before.append((second_charges, _crash))
-    with pytest.raises(Crash):  # ... and the process dies after the first save
-        b.pusher.push(uncharged)
+    _charges_left_unrecorded(b, uncharged)
     b.pusher.max_charges_per_save = 5000
     for meter in USD[:4]:
         b.usage(meter, 10)
