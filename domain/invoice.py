@@ -108,10 +108,20 @@ class Invoice(Aggregate):
         expected_total: int
 
     class FinalizeFailed(Aggregate.Event):
+        class_version = 2
         attempt: int
         error_class: str
         message: str
         next_attempt_at: datetime
+        call: str  # "read back", "repair" or "finalize" (v1: not recorded)
+        may_have_landed: bool  # Stripe may still execute the failed call
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            # Unknown before v2: taken as a finalize that may have landed, so the next
+            # attempt reads the invoice first, as every retry did then.
+            state["call"] = "finalize"
+            state["may_have_landed"] = True
 
     class Finalized(Aggregate.Event):
         number: str
@@ -232,6 +242,10 @@ class Invoice(Aggregate):
         self.expected_total = 0
         self.final_sequences: dict[str, int] = {}
         self.finalize_attempts = 0
+        # A finalize call whose outcome is unknown was sent: it may have finalized the
+        # draft, its answer lost, so the next one reads the invoice first. Only then: a
+        # failed read, or a finalize Stripe refused (a 429), leaves nothing to look for.
+        self.finalize_in_doubt = False
         self.next_attempt_at: datetime | None = None
         self.last_error: str | None = None
         self.payment_attempts = 0
@@ -345,18 +359,40 @@ class Invoice(Aggregate):
         self.expected_total = expected_total
 
     def record_finalize_failure(
-        self, error_class: str, message: str, next_attempt_at: datetime
+        self,
+        error_class: str,
+        message: str,
+        next_attempt_at: datetime,
+        *,
+        call: str,
+        may_have_landed: bool,
     ) -> None:
+        """A failed call while finalizing (``call``: "read back", "repair", "finalize"),
+        and when the next attempt is due. ``may_have_landed``: Stripe may still execute
+        it (a timeout, a dropped connection); a finalize that may have landed makes every
+        later finalize read the invoice first (``finalize_in_doubt``)."""
         self._require("FinalizeFailed", "record a failed finalize")
-        self._finalize_failed(self.finalize_attempts + 1, error_class, message, next_attempt_at)
+        self._finalize_failed(
+            self.finalize_attempts + 1, error_class, message, next_attempt_at, call=call,
+            may_have_landed=may_have_landed,
+        )  # fmt: skip
 
     @event(FinalizeFailed)
     def _finalize_failed(
-        self, attempt: int, error_class: str, message: str, next_attempt_at: datetime
+        self,
+        attempt: int,
+        error_class: str,
+        message: str,
+        next_attempt_at: datetime,
+        *,
+        call: str,
+        may_have_landed: bool,
     ) -> None:
         self.finalize_attempts = attempt
         self.last_error = f"{error_class}: {message}"
         self.next_attempt_at = next_attempt_at
+        if call == "finalize" and may_have_landed:
+            self.finalize_in_doubt = True
 
     @event(Finalized)
     def _finalized(self, number: str, total: int, finalized_at: datetime, source: str) -> None:

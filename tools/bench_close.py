@@ -192,7 +192,21 @@ def _close(
         ),
         "stripe_429s": sum(1 for r in api if r.get("status") == 429),
         "close_steps": dict(sorted(results.items())),
+        "close_failures": _failures(settings),
     }
+
+
+_FAILURES = (
+    "SELECT split_part(convert_from(state, 'UTF8')::jsonb ->> 'error_class', ':', 1), count(*)"
+    " FROM billingledger_events WHERE topic = %s GROUP BY 1 ORDER BY 2 DESC"
+)
+
+
+def _failures(settings: Settings) -> dict[str, int]:
+    """The recorded failures of close steps (``FinalizeFailed``) by error class."""
+    with psycopg.connect(settings.database_url) as conn:
+        rows = conn.execute(_FAILURES, (get_topic(Invoice.FinalizeFailed),)).fetchall()
+    return {str(r[0]): int(r[1]) for r in rows}
 
 
 _LINE_BILLED = (

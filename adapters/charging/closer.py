@@ -22,8 +22,9 @@ and issues the credit notes reversals after that requested.
    repaired under keys of its own and read again; what setting amounts cannot repair
    stops the invoice for an operator (``AttentionNeeded``). Then it
    finalizes the draft in Stripe (key ``invoice-finalize:{invoice}``;
-   after a failed or unknown attempt it reads the invoice first, so a worker killed
-   between Stripe's answer and the record finds it finalized and records it once)
+   after a finalize whose outcome is unknown it reads the invoice first, so a worker
+   killed between Stripe's answer and the record finds it finalized and records it
+   once; a refused call (a 429) or a failed read leaves nothing to look for)
    and records ``Finalized`` from Stripe's answer (``observe``: the webhook may have
    recorded it first), with ``MismatchFound`` when Stripe's total is not the expected
    one (an alert, never a silent success); a failure is recorded with its due time
@@ -309,7 +310,10 @@ class InvoiceCloser:
     ) -> CloseStep:
         """A failed Stripe call while finalizing: recorded with its due time."""
         due = retry_due(failure, invoice.finalize_attempts + 1, now, self.policy, self.jitter())
-        invoice.record_finalize_failure(failure.error_class, failure.message, due)
+        invoice.record_finalize_failure(
+            failure.error_class, failure.message, due, call=what,
+            may_have_landed=failure.may_land_later,
+        )  # fmt: skip
         self.ledger.save(invoice)
         metrics().invoices.add(1, {"step": "finalize_failed"})
         log.warning(
@@ -323,7 +327,7 @@ class InvoiceCloser:
         now = self.clock()
         assert invoice.stripe_invoice_id is not None
         answer = self.gateway.finalize_invoice(
-            invoice.stripe_invoice_id, invoice.id, look_first=invoice.finalize_attempts > 0
+            invoice.stripe_invoice_id, invoice.id, look_first=invoice.finalize_in_doubt
         )
         if isinstance(answer, ChargeFailure):
             return self._failed(invoice, answer, now, "finalize"), 1

@@ -543,6 +543,32 @@ def test_a_failed_finalize_is_retried_when_due_looking_first_and_without_reading
     assert parts.stripe.calls.count("read") == 1
 
 
+@pytest.mark.parametrize(
+    ("where", "failure", "looked_first"),
+    [
+        # A 429 is answered before Stripe does anything: the retry finalizes unread.
+        ("finalize", _failure(answered=True), [False, False]),
+        # A read that failed changed nothing: the read again, then a finalize unread.
+        ("read", _failure(), [False]),
+    ],
+)
+def test_a_failure_that_cannot_have_finalized_costs_no_read_before_the_next_finalize(
+    where: str, failure: ChargeFailure, looked_first: list[bool]
+) -> None:
+    parts = Parts().bill().closed()
+    if where == "finalize":
+        parts.stripe.finalize_failures.append(failure)
+    else:
+        parts.stripe.failures.append(failure)
+    step = parts.step()
+    assert (step.result, step.retry_at) == (S.FAILED, DEADLINE + HALF_S)
+    assert parts.invoice().finalize_in_doubt is False
+    parts.clock.now = DEADLINE + HALF_S
+    assert parts.step().state is InvoiceState.FINALIZED
+    assert parts.stripe.looked_first == looked_first
+    assert parts.stripe.calls.count("read") == (1 if where == "finalize" else 2)
+
+
 def test_stripe_finalizing_another_total_is_recorded_as_a_mismatch() -> None:
     parts = Parts(verify=False).bill().closed()
     parts.edit(parts.lines[0], 80)

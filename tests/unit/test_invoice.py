@@ -180,8 +180,10 @@ def test_finalizing_needs_every_lines_final_total_and_records_their_sum() -> Non
 
 def test_failed_finalizes_count_from_one_with_the_last_error_and_due_time() -> None:
     invoice = _finalizing()
-    invoice.record_finalize_failure("Timeout", "slow", AT)
-    invoice.record_finalize_failure("RateLimited", "busy", AT + timedelta(minutes=5))
+    invoice.record_finalize_failure("Timeout", "slow", AT, call="finalize", may_have_landed=True)
+    invoice.record_finalize_failure(
+        "RateLimited", "busy", AT + timedelta(minutes=5), call="finalize", may_have_landed=False
+    )
     first, second = invoice.collect_events()
     assert isinstance(first, Invoice.FinalizeFailed)
     assert isinstance(second, Invoice.FinalizeFailed)
@@ -193,7 +195,37 @@ def test_failed_finalizes_count_from_one_with_the_last_error_and_due_time() -> N
         AT + timedelta(minutes=5),
     )
     with pytest.raises(IllegalTransition, match="cannot record a failed finalize"):
-        _closed().record_finalize_failure("Timeout", "slow", AT)
+        _closed().record_finalize_failure(
+            "Timeout", "slow", AT, call="finalize", may_have_landed=True
+        )
+
+
+@pytest.mark.parametrize(
+    ("failures", "in_doubt"),
+    [
+        ([], False),
+        ([("read back", True)], False),  # a read that timed out changed nothing
+        ([("repair", True)], False),  # a repair in doubt has its own landing window
+        ([("finalize", False)], False),  # refused (a 429): it will never finalize
+        ([("finalize", True)], True),  # a timeout: it may have finalized, answer lost
+        ([("finalize", True), ("finalize", False)], True),  # a later refusal clears nothing
+        ([("read back", False), ("finalize", True), ("read back", True)], True),
+    ],
+)
+def test_only_a_finalize_that_may_have_landed_makes_the_next_one_look_first(
+    failures: list[tuple[str, bool]], in_doubt: bool
+) -> None:
+    invoice = Invoice.open("acme", "USD", PERIOD, L1)
+    invoice.close("period ended")
+    invoice.start_finalizing([(L1, 4, 700)])
+    for call, landed in failures:
+        invoice.record_finalize_failure("E", "m", AT, call=call, may_have_landed=landed)
+    assert invoice.finalize_in_doubt is in_doubt
+    replayed = None
+    for recorded in invoice.collect_events():  # what a reload of its history finds
+        replayed = recorded.mutate(replayed)
+    assert isinstance(replayed, Invoice)
+    assert (replayed.finalize_in_doubt, replayed.finalize_attempts) == (in_doubt, len(failures))
 
 
 # -- what Stripe says ---------------------------------------------------------------------
@@ -201,7 +233,7 @@ def test_failed_finalizes_count_from_one_with_the_last_error_and_due_time() -> N
 
 def test_an_open_view_finalizes_with_stripes_number_and_total() -> None:
     invoice = _finalizing()
-    invoice.record_finalize_failure("Timeout", "slow", AT)
+    invoice.record_finalize_failure("Timeout", "slow", AT, call="finalize", may_have_landed=True)
     invoice.collect_events()
     assert invoice.observe(_view("open", number="INV-9", total=700)) is True
     (finalized,) = invoice.collect_events()
@@ -213,7 +245,7 @@ def test_an_open_view_finalizes_with_stripes_number_and_total() -> None:
 
 def test_a_finalized_total_other_than_expected_is_a_recorded_mismatch_needing_attention() -> None:
     invoice = _finalizing()
-    invoice.record_finalize_failure("Timeout", "slow", AT)
+    invoice.record_finalize_failure("Timeout", "slow", AT, call="finalize", may_have_landed=True)
     invoice.collect_events()
     assert invoice.observe(_view("open", number="INV-9", total=703)) is True
     finalized, mismatch = invoice.collect_events()

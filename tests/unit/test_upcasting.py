@@ -19,6 +19,7 @@ from eventsourcing.persistence import StoredEvent
 from domain.account import CustomerAccount
 from domain.audit_lines import LineAudit
 from domain.credit_line import CreditLine
+from domain.invoice import Invoice
 from domain.periods import PeriodPolicy
 from domain.price_book import INITIAL_VERSION, PRICE_BOOK_ID, PriceBook
 from domain.pricing import Price, PriceList
@@ -29,6 +30,7 @@ from tests.fast.fakes import memory_ledger
 TXN = "domain.transaction:BillingTransaction."
 ACCOUNT = "domain.account:CustomerAccount."
 AT = {"_type_": "datetime_iso", "_data_": "2026-12-01T10:00:00+00:00"}
+AT_DT = datetime(2026, 12, 1, 10, tzinfo=UTC)
 
 
 def _stored(originator: object, version: int, topic: str, state: dict[str, object]) -> StoredEvent:
@@ -285,6 +287,31 @@ def test_a_version_1_credit_line_loads_summed_per_usage_line() -> None:
         folds.append((audit.credit_of_line, audit.credited_on_line, audit.problems))
     assert folds[0] == folds[1] == ({str(a): Decimal("0.55"), str(b): Decimal(2)},
                                     {str(a): 2, str(b): 1}, [])  # fmt: skip
+
+
+def test_a_version_1_failed_finalize_loads_as_a_finalize_that_may_have_landed() -> None:
+    """Before v2 a ``FinalizeFailed`` did not say which call failed, nor whether Stripe
+    could still execute it: it loads as a finalize in doubt, so the next finalize reads
+    the invoice first, as every retry did then."""
+    ledger = memory_ledger()
+    invoice = Invoice.open("acme", "USD", PeriodPolicy().period_of(AT_DT), uuid4())
+    invoice.close("period ended")
+    invoice.start_finalizing([(invoice.lines[0], 1, 700)])
+    stored = [ledger.mapper.to_stored_event(e) for e in invoice.collect_events()]
+    v1 = {
+        "attempt": 1,
+        "error_class": "Timeout",
+        "message": "slow",
+        "next_attempt_at": AT,
+    }
+    stored.append(_stored(invoice.id, len(stored) + 1, "domain.invoice:Invoice.FinalizeFailed", v1))
+    loaded = None
+    for event in (ledger.mapper.to_domain_event(e) for e in stored):
+        loaded = event.mutate(loaded)
+    assert isinstance(loaded, Invoice)
+    assert (loaded.finalize_attempts, loaded.last_error, loaded.finalize_in_doubt) == (
+        1, "Timeout: slow", True,
+    )  # fmt: skip
 
 
 _V2_FIELDS = ("line_ids", "amounts", "counts", "billed", "transactions")
