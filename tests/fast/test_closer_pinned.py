@@ -425,6 +425,9 @@ def test_one_drifted_item_may_land_until_one_call_and_the_margin() -> None:
     parts.edit(parts.lines[0], 90)
     parts.stripe.repair_failures.append(_failure())  # the repair's answer is lost
     assert parts.step() == CloseStep(S.FAILED, FIN, 2, DEADLINE + HALF_S)
+    [failed] = parts.events(Invoice.FinalizeFailed)
+    assert (failed.call, failed.may_have_landed) == ("repair", True)
+    assert parts.invoice().finalize_in_doubt is False  # a repair is not a finalize
     lands_by = DEADLINE + LANDING.per_call + LANDING.margin
     [drift] = parts.events(Invoice.DriftFound)
     assert drift.lands_by == lands_by
@@ -537,6 +540,7 @@ def test_a_failed_finalize_is_retried_when_due_looking_first_and_without_reading
     assert parts.step() == CloseStep(S.FAILED, FIN, 2, DEADLINE + HALF_S)
     failing = parts.invoice()
     assert failing.verified and failing.finalize_attempts == 1
+    assert failing.finalize_in_doubt  # a 503: it may have finalized, the answer lost
     parts.clock.now = DEADLINE + HALF_S
     assert parts.step() == CloseStep(S.DONE, InvoiceState.FINALIZED, 1)
     assert parts.stripe.looked_first == [False, True]
@@ -562,6 +566,9 @@ def test_a_failure_that_cannot_have_finalized_costs_no_read_before_the_next_fina
         parts.stripe.failures.append(failure)
     step = parts.step()
     assert (step.result, step.retry_at) == (S.FAILED, DEADLINE + HALF_S)
+    [failed] = parts.events(Invoice.FinalizeFailed)
+    call = "finalize" if where == "finalize" else "read back"
+    assert (failed.call, failed.may_have_landed) == (call, where == "read")
     assert parts.invoice().finalize_in_doubt is False
     parts.clock.now = DEADLINE + HALF_S
     assert parts.step().state is InvoiceState.FINALIZED
