@@ -232,12 +232,16 @@ class LinePusher:
                 if plan.calls and self.gateway.breaker_state() == "open":
                     # Our own breaker would refuse it unsent: no attempt, no backoff.
                     return self._not_sent(push, now)
+                # Each returns its report, or the Stripe requests it sent before
+                # leaving the line to go on its own (counted in the line's push).
                 added = self._add_new(line, push, plan, claim)
-                if added is not None:
-                    return added
+                if isinstance(added, PushReport):
+                    return replace(added, requests=requests + added.requests)
+                requests += added
                 together = self._push_invoice(line, push, plan, claim)
-                if together is not None:
-                    return together
+                if isinstance(together, PushReport):
+                    return replace(together, requests=requests + together.requests)
+                requests += together
                 sent = self._send(line, push, plan, claim)
                 requests += sent.requests
                 outcome = sent.outcome
@@ -258,21 +262,22 @@ class LinePusher:
 
     def _add_new(
         self, line: InvoiceLine, push: LinePush, plan: PushPlan, claim: Claim | None
-    ) -> PushReport | None:
+    ) -> PushReport | int:
         """Create ``line``'s items together with the draft's other new lines, in one
         ``add_lines`` request (a batch recorded before, when there is one: the same set
-        again), or None: the line goes on its own (items planned before batches, an
-        invoice pushed line by line, a batch Stripe refused on a draft). Raises
+        again), or the Stripe requests sent before the line goes on its own (items
+        planned before batches, an invoice pushed line by line, a batch Stripe refused
+        on a draft). Raises
         IntegrityError or IllegalTransition on a lost race (the caller reloads)."""
         recorded = push.batched()
         invoice = self._the_invoice(line)
         made: list[_Member] = []
         if recorded is None:
             if not _fresh(push, plan) or invoice.id in self._per_line:
-                return None
+                return 0
             members = self._new_members(invoice, _Member(line, push, plan), claim)
             if len(members) < 2:  # alone: created on its own (``set_line_items``)
-                return None
+                return 0
         else:
             members, made = self._batch_of(line, push, plan, recorded)
         customer, requests = self._customer(line.customer_id)
@@ -356,16 +361,16 @@ class LinePusher:
 
     def _push_invoice(
         self, line: InvoiceLine, push: LinePush, plan: PushPlan, claim: Claim | None
-    ) -> PushReport | None:
+    ) -> PushReport | int:
         """Set ``line`` and the invoice's other changed lines in one ``update_lines``
-        request, or None: the line goes on its own (an item to create, line items Stripe
-        does not list, an invoice pushed line by line). Raises IntegrityError or
-        IllegalTransition on a lost race (the caller reloads)."""
+        request, or the Stripe requests sent before the line goes on its own (an item to
+        create, line items Stripe does not list, an invoice pushed line by line). Raises
+        IntegrityError or IllegalTransition on a lost race (the caller reloads)."""
         if not plan.calls or any(step.item_id is None for step in plan.items):
-            return None
+            return 0
         invoice = self._the_invoice(line)
         if invoice.stripe_invoice_id is None or invoice.id in self._per_line:
-            return None
+            return 0
         members = self._members(invoice, _Member(line, push, plan), claim)
         requests = 0
         if any(m.push.line_item_ids() is None for m in members):
@@ -374,7 +379,7 @@ class LinePusher:
             if isinstance(learned, ChargeFailure):
                 if learned.retryable:  # nothing was set: the line waits its retry
                     return self._failed(line, push, plan, learned, requests)
-                return None  # a refusal to list is no refusal of the line: it goes alone
+                return requests  # a refusal to list is no refusal of the line: alone
             for m in members:
                 m.push.learn_line_items(learned)
             touched = [m.push for m in members if m.push.pending_events]
@@ -388,7 +393,7 @@ class LinePusher:
         batch = next((b for b in batches(list(parts.values())) if line.id in
                       {p.line_id for p in b}), None)  # fmt: skip
         if batch is None:
-            return None  # Stripe does not list its line items: pushed on its own
+            return requests  # Stripe does not list its line items: pushed on its own
         chosen = [m for m in members if m.line.id in {p.line_id for p in batch}]
         attempts = self._start_attempts(chosen, claim)
         update = LinesUpdate(invoice.id, invoice.stripe_invoice_id, batch)
@@ -477,13 +482,13 @@ class LinePusher:
         requests: int,
         *,
         adding: bool = False,
-    ) -> PushReport | None:
+    ) -> PushReport | int:
         """Stripe did not set (or make: ``adding``) the lines. A retryable failure is each
         line's (recorded with its due time), and so is a refusal of a request that set
         one line only. A refusal of several lines of an invoice that is still a draft, or
         of any batch of new lines, is the request's, not the lines': the batch is left
-        and the invoice is pushed line by line from now on (None: this line goes now),
-        so one line's fault never compensates the others' usage."""
+        and the invoice is pushed line by line from now on (the requests sent: this line
+        goes now), so one line's fault never compensates the others' usage."""
         first = chosen[0]
         if not failure.retryable and (len(chosen) > 1 or adding):
             view = self.gateway.read_draft(self._the_invoice(first.line).stripe_invoice_id or "")
@@ -504,7 +509,7 @@ class LinePusher:
                     extra=step_fields("push", "per_line", error_code=failure.error_class,
                                       invoice_id=str(invoice_id)),
                 )  # fmt: skip
-                return None
+                return requests
         report = self._failed(
             first.line, first.push, first.plan, failure, requests, attempt=attempts[0]
         )

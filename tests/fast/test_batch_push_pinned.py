@@ -444,8 +444,10 @@ def test_a_refused_batch_on_a_draft_is_left_by_every_line_and_each_goes_alone() 
     b.gateway.fail["add"] = REFUSED
     report = b.pusher.push(first)
     assert b.gateway.reads == ["in_1"]  # whose refusal: the draft is read once
-    # made on its own at once (the planned item: one creation)
-    assert report == PushReport(StepResult.CHARGED, b.seq(first), 1, 1)
+    # made on its own at once (the planned item: one creation); the push counts every
+    # request it sent: the customer, the draft, the refused batch, the read, the creation
+    assert report == PushReport(StepResult.CHARGED, b.seq(first), 5, 1)
+    assert b.events(first, LinePush.Pushed)[-1].requests == 5
     assert [i.line_id for i in b.gateway.item_requests] == [first]
     for line in (first, second, third):
         ended = b.events(line, LinePush.AttemptEnded)[0]  # the batch's (`first`: then its own)
@@ -696,6 +698,7 @@ def test_a_refusal_to_list_the_line_items_sends_the_line_alone() -> None:
     assert (report.result, report.sequence, report.charged, report.lines) == (
         StepResult.CHARGED, b.seq(first), 1, (),
     )  # fmt: skip
+    assert report.requests == 2  # the refused listing counted, then its own update
     assert b.gateway.update_requests == [] and b.gateway.calls[-1] == "update"
     assert b.held(first) == b.line(first).billed
     for line in (second, third):
@@ -723,6 +726,7 @@ def test_a_refusal_of_two_lines_on_a_draft_sends_them_one_by_one_compensating_no
     assert b.gateway.reads == ["in_1"]
     assert (report.result, report.sequence, report.lines) == (StepResult.CHARGED, b.seq(first), ())
     assert b.gateway.calls[-1] == "update"  # then set on its own
+    assert report.requests == 4  # line items listed, the refused request, the read, its own
     for line in (first, second):
         ended = b.events(line, LinePush.AttemptEnded)[1]  # the request's
         assert (ended.attempt, ended.outcome) == (2, "answered")
