@@ -1,14 +1,15 @@
 """Which line to push next: the oldest unsent change first, each line at most every
 ``settle_interval_s`` after a push Stripe took, a failed one not before its retry is due.
 
-**Pushed when it settles.** With ``quiet_s`` set, a line that has had no change for
-``quiet_s`` is pushed without waiting out its interval (but never sooner than
-``quiet_min_s`` after its last push): a line that keeps changing is pushed once an
-interval, as before, and costs nothing more; a line whose usage stopped (a burst over,
-the load gone, Stripe back after an outage and the backlog settled) is pushed at
-once instead of up to an interval later. What it costs is a push of every line whose
-changes come further apart than ``quiet_s``: up to one per ``quiet_min_s`` instead of
-one per interval.
+**Pushed when it settles.** With ``quiet_s`` set, a line that has gone quiet is pushed
+without waiting out its interval (but never sooner than ``quiet_min_s`` after its last
+push). Quiet means no change for ``QUIET_GAPS`` times the line's usual time between
+changes (an average of the last few, as heard), and for at least ``quiet_s``: a line
+whose usage stopped (a burst over, the load gone, Stripe back after an outage and the
+backlog settled) is pushed within seconds instead of up to an interval later, while a
+line that keeps changing at its own pace, fast or slow, is pushed once an interval and
+costs nothing more. What it costs is a push of a line whose usage pauses for several of
+its usual gaps and then goes on.
 
 The scheduler is told about lines that changed (by the process manager, from the
 events on ``billing.events``, and by the reconciler, from the database) and hands
@@ -42,7 +43,12 @@ from uuid import UUID
 from adapters.charging.pusher import LinePusher, PushReport
 from domain.saga import StepResult
 
-__all__ = ["LineScheduler"]
+__all__ = ["QUIET_GAPS", "LineScheduler"]
+
+QUIET_GAPS = 4.0
+"""A line is quiet after this many of its usual gaps between changes with none."""
+
+_GAP_WEIGHT = 0.25  # the weight of the newest gap in a line's usual gap
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +95,8 @@ class LineScheduler:
         self._busy_customers: set[str] = set()
         self._customer_of: dict[UUID, str | None] = {}
         self._last_push: dict[UUID, float] = {}
+        self._heard: dict[UUID, float] = {}  # when its newest change was heard of
+        self._gap: dict[UUID, float] = {}  # its usual time between changes, as heard
         self._cond = condition or threading.Condition()
         self.pushed = 0
         self.requests = 0
@@ -108,6 +116,8 @@ class LineScheduler:
         oldest = now - _ago(changed_at) if changed_at is not None else now
         not_before = now + _until(due) if due is not None else now
         with self._cond:
+            if changed_at is None:  # a change heard of now: how far apart they come
+                self._heard_of(line_id, now)
             entry = self._waiting.get(line_id)
             if entry is None:
                 self._waiting[line_id] = _Entry(oldest, not_before, customer, now)
@@ -117,6 +127,18 @@ class LineScheduler:
                     entry.newest_change = now
                 entry.not_before = max(entry.not_before, not_before) if due else entry.not_before
             self._cond.notify()
+
+    def _heard_of(self, line_id: UUID, now: float) -> None:
+        before = self._heard.get(line_id)
+        self._heard[line_id] = now
+        if before is None or now <= before:
+            return
+        gap, usual = now - before, self._gap.get(line_id)
+        self._gap[line_id] = gap if usual is None else usual + _GAP_WEIGHT * (gap - usual)
+
+    def quiet_after(self, line_id: UUID) -> float:
+        """How long ``line_id`` must have had no change to count as quiet."""
+        return max(self.quiet_s, QUIET_GAPS * self._gap.get(line_id, 0.0))
 
     def waiting(self) -> int:
         with self._cond:
@@ -182,7 +204,7 @@ class LineScheduler:
             return entry.not_before
         settled = last + self.settle_interval_s
         if self.quiet_s:  # quiet since its newest change: it need not wait out the interval
-            quiet = max(entry.newest() + self.quiet_s, last + self.quiet_min_s)
+            quiet = max(entry.newest() + self.quiet_after(line), last + self.quiet_min_s)
             settled = min(settled, quiet)
         return max(entry.not_before, settled)
 
@@ -216,10 +238,14 @@ class LineScheduler:
             self._cond.notify()
 
     def _forget_old_pushes(self, now: float) -> None:
+        cutoff = now - self.settle_interval_s
         if len(self._last_push) > self.remembered_pushes:
-            cutoff = now - self.settle_interval_s
             for line in [k for k, at in self._last_push.items() if at < cutoff]:
                 del self._last_push[line]
+        if len(self._heard) > self.remembered_pushes:  # lines not heard of for an interval
+            for line in [k for k, at in self._heard.items() if at < cutoff]:
+                del self._heard[line]
+                self._gap.pop(line, None)
 
 
 def _ago(moment: datetime) -> float:

@@ -74,15 +74,49 @@ def _pushed_once(scheduler: LineScheduler) -> None:
     scheduler._done(L1, PushReport(StepResult.CHARGED, 4, requests=1, charged=3))
 
 
+def _burst(scheduler: LineScheduler, clock: Clock, changes: int, every: float) -> None:
+    """``changes`` changes of L1, ``every`` seconds apart, the last one now."""
+    for i in range(changes):
+        if i:
+            clock.now += every
+        scheduler.changed(L1)
+
+
 def test_a_line_that_went_quiet_is_pushed_before_its_interval_ends() -> None:
     scheduler, clock = _quiet_scheduler()
     _pushed_once(scheduler)
-    clock.now += 6.0  # past the least time between pushes
-    scheduler.changed(L1)
+    clock.now += 1.0
+    _burst(scheduler, clock, 25, 0.2)  # busy: its usual gap is about 0.2 s
+    assert scheduler.quiet_after(L1) == 2.0  # four of its gaps are less than the floor
     clock.now += 1.9
     assert scheduler._take(STOP) is None  # changed 1.9 s ago: not quiet yet
     clock.now += 0.1
-    assert scheduler._take(STOP) == L1  # quiet for 2 s: pushed, 22 s before its interval
+    assert scheduler._take(STOP) == L1  # quiet for 2 s: pushed, 21 s before its interval
+
+
+def test_a_line_that_changes_at_its_own_slow_pace_is_not_quiet_between_its_changes() -> None:
+    scheduler, clock = _quiet_scheduler()
+    _pushed_once(scheduler)
+    for _ in range(9):  # a change every 3 s: each gap longer than the 2 s floor
+        clock.now += 2.9
+        assert scheduler._take(STOP) is None  # no change for 2.9 s, but that is its pace
+        clock.now += 0.1
+        scheduler.changed(L1)
+    assert scheduler.quiet_after(L1) == 12.0  # four of its gaps
+    clock.now += 3.0  # the interval is over: pushed once, as without a quiet time
+    assert scheduler._take(STOP) == L1
+
+
+def test_a_slow_line_whose_usage_stopped_is_pushed_after_four_of_its_gaps() -> None:
+    scheduler, clock = _quiet_scheduler()
+    _pushed_once(scheduler)
+    clock.now += 1.0
+    _burst(scheduler, clock, 5, 2.5)  # every 2.5 s: quiet after 10 s
+    assert scheduler.quiet_after(L1) < 11.0
+    clock.now += scheduler.quiet_after(L1) - 0.1
+    assert scheduler._take(STOP) is None
+    clock.now += 0.1
+    assert scheduler._take(STOP) == L1  # about 19 s after its last push, not 30
 
 
 def test_a_line_that_keeps_changing_waits_out_its_interval() -> None:
@@ -132,8 +166,8 @@ def test_a_quiet_line_still_waits_for_its_retry() -> None:
 def test_a_change_found_again_by_the_reconciler_does_not_make_a_line_look_busy() -> None:
     scheduler, clock = _quiet_scheduler()
     _pushed_once(scheduler)
-    clock.now += 6.0
-    scheduler.changed(L1)
+    clock.now += 1.0
+    _burst(scheduler, clock, 25, 0.2)
     clock.now += 1.0
     # The reconciler finds the same unsent change in the database (its oldest moment).
     scheduler.changed(L1, changed_at=datetime.now(UTC) - timedelta(seconds=1))
