@@ -131,7 +131,11 @@ class LineScheduler:
     def _heard_of(self, line_id: UUID, now: float) -> None:
         before = self._heard.get(line_id)
         self._heard[line_id] = now
-        if before is None or now <= before:
+        if before is None or now <= before or now - before >= self.settle_interval_s:
+            # A pause of an interval or more is no pace: the line's next change is pushed
+            # at once after it anyway (and the line is forgotten past it, see
+            # ``_forget_old_pushes``); counted, it would keep a burst after a pause from
+            # ever being quiet.
             return
         gap, usual = now - before, self._gap.get(line_id)
         self._gap[line_id] = gap if usual is None else usual + _GAP_WEIGHT * (gap - usual)
