@@ -290,7 +290,7 @@ def build_closer(
     return InvoiceCloser(
         pusher.ledger,
         pusher.gateway,
-        (lambda line, customer: scheduler.changed(line, customer=customer))
+        scheduler.hand_over
         if scheduler is not None
         else (lambda line, _customer: pusher.push(line)),
         settings.retry_policy(),
@@ -304,7 +304,7 @@ def build_draft_checker(pusher: LinePusher, scheduler: LineScheduler) -> DraftCh
     return DraftChecker(
         pusher.ledger,
         pusher.gateway,
-        lambda line, customer: scheduler.changed(line, customer=customer),
+        scheduler.hand_over,
         clock=pusher.clock,
     )
 

@@ -21,10 +21,12 @@ and issues the credit notes reversals after that requested.
    item and the total equal the ledger's; a difference is recorded (``DriftFound``),
    repaired under keys of its own and read again; what setting amounts cannot repair
    stops the invoice for an operator (``AttentionNeeded``). Then it
-   finalizes the draft in Stripe (key ``invoice-finalize:{invoice}``;
-   after a finalize whose outcome is unknown it reads the invoice first, so a worker
-   killed between Stripe's answer and the record finds it finalized and records it
-   once; a refused call (a 429) or a failed read leaves nothing to look for)
+   finalizes the draft in Stripe (key ``invoice-finalize:{invoice}``: a worker killed
+   between Stripe's answer and the record gets the finalized invoice again, replayed
+   by the key or, past Stripe's 24 hours, read after its refusal, and records it once;
+   after a finalize known to be in doubt (recorded so, or its record lost a race) it
+   reads the invoice first; a refused call (a 429) or a failed read leaves nothing to
+   look for)
    and records ``Finalized`` from Stripe's answer (``observe``: the webhook may have
    recorded it first), with ``MismatchFound`` when Stripe's total is not the expected
    one (an alert, never a silent success); a failure is recorded with its due time
@@ -80,6 +82,10 @@ MAX_REPAIRS = 3
 """Drift repaired this many times and found again stops the invoice for an operator."""
 
 
+class _FinalizeUnrecorded(Exception):
+    """A finalize was sent and its record lost a race to another writer (the cause)."""
+
+
 class CloseResult(StrEnum):
     NOT_DUE = "not_due"  # open, before its deadline
     WAITING = "waiting"  # closed: lines not final in Stripe yet, or a retry not due
@@ -130,12 +136,17 @@ class InvoiceCloser:
         """Drive the invoice as far as it can go now. ``close_now``: close it before its
         deadline, with this reason (an operator's ``invoices close``)."""
         requests = 0
+        sent_finalize = False  # a finalize of this step whose outcome was not recorded
         for _ in range(self.max_races):
             invoice = self.ledger.invoice_by_id(invoice_id)
             if invoice is None:
                 return CloseStep(CloseResult.DONE)
             try:
-                result, sent = self._next(invoice, close_now)
+                result, sent = self._next(invoice, close_now, sent_finalize)
+            except _FinalizeUnrecorded:  # its record lost a race: reload, and read first
+                requests += 1
+                sent_finalize = True
+                continue
             except (IntegrityError, IllegalTransition):
                 continue  # another writer recorded first: reload and look again
             requests += sent
@@ -143,7 +154,9 @@ class InvoiceCloser:
                 return CloseStep(result.result, result.state, requests, result.retry_at)
         return CloseStep(CloseResult.RACED, requests=requests)
 
-    def _next(self, invoice: Invoice, close_now: str | None) -> tuple[CloseStep, int]:
+    def _next(
+        self, invoice: Invoice, close_now: str | None, sent_finalize: bool
+    ) -> tuple[CloseStep, int]:
         state = invoice.state
         if state is S.OPEN:
             deadline = close_deadline(invoice, self.grace)
@@ -161,7 +174,7 @@ class InvoiceCloser:
                 return CloseStep(CloseResult.WAITING, state, retry_at=due), 0
             if self.verify and not invoice.verified:
                 return self._read_back(invoice)
-            return self._finalize(invoice)
+            return self._finalize(invoice, look_first=sent_finalize)
         if invoice.credits_pending() and state in (S.FINALIZED, S.PAYMENT_FAILED, S.PAID):
             return self._credit(invoice)
         return CloseStep(CloseResult.DONE, state), 0
@@ -230,7 +243,7 @@ class InvoiceCloser:
         if view.status != "draft":
             # Finalized already (an earlier attempt whose answer was lost, or by hand):
             # the finalize step reads it and compares Stripe's total with the ledger's.
-            step, sent = self._finalize(invoice)
+            step, sent = self._finalize(invoice, look_first=False)
             return step, 1 + sent
         verdict = verify_draft(
             expected_items(pushes), invoice.expected_total, view, invoice.currency
@@ -323,17 +336,24 @@ class InvoiceCloser:
         )  # fmt: skip
         return CloseStep(CloseResult.FAILED, invoice.state, 1, due)
 
-    def _finalize(self, invoice: Invoice) -> tuple[CloseStep, int]:
+    def _finalize(self, invoice: Invoice, *, look_first: bool) -> tuple[CloseStep, int]:
+        """Finalize the draft, reading the invoice first when an earlier finalize may
+        have landed: one recorded in doubt, or one of this step whose record lost a race
+        (``look_first``)."""
         now = self.clock()
         assert invoice.stripe_invoice_id is not None
         answer = self.gateway.finalize_invoice(
-            invoice.stripe_invoice_id, invoice.id, look_first=invoice.finalize_in_doubt
-        )
-        if isinstance(answer, ChargeFailure):
-            return self._failed(invoice, answer, now, "finalize"), 1
-        invoice.observe(answer)
-        if invoice.pending_events:
-            self.ledger.save(invoice)
+            invoice.stripe_invoice_id, invoice.id,
+            look_first=look_first or invoice.finalize_in_doubt,
+        )  # fmt: skip
+        try:
+            if isinstance(answer, ChargeFailure):
+                return self._failed(invoice, answer, now, "finalize"), 1
+            invoice.observe(answer)
+            if invoice.pending_events:
+                self.ledger.save(invoice)
+        except (IntegrityError, IllegalTransition) as lost:
+            raise _FinalizeUnrecorded from lost
         if invoice.mismatch is not None:
             self._alert_mismatch(invoice)
         metrics().invoices.add(1, {"step": "finalized"})

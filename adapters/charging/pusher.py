@@ -231,7 +231,7 @@ class LinePusher:
                     )
                 if plan.calls and self.gateway.breaker_state() == "open":
                     # Our own breaker would refuse it unsent: no attempt, no backoff.
-                    return self._not_sent(push, now)
+                    return self._not_sent(push, now, requests)
                 # Each returns its report, or the Stripe requests it sent before
                 # leaving the line to go on its own (counted in the line's push).
                 added = self._add_new(line, push, plan, claim)
@@ -246,7 +246,10 @@ class LinePusher:
                 requests += sent.requests
                 outcome = sent.outcome
                 if isinstance(outcome, ChargeFailure):
-                    return self._failed(line, push, plan, outcome, requests, attempt=sent.attempt)
+                    return self._failed(
+                        line, push, plan, outcome, requests, attempt=sent.attempt,
+                        unsent=plan.calls,
+                    )  # fmt: skip
                 if sent.attempt:
                     push.end_attempt(sent.attempt, "answered")
                 charged = self._record_push(line, push, plan, outcome, requests)
@@ -528,9 +531,11 @@ class LinePusher:
 
     # -- Stripe ----------------------------------------------------------------------
 
-    def _not_sent(self, push: LinePush, now: datetime) -> PushReport:
+    def _not_sent(self, push: LinePush, now: datetime, requests: int = 0) -> PushReport:
+        """Refused unsent by our own breaker or limiter: no attempt, no backoff (the
+        ``requests`` sent before it, a customer or a draft made, are still counted)."""
         return PushReport(
-            StepResult.WAIT, push.pushed_sequence, 0, retry_at=now + self.policy.base_delay
+            StepResult.WAIT, push.pushed_sequence, requests, retry_at=now + self.policy.base_delay
         )
 
     def _send(
@@ -696,13 +701,17 @@ class LinePusher:
         requests: int,
         *,
         attempt: int = 0,
+        unsent: int = 1,
     ) -> PushReport:
+        """A failed call, counted in ``requests`` as ``unsent`` requests (the items'
+        calls: counted as none sent when one is refused unsent, though the breaker may
+        have opened after the first few)."""
         now = self.clock()
         if not failure.sent:  # our own breaker or limiter: nothing reached Stripe
             if attempt:
                 push.end_attempt(attempt, "not_sent")
                 self.ledger.save(push)
-            return self._not_sent(push, now)
+            return self._not_sent(push, now, max(requests - unsent, 0))
         if attempt and not failure.may_land_later:
             push.end_attempt(attempt, "answered")
         attention = None

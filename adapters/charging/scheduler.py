@@ -110,20 +110,37 @@ class LineScheduler:
         changed_at: datetime | None = None,
         due: datetime | None = None,
     ) -> None:
-        """``line_id`` (of ``customer``) has a change to push (``changed_at``: when;
-        ``due``: not before)."""
+        """``line_id`` (of ``customer``) has a change to push (``changed_at``: when,
+        when it is one found again rather than heard of now; ``due``: not before)."""
+        self._enqueue(line_id, customer, changed_at, due, heard=changed_at is None)
+
+    def hand_over(self, line_id: UUID, customer: str | None = None) -> None:
+        """Push ``line_id`` by the usual rules though nothing was heard of it (the closer
+        waiting for a line's final total, the draft checker's drifted line): it is no
+        change, so it neither sets the line's pace nor delays its quiet."""
+        self._enqueue(line_id, customer, None, None, heard=False)
+
+    def _enqueue(
+        self,
+        line_id: UUID,
+        customer: str | None,
+        changed_at: datetime | None,
+        due: datetime | None,
+        *,
+        heard: bool,
+    ) -> None:
         now = self.clock()
         oldest = now - _ago(changed_at) if changed_at is not None else now
         not_before = now + _until(due) if due is not None else now
         with self._cond:
-            if changed_at is None:  # a change heard of now: how far apart they come
+            if heard:  # a change heard of now: how far apart they come
                 self._heard_of(line_id, now)
             entry = self._waiting.get(line_id)
             if entry is None:
                 self._waiting[line_id] = _Entry(oldest, not_before, customer, now)
             else:
                 entry.oldest_change = min(entry.oldest_change, oldest)
-                if changed_at is None:  # a change heard of now, not one found again
+                if heard:  # a change heard of now, not one found again
                     entry.newest_change = now
                 entry.not_before = max(entry.not_before, not_before) if due else entry.not_before
             self._cond.notify()

@@ -44,8 +44,10 @@ def classify(exc: BaseException) -> ChargeFailure:
         )
         name = f"http_{status}" if status else type(exc).__name__
         # An answer below 500 is final: the request took effect or never will. A 5xx
-        # (or no status) leaves the outcome open: it may still land.
-        answered = 0 < status < 500
+        # (or no status) leaves the outcome open: it may still land. So does a 409: its
+        # key is in use by a request still running (an earlier attempt of ours whose
+        # answer was lost), which may yet land.
+        answered = 0 < status < 500 and status != 409
         return ChargeFailure(name, _msg(exc), retryable, _retry_after(exc), answered=answered)
     return ChargeFailure(type(exc).__name__, str(exc) or type(exc).__name__, retryable=True)
 

@@ -879,3 +879,16 @@ def test_lines_with_nothing_to_set_or_an_item_unmade_do_not_keep_the_lines_after
     report = b.pusher.push(first)
     assert [p.line_id for p in b.gateway.update_requests[-1].parts] == [first, last]
     assert report.lines == (last,)
+
+
+THROTTLED = ChargeFailure("throttled", "Stripe rate limit saturated", retryable=True, sent=False)
+
+
+def test_a_batch_refused_unsent_after_the_customer_and_draft_counts_those_requests() -> None:
+    b = Book()
+    first, _second = b.usage(USD[0]), b.usage(USD[1])
+    b.gateway.fail["add"] = THROTTLED  # the limiter refused add_lines: never sent
+    report = b.pusher.push(first)
+    assert report.result is StepResult.WAIT
+    assert b.invoice(first).stripe_invoice_id is not None  # the customer and draft were made
+    assert report.requests == 2  # the customer and the draft: sent, and Stripe took them

@@ -310,9 +310,12 @@ def test_a_step_that_loses_every_race_gives_up_after_twenty_tries_counting_what_
     assert parts.invoice().state is FIN
 
     parts.ledger.saves_left = 1  # Verified is recorded, then every save loses
-    assert parts.step() == CloseStep(S.RACED, None, 1, None)  # the read it recorded
+    # The read it recorded, and 19 finalizes whose record lost (each after the first
+    # read the invoice first: the one before may have landed).
+    assert parts.step() == CloseStep(S.RACED, None, 20, None)
     assert parts.ledger.refused == 19 + 19
     assert parts.invoice().verified
+    assert parts.stripe.looked_first == [False] + [True] * 18
 
     parts.ledger.saves_left = None  # the finalize Stripe did is recorded from its answer
     assert parts.step() == CloseStep(S.DONE, InvoiceState.FINALIZED, 1)
@@ -574,6 +577,48 @@ def test_a_failure_that_cannot_have_finalized_costs_no_read_before_the_next_fina
     assert parts.step().state is InvoiceState.FINALIZED
     assert parts.stripe.looked_first == looked_first
     assert parts.stripe.calls.count("read") == (1 if where == "finalize" else 2)
+
+
+def test_a_worker_killed_after_stripe_finalized_records_it_once_from_the_keys_replay() -> None:
+    parts = Parts().bill().closed()
+    send = parts.stripe.finalize_invoice
+
+    def killed_after_sending(
+        stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool
+    ) -> StripeInvoiceView | ChargeFailure:
+        send(stripe_invoice_id, invoice_id, look_first=look_first)  # Stripe finalized it
+        raise Killed
+
+    parts.stripe.finalize_invoice = killed_after_sending  # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        parts.step()
+    parts.stripe.finalize_invoice = send  # type: ignore[method-assign]
+    assert parts.invoice().state is InvoiceState.FINALIZING  # nothing recorded
+    assert parts.step().state is InvoiceState.FINALIZED
+    # Nothing recorded says it is in doubt: the same key answers the first finalize.
+    assert parts.stripe.looked_first == [False, False]
+    assert parts.stripe.executed.count(f"invoice-finalize:{parts.id}") == 1
+    assert len(parts.events(Invoice.Finalized)) == 1
+
+
+def test_a_finalize_whose_record_lost_a_race_is_read_first_when_sent_again() -> None:
+    parts = Parts().bill().closed()
+    parts.stripe.finalize_failures.append(_failure())  # a 503: it may have finalized
+
+    def reversal_meanwhile() -> None:  # corrections: a credit requested while finalizing
+        invoice = parts.invoice()
+        invoice.request_credit(uuid4(), 1, "reversed meanwhile")
+        parts.ledger.save(invoice)
+
+    # saves: FinalizeStarted, Verified, then FinalizeFailed (loses to the reversal)
+    parts.ledger.before_save += [lambda: None, lambda: None, reversal_meanwhile]
+    step = parts.step()
+    assert parts.events(Invoice.CreditRequested)  # the other writer recorded first
+    assert parts.events(Invoice.FinalizeFailed) == []  # lost with its save
+    assert parts.stripe.looked_first == [False, True]  # the step's second finalize read
+    assert step.state is InvoiceState.FINALIZED
+    # the read back, the lost finalize, the finalize that read first, the credit note
+    assert step.requests == 4
 
 
 def test_stripe_finalizing_another_total_is_recorded_as_a_mismatch() -> None:

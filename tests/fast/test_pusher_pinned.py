@@ -402,8 +402,9 @@ def test_a_call_refused_unsent_inside_the_gateway_ends_its_attempt_as_not_sent()
     [txn] = parts.reserve(1, quantity=1000)
     line = parts.line(txn)
     parts.gateway.fail["items"] = ChargeFailure("circuit_open", "open", True, sent=False)
+    # The customer and the draft were sent (and counted); the refused item was not.
     assert parts.pusher.push(line) == PushReport(
-        StepResult.WAIT, 0, 0, retry_at=T0 + POLICY.base_delay
+        StepResult.WAIT, 0, 2, retry_at=T0 + POLICY.base_delay
     )
     [ended] = parts.push_events(line, LinePush.AttemptEnded)
     assert (ended.attempt, ended.outcome) == (1, "not_sent")

@@ -268,14 +268,15 @@ def test_a_release_hands_its_slot_to_an_acquire_waiting_for_it() -> None:
         (stripe.APIError("boom", http_status=500), True, True),  # 5xx: outcome unknown
         (stripe.APIError("bad gateway", http_status=502), True, True),
         (stripe.InvalidRequestError("no", None, http_status=400), False, True),  # final answer
-        (stripe.APIError("key in use", http_status=409), False, True),
+        # 409: another request under its key is still running, and it may yet land
+        (stripe.APIError("key in use", http_status=409), True, True),
         (stripe.RateLimitError("slow", http_status=429), False, True),  # refused before it ran
         (stripe.AuthenticationError("key", http_status=401), False, True),
         (BreakerOpen("open"), False, False),  # our breaker: never sent
         (CallRefused("saturated"), False, False),  # our limits: never sent
     ],
 )
-def test_only_an_unanswered_or_5xx_request_may_land_later_and_our_refusals_are_not_sent(
+def test_only_an_unanswered_5xx_or_key_in_use_request_may_land_later_and_our_refusals_are_not_sent(
     exc: BaseException, may_land: bool, sent: bool
 ) -> None:
     failure = classify(exc)

@@ -1,11 +1,9 @@
-"""Review of 89eba27: a line's usual gap between changes is poisoned by what is not its
-pace: a pause longer than the settle interval (after which the line is pushed at its
-first change anyway), and the closer's hand-over of a line it waits for (no change
-at all, heard as one every reconciler pass)."""
+"""A line's usual gap between changes counts only its pace: not a pause longer than the
+settle interval (after which the line is pushed at its first change anyway), nor the
+closer's hand-over of a line it waits for (no change at all, handed over every
+reconciler pass)."""
 
 from __future__ import annotations
-
-import pytest
 
 from adapters.charging.pusher import PushReport
 from domain.saga import StepResult
@@ -36,9 +34,6 @@ def test_a_burst_after_an_idle_hour_is_pushed_once_it_is_over_not_an_interval_la
     assert scheduler._take(STOP) == L1  # not at pushed_at + SETTLE (30 s)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="review: hand_over calls changed() with changed_at=None, heard as a change"
-)
 def test_the_closers_hand_over_is_no_change_and_does_not_set_the_lines_pace() -> None:
     scheduler, clock = _quiet_scheduler()
     _pushed_once(scheduler)
@@ -47,6 +42,6 @@ def test_the_closers_hand_over_is_no_change_and_does_not_set_the_lines_pace() ->
     before = scheduler.quiet_after(L1)
     for _ in range(8):  # the closer hands the waiting line over every reconciler pass
         clock.now += 5.0
-        scheduler.changed(L1, customer="acme")  # bootstrap.build_closer's hand_over
+        scheduler.hand_over(L1, customer="acme")  # bootstrap.build_closer's hand_over
     assert scheduler.quiet_after(L1) == before, scheduler.quiet_after(L1)
     assert SETTLE == 30.0
