@@ -67,7 +67,7 @@ class Pipeline:
     customers: int = 100
     meters: int = 3
     settle_interval_s: float = 30.0
-    settle_quiet_s: float = 0.0  # SETTLE_QUIET_S (0: off)
+    settle_quiet_s: float = 2.0  # SETTLE_QUIET_S (0: off)
 
 
 def run_load(pipe: Pipeline, *, plot: Path | None = None, **load: Any) -> dict[str, Any]:

@@ -154,9 +154,9 @@ def _pipeline_args(parser: Any) -> None:
         help="a line is pushed at most this often (SETTLE_INTERVAL_S; default 30)",
     )  # fmt: skip
     parser.add_argument(
-        "--settle-quiet", type=non_negative_float, default=0.0,
-        help="a line quiet this long is pushed before its interval ends (SETTLE_QUIET_S;"
-        " default 0: off)",
+        "--settle-quiet", type=non_negative_float, default=2.0,
+        help="a line quiet this long (and four of its usual gaps) is pushed before its"
+        " interval ends (SETTLE_QUIET_S; default 2; 0: off)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true")
 
