@@ -30,7 +30,7 @@ and issues the credit notes reversals after that requested.
    and records ``Finalized`` from Stripe's answer (``observe``: the webhook may have
    recorded it first), with ``MismatchFound`` when Stripe's total is not the expected
    one (an alert, never a silent success); a failure is recorded with its due time
-   and retried for ever;
+   and retried for ever, and a refusal for good stops the invoice for an operator;
 4. **final**, with credits requested: issues each credit note (key
    ``credit:{transaction}``) and records ``Credited``.
 
@@ -321,7 +321,13 @@ class InvoiceCloser:
     def _failed(
         self, invoice: Invoice, failure: ChargeFailure, now: datetime, what: str
     ) -> CloseStep:
-        """A failed Stripe call while finalizing: recorded with its due time."""
+        """A failed Stripe call while finalizing: recorded with its due time; one Stripe
+        refused for good (a draft deleted by hand, a customer Stripe will not invoice)
+        stops the invoice for an operator instead of being sent again for ever."""
+        if not failure.retryable:
+            return self._attention(
+                invoice, f"Stripe refused the {what}: {failure.error_class}: {failure.message}"
+            )
         due = retry_due(failure, invoice.finalize_attempts + 1, now, self.policy, self.jitter())
         invoice.record_finalize_failure(
             failure.error_class, failure.message, due, call=what,

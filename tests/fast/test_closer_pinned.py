@@ -500,6 +500,29 @@ def test_a_repair_stripe_refuses_stops_the_invoice_with_stripes_reason() -> None
     assert parts.stripe.calls.count("read") == 1
 
 
+@pytest.mark.parametrize("where", ["read back", "finalize"])
+def test_a_read_or_finalize_stripe_refuses_for_good_stops_the_invoice_until_settled(
+    where: str,
+) -> None:
+    parts = Parts().bill().closed()
+    refusal = ChargeFailure("http_400", "no such customer", retryable=False)
+    if where == "finalize":
+        parts.stripe.finalize_failures.append(refusal)
+    else:
+        parts.stripe.failures.append(refusal)
+    assert parts.step().result is S.ATTENTION
+    stopped = parts.invoice()
+    assert stopped.attention == f"Stripe refused the {where}: http_400: no such customer"
+    assert parts.events(Invoice.FinalizeFailed) == []  # no retry due: an operator's
+    sent = list(parts.stripe.calls)
+    parts.clock.now += timedelta(days=1)
+    assert parts.step() == CloseStep(S.ATTENTION, FIN)  # nothing sent while stopped
+    assert parts.stripe.calls == sent
+    stopped.settle_attention("customer restored", "ops")
+    parts.ledger.save(stopped)
+    assert parts.step().state is InvoiceState.FINALIZED  # read back again, then final
+
+
 def test_drift_found_again_after_the_last_repair_stops_the_invoice_for_an_operator() -> None:
     parts = Parts().bill().closed()
     parts.edit(parts.lines[0], 90)
