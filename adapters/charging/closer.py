@@ -242,8 +242,9 @@ class InvoiceCloser:
             return self._failed(invoice, view, now, "read back"), 1
         if view.status != "draft":
             # Finalized already (an earlier attempt whose answer was lost, or by hand):
-            # the finalize step reads it and compares Stripe's total with the ledger's.
-            step, sent = self._finalize(invoice, look_first=False)
+            # the finalize step reads it (looking first: one request, where a finalize
+            # Stripe refuses costs two) and compares Stripe's total with the ledger's.
+            step, sent = self._finalize(invoice, look_first=True)
             return step, 1 + sent
         verdict = verify_draft(
             expected_items(pushes), invoice.expected_total, view, invoice.currency

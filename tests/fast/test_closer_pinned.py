@@ -644,6 +644,19 @@ def test_a_finalize_whose_record_lost_a_race_is_read_first_when_sent_again() -> 
     assert step.requests == 4
 
 
+def test_a_draft_found_finalized_by_the_read_back_is_recorded_from_one_more_read() -> None:
+    parts = Parts().bill().closed()
+    stripe_id = parts.invoice().stripe_invoice_id
+    assert stripe_id is not None
+    parts.stripe.finalized[stripe_id] = _view("open", total=100)  # finalized by hand
+    step = parts.step()
+    assert step.state is InvoiceState.FINALIZED
+    # Looking first costs one read; a finalize Stripe refuses would cost a read more.
+    assert parts.stripe.looked_first == [True]
+    assert step.requests == 2  # the read back, and the finalize step's read
+    assert parts.events(Invoice.MismatchFound) == []
+
+
 def test_stripe_finalizing_another_total_is_recorded_as_a_mismatch() -> None:
     parts = Parts(verify=False).bill().closed()
     parts.edit(parts.lines[0], 80)
