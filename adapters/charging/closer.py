@@ -30,7 +30,8 @@ and issues the credit notes reversals after that requested.
    and records ``Finalized`` from Stripe's answer (``observe``: the webhook may have
    recorded it first), with ``MismatchFound`` when Stripe's total is not the expected
    one (an alert, never a silent success); a failure is recorded with its due time
-   and retried for ever, and a refusal for good stops the invoice for an operator;
+   and retried for ever, and a refusal for good stops the invoice for an operator (a call
+   our own breaker or limiter refused is no attempt: nothing recorded, no backoff);
 4. **final**, with credits requested: issues each credit note (key
    ``credit:{transaction}``) and records ``Credited``.
 
@@ -239,7 +240,7 @@ class InvoiceCloser:
         assert invoice.stripe_invoice_id is not None
         view = self.gateway.read_draft(invoice.stripe_invoice_id)
         if isinstance(view, ChargeFailure):
-            return self._failed(invoice, view, now, "read back"), 1
+            return self._failed(invoice, view, now, "read back"), int(view.sent)
         if view.status != "draft":
             # Finalized already (an earlier attempt whose answer was lost, or by hand):
             # the finalize step reads it (looking first: one request, where a finalize
@@ -305,7 +306,8 @@ class InvoiceCloser:
             ), len(repairs)
         if not failure.may_land_later:
             invoice.record_repaired(repair)
-        return self._failed(invoice, failure, now, "repair"), len(repairs)
+        sent = len(repairs) if failure.sent else 0  # (refused at the first, as pushes count)
+        return self._failed(invoice, failure, now, "repair"), sent
 
     def _attention(self, invoice: Invoice, reason: str) -> CloseStep:
         invoice.need_attention(reason)
@@ -325,6 +327,14 @@ class InvoiceCloser:
         """A failed Stripe call while finalizing: recorded with its due time; one Stripe
         refused for good (a draft deleted by hand, a customer Stripe will not invoice)
         stops the invoice for an operator instead of being sent again for ever."""
+        if not failure.sent:
+            # Our own breaker or limiter refused it: no attempt, so nothing recorded and
+            # no backoff (after a breaker opening every invoice would otherwise wait out
+            # a longer delay at each refusal); the next pass tries again.
+            if invoice.pending_events:  # a repair, refused before it was sent: done
+                self.ledger.save(invoice)
+            retry_at = now + self.policy.base_delay
+            return CloseStep(CloseResult.WAITING, invoice.state, retry_at=retry_at)
         if not failure.retryable:
             return self._attention(
                 invoice, f"Stripe refused the {what}: {failure.error_class}: {failure.message}"
@@ -355,7 +365,7 @@ class InvoiceCloser:
         )  # fmt: skip
         try:
             if isinstance(answer, ChargeFailure):
-                return self._failed(invoice, answer, now, "finalize"), 1
+                return self._failed(invoice, answer, now, "finalize"), int(answer.sent)
             invoice.observe(answer)
             if invoice.pending_events:
                 self.ledger.save(invoice)

@@ -602,6 +602,26 @@ def test_a_failure_that_cannot_have_finalized_costs_no_read_before_the_next_fina
     assert parts.stripe.calls.count("read") == (1 if where == "finalize" else 2)
 
 
+@pytest.mark.parametrize("where", ["read", "finalize"])
+def test_a_call_our_own_breaker_refused_is_no_attempt_recorded_and_raises_no_backoff(
+    where: str,
+) -> None:
+    parts = Parts().bill().closed()
+    refused = ChargeFailure("circuit_open", "open", retryable=True, sent=False)
+    answers = parts.stripe.finalize_failures if where == "finalize" else parts.stripe.failures
+    for attempt in range(3):  # the breaker stays open for three passes
+        answers.append(refused)
+        step = parts.step()
+        assert step.result is S.WAITING  # not FAILED: nothing reached Stripe
+        assert step.retry_at == parts.clock.now + POLICY.base_delay  # never any longer
+        # the refused call is not counted; the first finalize's read back was sent
+        assert step.requests == (1 if where == "finalize" and attempt == 0 else 0)
+        parts.clock.now += POLICY.base_delay
+    assert parts.events(Invoice.FinalizeFailed) == []
+    assert parts.invoice().finalize_attempts == 0
+    assert parts.step().state is InvoiceState.FINALIZED
+
+
 def test_a_worker_killed_after_stripe_finalized_records_it_once_from_the_keys_replay() -> None:
     parts = Parts().bill().closed()
     send = parts.stripe.finalize_invoice
