@@ -183,6 +183,12 @@ class Invoice(Aggregate):
     class Repaired(Aggregate.Event):
         repair: int
 
+    class RepairNotSent(Aggregate.Event):
+        """Our own breaker or limiter refused the repair before any request of it was
+        sent: it does not count toward the repairs an invoice may have."""
+
+        repair: int
+
     class DraftChecked(Aggregate.Event):
         """Its open draft was read back: equal to the ledger, or ``drifted`` lines handed
         to their pushers to be set again."""
@@ -256,6 +262,7 @@ class Invoice(Aggregate):
         self.credited_amount = 0
         self.verified = False
         self.repairs = 0
+        self.repairs_not_sent = 0
         self.repair_lands_by: datetime | None = None  # an unanswered repair may land until
         self.attention: str | None = None
         self.mismatch: tuple[int, int] | None = None  # (expected, Stripe's) once final
@@ -495,6 +502,24 @@ class Invoice(Aggregate):
     @event(Repaired)
     def _repaired(self, repair: int) -> None:
         self.repair_lands_by = None
+
+    def record_repair_not_sent(self, repair: int) -> None:
+        """Repair ``repair`` was refused before any of its requests left: nothing of it
+        can land, and it is no repair (``repairs_sent``)."""
+        self._require("RepairNotSent", "record a repair not sent")
+        if repair == self.repairs and self.repair_lands_by is not None:
+            self._repair_not_sent(repair)
+
+    @event(RepairNotSent)
+    def _repair_not_sent(self, repair: int) -> None:
+        self.repair_lands_by = None
+        self.repairs_not_sent += 1
+
+    @property
+    def repairs_sent(self) -> int:
+        """The repairs whose requests reached Stripe (the drift found, less those our
+        own breaker or limiter refused unsent)."""
+        return self.repairs - self.repairs_not_sent
 
     def record_checked(self, total: int, items: int, drifted: Sequence[UUID]) -> None:
         """Its draft was read back while usage still joins it (``DraftChecked``)."""

@@ -49,6 +49,7 @@ ALLOWED_FROM: dict[str, tuple[InvoiceState, ...]] = {
     "Verified": (S.FINALIZING,),
     "DriftFound": (S.FINALIZING,),
     "Repaired": (S.FINALIZING,),
+    "RepairNotSent": (S.FINALIZING,),
     "DraftChecked": (S.OPEN, S.CLOSED),
     "MismatchFound": (*FINAL_STATES, S.VOID),
 }

@@ -256,9 +256,9 @@ class InvoiceCloser:
             metrics().invoices.add(1, {"step": "verified"})
             return CloseStep(CloseResult.PROGRESSED), 1
         reason = verdict.attention
-        if reason is None and invoice.repairs >= MAX_REPAIRS:
+        if reason is None and invoice.repairs_sent >= MAX_REPAIRS:
             reason = (
-                f"Stripe's draft still differs from the ledger after {invoice.repairs}"
+                f"Stripe's draft still differs from the ledger after {invoice.repairs_sent}"
                 f" repairs (expected {format_money(invoice.expected_total, invoice.currency)},"
                 f" Stripe {format_money(view.total, invoice.currency)})"
             )
@@ -300,13 +300,17 @@ class InvoiceCloser:
             # Read again at the next step, not in this one's loop: a repair Stripe keeps
             # undoing must not spin (after MAX_REPAIRS it needs an operator).
             return CloseStep(CloseResult.WAITING, invoice.state, retry_at=now), len(repairs)
-        if not failure.retryable:
+        if not failure.retryable and not failure.may_land_later:
+            # Answered for good. (A 5xx Stripe says not to retry may still have landed:
+            # recorded and retried, read after it can no longer land, as for a timeout.)
             return self._attention(
                 invoice, f"Stripe refused repair {repair}: {failure.error_class}: {failure.message}"
             ), len(repairs)
-        if not failure.may_land_later:
+        if not failure.sent:  # our own limits refused it: nothing of it can land
+            invoice.record_repair_not_sent(repair)
+        elif not failure.may_land_later:
             invoice.record_repaired(repair)
-        sent = len(repairs) if failure.sent else 0  # (refused at the first, as pushes count)
+        sent = len(repairs) if failure.sent else 0
         return self._failed(invoice, failure, now, "repair"), sent
 
     def _attention(self, invoice: Invoice, reason: str) -> CloseStep:
@@ -335,7 +339,7 @@ class InvoiceCloser:
                 self.ledger.save(invoice)
             retry_at = now + self.policy.base_delay
             return CloseStep(CloseResult.WAITING, invoice.state, retry_at=retry_at)
-        if not failure.retryable:
+        if not failure.retryable and not failure.may_land_later:
             return self._attention(
                 invoice, f"Stripe refused the {what}: {failure.error_class}: {failure.message}"
             )

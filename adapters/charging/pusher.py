@@ -128,11 +128,14 @@ def invoice_of(ledger: BillingLedger, line: InvoiceLine) -> Invoice:
 
 @dataclass(frozen=True)
 class _Sent:
-    """What sending a push did: its outcome, the requests, the attempt it recorded."""
+    """What sending a push did: its outcome, the requests, the attempt it recorded, and
+    of the requests the failed step's own (``failing``: a customer's or draft's one, the
+    items' calls)."""
 
     outcome: list[str] | ChargeFailure
     requests: int
     attempt: int = 0
+    failing: int = 1
 
 
 @dataclass(frozen=True)
@@ -248,7 +251,7 @@ class LinePusher:
                 if isinstance(outcome, ChargeFailure):
                     return self._failed(
                         line, push, plan, outcome, requests, attempt=sent.attempt,
-                        unsent=plan.calls,
+                        unsent=sent.failing,
                     )  # fmt: skip
                 if sent.attempt:
                     push.end_attempt(sent.attempt, "answered")
@@ -568,7 +571,8 @@ class LinePusher:
             plan=plan,
             look_first=look_first,
         )
-        return _Sent(self.gateway.set_line_items(items), requests + plan.calls, attempt)
+        answer = self.gateway.set_line_items(items)
+        return _Sent(answer, requests + plan.calls, attempt, failing=plan.calls)
 
     def _plan_items(
         self, push: LinePush, plan: PushPlan, claim: Claim | None, *, look_first: bool
@@ -704,8 +708,8 @@ class LinePusher:
         unsent: int = 1,
     ) -> PushReport:
         """A failed call, counted in ``requests`` as ``unsent`` requests (the items'
-        calls: counted as none sent when one is refused unsent, though the breaker may
-        have opened after the first few)."""
+        calls: counted as none sent when one is refused unsent, though the limiter may
+        have refused only the third)."""
         now = self.clock()
         if not failure.sent:  # our own breaker or limiter: nothing reached Stripe
             if attempt:

@@ -117,7 +117,8 @@ class LineScheduler:
     def hand_over(self, line_id: UUID, customer: str | None = None) -> None:
         """Push ``line_id`` by the usual rules though nothing was heard of it (the closer
         waiting for a line's final total, the draft checker's drifted line): it is no
-        change, so it neither sets the line's pace nor delays its quiet."""
+        change, so it does not set the line's pace (nor delays the quiet of a line
+        already waiting; one not waiting is quiet from now)."""
         self._enqueue(line_id, customer, None, None, heard=False)
 
     def _enqueue(

@@ -418,7 +418,11 @@ def _close_invoices(args: argparse.Namespace) -> int:
                 if step.result is not CloseResult.WAITING or step.retry_at is not None:
                     break
                 step = closer.step(invoice.id)
-            failed += step.result in (CloseResult.FAILED, CloseResult.RACED)
+            # Not final yet, and the workers retry it: a failure, a lost race, or a retry
+            # not due (a request in doubt, our own breaker refusing Stripe calls).
+            failed += step.result in (CloseResult.FAILED, CloseResult.RACED) or (
+                step.result is CloseResult.WAITING and step.retry_at is not None
+            )
             print(f"[{n}/{len(chosen)}] {invoice.customer_id} {invoice.currency}"
                   f" {invoice.period_start:%Y-%m-%d}: {step.state or step.result}"
                   f" ({step.requests} Stripe requests)")  # fmt: skip

@@ -523,6 +523,21 @@ def test_a_read_or_finalize_stripe_refuses_for_good_stops_the_invoice_until_sett
     assert parts.step().state is InvoiceState.FINALIZED  # read back again, then final
 
 
+def test_a_finalize_stripe_says_not_to_retry_that_may_have_landed_is_read_first_not_stopped() -> (
+    None
+):
+    parts = Parts().bill().closed()
+    # A 500 with Stripe-Should-Retry: false: not retryable, and its outcome unknown.
+    parts.stripe.finalize_failures.append(
+        ChargeFailure("http_500", "boom", retryable=False, answered=False)
+    )
+    assert parts.step().result is S.FAILED
+    assert parts.invoice().attention is None and parts.invoice().finalize_in_doubt
+    parts.clock.now += timedelta(hours=1)
+    assert parts.step().state is InvoiceState.FINALIZED
+    assert parts.stripe.looked_first == [False, True]
+
+
 def test_drift_found_again_after_the_last_repair_stops_the_invoice_for_an_operator() -> None:
     parts = Parts().bill().closed()
     parts.edit(parts.lines[0], 90)

@@ -32,6 +32,7 @@ from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
 from domain.periods import PeriodPolicy
 from domain.ports import DraftInvoice, LineItems, LinesUpdate
+from domain.pushing import plan_push
 from domain.saga import ChargeFailure, RetryPolicy, StepResult, backoff
 from domain.transaction import BillingTransaction, TxnState
 from domain.verification import DraftView, LandingWindow
@@ -753,3 +754,16 @@ def test_a_push_that_loses_its_save_to_another_pushers_failure_waits_counting_it
     due = T0 + backoff(1, POLICY, 0.5)
     assert parts.pusher.push(line) == PushReport(StepResult.WAIT, 0, 3, retry_at=due)
     assert parts.ledger.before == []
+
+
+def test_a_draft_refused_unsent_still_counts_the_customer_request_sent_before_it() -> None:
+    parts = Parts()
+    [txn] = parts.reserve(1, quantity=1_000_000_000)  # 1,000,000.00: two Stripe items
+    line = parts.line(txn)
+    plan = plan_push(parts.ledger.line_by_id(line), LinePush(line_id=line))
+    assert plan is not None and plan.calls == 2
+    parts.gateway.fail["invoice"] = ChargeFailure("throttled", "saturated", True, sent=False)
+    report = parts.pusher.push(line)
+    assert report.result is StepResult.WAIT
+    assert parts.gateway.customer_requests == [("acme", False)]  # the customer was sent
+    assert report.requests == 1  # ... and counted
