@@ -453,6 +453,33 @@ def test_drift_is_recorded_with_its_repair_and_the_repair_ends_when_answered() -
         invoice.record_drift([], 650, lands_by)
 
 
+def test_a_repair_not_sent_ends_its_doubt_and_is_no_repair_but_keeps_its_number() -> None:
+    invoice = Invoice.open("acme", "USD", PERIOD, L1)
+    invoice.close("period ended")
+    invoice.start_finalizing([(L1, 4, 700)])
+    lands_by = AT + timedelta(seconds=60)
+    first = invoice.record_drift([["l", "0", "4", "ii_1", "500", "400"]], 600, lands_by)
+    invoice.record_repair_not_sent(2)  # not the newest repair: nothing
+    assert invoice.repair_lands_by == lands_by
+    invoice.record_repair_not_sent(first)
+    invoice.record_repair_not_sent(first)  # once
+    assert (invoice.repairs, invoice.repairs_sent, invoice.in_doubt_until(AT)) == (1, 0, None)
+    second = invoice.record_drift([["l", "0", "4", "ii_1", "500", "400"]], 600, lands_by)
+    invoice.record_repaired(second)
+    assert (second, invoice.repairs_sent) == (2, 1)  # a key of its own; one repair sent
+    history = invoice.collect_events()
+    assert [type(e) for e in history[-4:]] == [
+        Invoice.DriftFound, Invoice.RepairNotSent, Invoice.DriftFound, Invoice.Repaired,
+    ]  # fmt: skip
+    replayed = None
+    for recorded in history:  # what a reload of its history finds
+        replayed = recorded.mutate(replayed)
+    assert isinstance(replayed, Invoice)
+    assert (replayed.repairs, replayed.repairs_sent) == (2, 1)
+    with pytest.raises(IllegalTransition, match=r"is closed: cannot record a repair not sent$"):
+        _closed(L2).record_repair_not_sent(1)
+
+
 def test_only_a_draft_equal_to_the_expected_total_is_verified_and_only_while_finalizing() -> None:
     invoice = _finalizing()
     with pytest.raises(ValueError, match=r": verified 6\.99 USD, expected 7\.00 USD$"):
