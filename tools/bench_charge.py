@@ -66,8 +66,8 @@ class Pipeline:
     concurrency: int = 8
     customers: int = 100
     meters: int = 3
-    settle_interval_s: float = 30.0
-    settle_quiet_s: float = 2.0  # SETTLE_QUIET_S (0: off)
+    settle_interval_s: float = Settings.model_fields["settle_interval_s"].default
+    settle_quiet_s: float = Settings.model_fields["settle_quiet_s"].default  # 0: off
 
 
 def run_load(pipe: Pipeline, *, plot: Path | None = None, **load: Any) -> dict[str, Any]:

@@ -150,13 +150,13 @@ def _pipeline_args(parser: Any) -> None:
     parser.add_argument("--concurrency", type=positive_int, default=8)
     parser.add_argument("--meters", type=positive_int, default=3, help="meters a customer (<=4)")
     parser.add_argument(
-        "--settle-interval", type=positive_float, default=30.0,
-        help="a line is pushed at most this often (SETTLE_INTERVAL_S; default 30)",
+        "--settle-interval", type=positive_float,
+        help="a line is pushed at most this often (default: SETTLE_INTERVAL_S's, 30)",
     )  # fmt: skip
     parser.add_argument(
-        "--settle-quiet", type=non_negative_float, default=2.0,
+        "--settle-quiet", type=non_negative_float,
         help="a line quiet this long (and four of its usual gaps) is pushed before its"
-        " interval ends (SETTLE_QUIET_S; default 2; 0: off)",
+        " interval ends (default: SETTLE_QUIET_S's, 2; 0: off)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true")
 
@@ -295,13 +295,14 @@ def _pipeline_bench(args: argparse.Namespace, module: str, name: str, **options:
 
 
 def _pipeline(args: argparse.Namespace) -> Any:
-    """The ``tools.bench_charge.Pipeline`` the options of ``_pipeline_args`` describe."""
+    """The ``tools.bench_charge.Pipeline`` the options of ``_pipeline_args`` describe
+    (the settle options not given: the settings' defaults, the Pipeline's own)."""
+    settle = {"settle_interval_s": args.settle_interval, "settle_quiet_s": args.settle_quiet}
     return _tool("bench_charge").Pipeline(
         latency_ms=args.latency_ms,
         stripe_rate=args.stripe_rate,
         concurrency=args.concurrency,
         customers=args.customers,
         meters=args.meters,
-        settle_interval_s=args.settle_interval,
-        settle_quiet_s=args.settle_quiet,
+        **{k: v for k, v in settle.items() if v is not None},
     )
