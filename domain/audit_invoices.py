@@ -110,6 +110,8 @@ class InvoiceAudit:
             self.lines.append(_id(data["line_id"]))
         elif name == "DraftCreated":
             self.stripe_invoice_id = data["stripe_invoice_id"]
+        elif name == "DraftReplaced":
+            self._draft_replaced(data["lost"], version)
         elif name == "FinalizeStarted":
             named = [_id(line) for line in data["lines"]]
             self.final_sequences = dict(zip(named, data["sequences"], strict=False))
@@ -130,6 +132,17 @@ class InvoiceAudit:
             if note in self.credited:
                 self.problems.append(f"v{version}: credit note {note} recorded twice")
             self.credited[note] = (uuid_text(data["transaction_id"]) or "", data["amount"])
+
+    def _draft_replaced(self, lost: str, version: int) -> None:
+        """Stripe lost the draft: the invoice is billed on a new one, closed again."""
+        if lost != self.stripe_invoice_id:
+            self.problems.append(
+                f"v{version}: replaces draft {lost}, its draft is {self.stripe_invoice_id}"
+            )
+        self.stripe_invoice_id = None
+        if self.state is S.FINALIZING:
+            self.state = S.CLOSED
+        self.final_sequences, self.expected_total = {}, None
 
 
 def _id(value: Any) -> str:

@@ -237,6 +237,10 @@ class PushAudit:
             self.failing = True
             if data["retryable"]:  # no answer: Stripe may hold that sequence's total
                 self.unknown.append(data["sequence"])
+        elif name == "Redrafted":  # its invoice's draft was lost: nothing pushed to the new
+            self.pushed_sequence, self.pushed_billed = 0, 0
+            self.amounts, self.item_ids, self.stripe_invoice_id = [], [], None
+            self.failing, self.unknown = False, []
         elif name == "ChargesRecorded":
             if not self.charged_through < data["through"] <= self.pushed_sequence:
                 self.problems.append(

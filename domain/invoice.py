@@ -42,6 +42,13 @@ data, checked by every method like the transaction's lifecycle)::
   draft holds what setting amounts cannot repair, Stripe refused a line of an
   invoice that is no longer a draft, a finalized total differs); **AttentionSettled**
   records who settled it and how (``billing-ledger invoices settle``).
+* **DraftReplaced**: Stripe no longer has the draft (deleted by hand in the
+  dashboard: Stripe answers 404) and an operator chose to bill the invoice on a new
+  one (``billing-ledger invoices redraft``): the lost draft's id is forgotten, the
+  draft's number goes up (so every key of the new draft's requests is its own,
+  ``domain.saga.on_draft``), a finalizing invoice is closed again, and its lines'
+  pushes start over in the same save (``LinePush.Redrafted``). It settles the
+  attention that stopped the invoice.
 """
 
 from __future__ import annotations
@@ -204,6 +211,16 @@ class Invoice(Aggregate):
         how: str
         by: str
 
+    class DraftReplaced(Aggregate.Event):
+        """Stripe lost the draft ``lost`` (``why``: its answer); the invoice is billed on
+        its ``draft``-th draft, made by the next push. Who decided it, and how."""
+
+        lost: str
+        why: str
+        draft: int
+        how: str
+        by: str
+
     class MismatchFound(Aggregate.Event):
         """The total Stripe finalized is not the total the ledger expected."""
 
@@ -285,6 +302,8 @@ class Invoice(Aggregate):
         """Final in Stripe: changes are credit notes."""
         return self.state in FINAL_STATES or self.state is InvoiceState.VOID
 
+    draft = 1  # the number of its draft in Stripe (a class default: older snapshots)
+
     def credits_pending(self) -> list[tuple[UUID, int]]:
         """Credits requested and not yet issued (transaction, amount)."""
         issued = set(self.credited.values())
@@ -317,6 +336,48 @@ class Invoice(Aggregate):
     def _draft_created(self, stripe_invoice_id: str, stripe_customer_id: str) -> None:
         self.stripe_invoice_id = stripe_invoice_id
         self.stripe_customer_id = stripe_customer_id
+
+    def replace_draft(self, why: str, how: str, by: str) -> int:
+        """Stripe no longer has the draft (``why``: its answer, a 404): bill the invoice
+        on a new one. Only for an invoice stopped for an operator, not final, with a
+        draft; the new draft's number (its lines' pushes start over with it)."""
+        refused = self.draft_kept()
+        if refused is not None:
+            raise IllegalTransition(refused)
+        assert self.stripe_invoice_id is not None
+        if not why.strip() or not how.strip() or not by.strip():
+            raise ValueError("replacing a draft needs Stripe's answer, how and who")
+        self._draft_replaced(self.stripe_invoice_id, why, self.draft + 1, how, by)
+        return self.draft
+
+    def draft_kept(self) -> str | None:
+        """Why its draft may not be replaced now, or None when it may (``replace_draft``)."""
+        if self.state not in ALLOWED_FROM["DraftReplaced"]:
+            return f"invoice {self.id} is {self.state}: cannot replace its draft"
+        if self.stripe_invoice_id is None:
+            return f"invoice {self.id} has no draft in Stripe yet: its next push makes one"
+        if self.attention is None:
+            return (
+                f"invoice {self.id} needs no attention: nothing says its draft"
+                f" {self.stripe_invoice_id} is gone"
+            )
+        return None
+
+    @event(DraftReplaced)
+    def _draft_replaced(self, lost: str, why: str, draft: int, how: str, by: str) -> None:
+        self.draft = draft
+        self.stripe_invoice_id = None
+        self.state = InvoiceState.CLOSED if self.state is S.FINALIZING else self.state
+        self.attention = None
+        self.verified = False
+        self.final_sequences = {}
+        self.finalize_attempts = 0
+        self.finalize_in_doubt = False
+        self.next_attempt_at = None
+        self.last_error = None
+        self.repairs = 0
+        self.repairs_not_sent = 0
+        self.repair_lands_by = None
 
     # -- closing and finalizing ---------------------------------------------------------
 

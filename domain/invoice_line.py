@@ -451,6 +451,14 @@ class LinePush(Aggregate):
         partition: int
         epoch: int
 
+    class Redrafted(Aggregate.Event):
+        """Stripe lost its invoice's draft (``Invoice.DraftReplaced``, the same save):
+        nothing is pushed to the ``draft``-th draft yet, so the next push creates the
+        line's items there at its total, under that draft's keys. Charges stay recorded
+        (the usage is still owed); the invoice is verified before it is finalized."""
+
+        draft: int
+
     # State added after the first LinePush histories: class defaults, so an older
     # snapshot (which lacks them) loads with them.
     sealed = False
@@ -464,6 +472,7 @@ class LinePush(Aggregate):
     # the lines (and each one's items) its items are created with, and since when
     add_batch: list[list[Any]] | None = None
     add_batched_at: datetime | None = None
+    draft = 1  # the number of its invoice's draft its items are on
 
     @staticmethod
     def create_id(line_id: UUID, **_: Any) -> UUID:
@@ -722,6 +731,34 @@ class LinePush(Aggregate):
     @event(Sealed)
     def _sealed(self, invoice_id: UUID) -> None:
         self.sealed = True
+
+    def redraft(self, draft: int) -> None:
+        """Its invoice is billed on its ``draft``-th draft from now on (recorded in the
+        save of ``Invoice.DraftReplaced``): nothing of the line is there yet."""
+        if draft <= self.draft:
+            raise ValueError(f"line push {self.id} is on draft {self.draft}, not before {draft}")
+        self._redrafted(draft)
+
+    @event(Redrafted)
+    def _redrafted(self, draft: int) -> None:
+        self.draft = draft
+        self.pushed_sequence = 0
+        self.pushed_billed = 0
+        self.amounts = []
+        self.item_ids = []
+        self.planned = []
+        self.stripe_invoice_id = None
+        self.attempts = 0
+        self.last_error = None
+        self.next_attempt_at = None
+        self.unknown_outcome = False
+        self.sealed = False
+        self.open_attempts = {}
+        self.repairs = 0
+        self.drifted = False
+        self.learned_line_items = None
+        self.add_batch = None
+        self.add_batched_at = None
 
     # -- charges ------------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ ALLOWED_FROM: dict[str, tuple[InvoiceState, ...]] = {
     "RepairNotSent": (S.FINALIZING,),
     "DraftChecked": (S.OPEN, S.CLOSED),
     "MismatchFound": (*FINAL_STATES, S.VOID),
+    "DraftReplaced": (S.OPEN, S.CLOSED, S.FINALIZING),
 }
 """Which states each event may be recorded in (its method raises IllegalTransition
 otherwise)."""

@@ -25,7 +25,7 @@ from uuid import UUID
 from domain.invoice_states import StripeInvoiceView
 from domain.periods import Period
 from domain.pushing import LineAdd, LinePart, PushPlan, add_key, lines_key
-from domain.saga import ChargeFailure
+from domain.saga import ChargeFailure, on_draft
 from domain.verification import DraftView
 
 __all__ = [
@@ -83,6 +83,7 @@ class DraftInvoice:
     stripe_customer_id: str
     currency: str
     period: Period
+    draft: int = 1  # the invoice's draft number (``domain.saga.on_draft``)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class LineItems:
     currency: str
     plan: PushPlan
     look_first: bool  # creation keys may have expired: look for planned items first
+    draft: int = 1  # its invoice's draft number: the keys' (``domain.saga.on_draft``)
 
 
 @dataclass(frozen=True)
@@ -107,10 +109,11 @@ class LinesUpdate:
     invoice_id: UUID  # the ledger's invoice: the key's origin
     stripe_invoice_id: str
     parts: tuple[LinePart, ...]
+    draft: int = 1  # the invoice's draft number (``domain.saga.on_draft``)
 
     @property
     def key(self) -> str:
-        return lines_key(self.invoice_id, self.parts)
+        return on_draft(lines_key(self.invoice_id, self.parts), self.draft)
 
 
 @dataclass(frozen=True)
@@ -124,10 +127,11 @@ class LinesAdd:
     currency: str
     adds: tuple[LineAdd, ...]
     look_first: bool  # the key may have expired: look for items made already first
+    draft: int = 1  # the invoice's draft number (``domain.saga.on_draft``)
 
     @property
     def key(self) -> str:
-        return add_key(self.invoice_id, self.adds)
+        return on_draft(add_key(self.invoice_id, self.adds), self.draft)
 
 
 AddedItems = dict[tuple[UUID, int], tuple[str, str | None]]
@@ -192,10 +196,11 @@ class PaymentGateway(Protocol):
         ...
 
     def finalize_invoice(
-        self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool
+        self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool, draft: int = 1
     ) -> StripeInvoiceView | ChargeFailure:
-        """Finalize the draft (key from ``invoice_id``); Stripe's view of the invoice.
-        ``look_first``: an earlier attempt may have finalized it (read it first)."""
+        """Finalize the draft (key from ``invoice_id`` and the ``draft`` number); Stripe's
+        view of the invoice. ``look_first``: an earlier attempt may have finalized it
+        (read it first)."""
         ...
 
     def read_draft(self, stripe_invoice_id: str) -> DraftView | ChargeFailure:

@@ -17,6 +17,7 @@ __all__ = [
     "StepResult",
     "backoff",
     "idempotency_key",
+    "on_draft",
     "retry_due",
 ]
 
@@ -24,6 +25,14 @@ __all__ = [
 def idempotency_key(step: str, subject: object) -> str:
     """Stripe's Idempotency-Key for one step of one subject: never from a clock."""
     return f"{step}:{subject}"
+
+
+def on_draft(key: str, draft: int) -> str:
+    """``key`` of a request about an invoice's ``draft``-th draft in Stripe. The first
+    draft's keys are the plain ones; a later draft (made after Stripe lost the one
+    before, ``Invoice.replace_draft``) gets keys of its own, so Stripe executes its
+    requests instead of replaying the lost draft's answers."""
+    return key if draft <= 1 else f"{key}:d{draft}"
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,11 @@ class ChargeFailure:
     retry_after: timedelta | None = None
     sent: bool = True
     answered: bool | None = None
+
+    @property
+    def missing(self) -> bool:
+        """Stripe answered that the object does not exist (a 404: deleted, or never made)."""
+        return self.error_class == "http_404"
 
     @property
     def may_land_later(self) -> bool:

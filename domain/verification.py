@@ -30,6 +30,7 @@ from uuid import UUID
 
 from domain.invoice_line import LinePush
 from domain.money import format_money
+from domain.saga import ChargeFailure
 
 __all__ = [
     "DEFAULT_LANDING",
@@ -39,6 +40,7 @@ __all__ = [
     "ExpectedItem",
     "LandingWindow",
     "Verdict",
+    "draft_lost",
     "expected_items",
     "repair_key",
     "verify_draft",
@@ -91,6 +93,15 @@ class DraftView:
     status: str
     total: int
     items: tuple[DraftItem, ...]
+
+
+def draft_lost(read: DraftView | ChargeFailure) -> str | None:
+    """What Stripe said when the draft read back is gone for good (deleted in the
+    dashboard: a 404), or None when it still holds it or could not be asked (a failure
+    that may pass: never taken as lost on a guess)."""
+    if isinstance(read, ChargeFailure) and read.missing and not read.retryable:
+        return f"{read.error_class}: {read.message}"
+    return None
 
 
 @dataclass(frozen=True)

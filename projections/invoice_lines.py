@@ -80,7 +80,12 @@ _LINE_EVENTS = (
     InvoiceLine.Frozen,
     CreditLine.CreditsApplied,  # the credit line\'s Opened and Frozen are a line\'s
 )
-_PUSH_EVENTS = (LinePush.Pushed, LinePush.PushFailed, LinePush.ChargesRecorded)
+_PUSH_EVENTS = (
+    LinePush.Pushed,
+    LinePush.PushFailed,
+    LinePush.ChargesRecorded,
+    LinePush.Redrafted,
+)
 
 
 class InvoiceLinesProjection:
@@ -202,6 +207,13 @@ def _fold(rows: dict[UUID, dict[str, Any]], event: Any, line: UUID) -> None:
         )
     elif isinstance(event, LinePush.ChargesRecorded):
         row["charged_through"] = event.through
+    elif isinstance(event, LinePush.Redrafted):  # nothing of it on its invoice's new draft
+        row.update(
+            pushed_sequence=0, stripe_amount=0, stripe_item_ids=[], stripe_invoice_id=None,
+            push_attempts=0, last_error=None, next_attempt_at=None, failing_since=None,
+        )  # fmt: skip
+        row["oldest_unsent_at"] = None
+        row["_unsent_lookup"] = True
     elif isinstance(event, InvoiceLine.Frozen):  # a new sequence, the same total
         row.update(frozen=True, sequence=event.originator_version)
         if row["oldest_unsent_at"] is None and not row["_unsent_lookup"]:

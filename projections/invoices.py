@@ -189,6 +189,13 @@ def _fold(rows: dict[UUID, dict[str, Any]], event: Any) -> None:  # noqa: PLR091
         row["attention"] = event.reason
     elif isinstance(event, Invoice.AttentionSettled):
         row["attention"] = None
+    elif isinstance(event, Invoice.DraftReplaced):  # billed on a new draft, made next
+        row.update(
+            stripe_invoice_id=None, attention=None, finalize_attempts=0, last_error=None,
+            next_attempt_at=None,
+        )  # fmt: skip
+        if row["state"] == str(InvoiceState.FINALIZING):
+            row["state"] = str(InvoiceState.CLOSED)
     elif isinstance(event, Invoice.MismatchFound):
         row["stripe_mismatch_total"] = event.stripe_total
         row["attention"] = mismatch_reason(
@@ -375,6 +382,7 @@ _KINDS: dict[type, str] = {
     Invoice.DriftFound: "drift_found",
     Invoice.AttentionNeeded: "needs_attention",
     Invoice.AttentionSettled: "attention_settled",
+    Invoice.DraftReplaced: "draft_replaced",
     Invoice.MismatchFound: "mismatch",
 }
 
@@ -427,6 +435,8 @@ def _event_row(event: Any, history: History) -> tuple[Any, ...]:
         detail = event.reason
     elif isinstance(event, Invoice.AttentionSettled):
         detail = f"{event.by}: {event.how}"
+    elif isinstance(event, Invoice.DraftReplaced):
+        detail = f"{event.by}: {event.how} (draft {event.lost} lost: {event.why})"
     elif isinstance(event, Invoice.MismatchFound):
         amount = event.stripe_total
         expected = format_money(event.expected_total, history.facts(event.originator_id).currency)

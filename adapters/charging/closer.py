@@ -61,7 +61,7 @@ from domain.invoice import Invoice
 from domain.invoice_states import InvoiceState
 from domain.money import format_money
 from domain.ports import CreditNote, ItemRepair, PaymentGateway
-from domain.saga import ChargeFailure, RetryPolicy, retry_due
+from domain.saga import ChargeFailure, RetryPolicy, on_draft, retry_due
 from domain.verification import (
     DEFAULT_LANDING,
     DraftView,
@@ -289,7 +289,7 @@ class InvoiceCloser:
                 d.item_id,
                 d.expected,
                 d.sequence,
-                repair_key(d.line_id, d.chunk, d.sequence, repair),
+                on_draft(repair_key(d.line_id, d.chunk, d.sequence, repair), invoice.draft),
             )
             for d in verdict.drifts
         ]
@@ -365,7 +365,7 @@ class InvoiceCloser:
         assert invoice.stripe_invoice_id is not None
         answer = self.gateway.finalize_invoice(
             invoice.stripe_invoice_id, invoice.id,
-            look_first=look_first or invoice.finalize_in_doubt,
+            look_first=look_first or invoice.finalize_in_doubt, draft=invoice.draft,
         )  # fmt: skip
         try:
             if isinstance(answer, ChargeFailure):

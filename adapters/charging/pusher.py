@@ -289,7 +289,7 @@ class LinePusher:
         customer, requests = self._customer(line.customer_id)
         if isinstance(customer, ChargeFailure):
             return self._failed(line, push, plan, customer, requests)
-        stripe_invoice, sent = self._invoice(line, customer)
+        stripe_invoice, sent, _ = self._invoice(line, customer)
         requests += sent
         if isinstance(stripe_invoice, ChargeFailure):
             return self._failed(line, push, plan, stripe_invoice, requests)
@@ -307,7 +307,9 @@ class LinePusher:
         self.ledger.save(*(m.push for m in members))
         everyone = sorted([*members, *made], key=lambda m: str(m.line.id))
         adds = tuple(_line_add(m) for m in everyone)
-        add = LinesAdd(invoice.id, stripe_invoice, customer, line.currency, adds, look_first)
+        add = LinesAdd(
+            invoice.id, stripe_invoice, customer, line.currency, adds, look_first, invoice.draft
+        )
         answer = self.gateway.add_lines(add)
         requests += 1
         if isinstance(answer, ChargeFailure):
@@ -402,7 +404,7 @@ class LinePusher:
             return requests  # Stripe does not list its line items: pushed on its own
         chosen = [m for m in members if m.line.id in {p.line_id for p in batch}]
         attempts = self._start_attempts(chosen, claim)
-        update = LinesUpdate(invoice.id, invoice.stripe_invoice_id, batch)
+        update = LinesUpdate(invoice.id, invoice.stripe_invoice_id, batch, invoice.draft)
         failure = self.gateway.update_lines(update)
         requests += 1
         if failure is not None:
@@ -553,7 +555,7 @@ class LinePusher:
         customer, requests = self._customer(line.customer_id)
         if isinstance(customer, ChargeFailure):
             return _Sent(customer, requests)
-        invoice, sent = self._invoice(line, customer)
+        invoice, sent, draft = self._invoice(line, customer)
         requests += sent
         if isinstance(invoice, ChargeFailure):
             return _Sent(invoice, requests)
@@ -570,6 +572,7 @@ class LinePusher:
             currency=line.currency,
             plan=plan,
             look_first=look_first,
+            draft=draft,
         )
         answer = self.gateway.set_line_items(items)
         return _Sent(answer, requests + plan.calls, attempt, failing=plan.calls)
@@ -610,17 +613,19 @@ class LinePusher:
                 self.ledger.save(CustomerLink(customer_id=customer_id, stripe_customer_id=found))
         return found, 1
 
-    def _invoice(self, line: InvoiceLine, customer: str) -> tuple[str | ChargeFailure, int]:
-        """The Stripe draft of the line's invoice, created and recorded on first need."""
+    def _invoice(self, line: InvoiceLine, customer: str) -> tuple[str | ChargeFailure, int, int]:
+        """The Stripe draft of the line's invoice, created and recorded on first need; the
+        requests sent, and the draft's number (its requests' keys)."""
         invoice = self._the_invoice(line)
         if invoice.stripe_invoice_id is not None:
-            return invoice.stripe_invoice_id, 0
+            return invoice.stripe_invoice_id, 0, invoice.draft
         draft = DraftInvoice(
             invoice_id=invoice.id,
             customer_id=line.customer_id,
             stripe_customer_id=customer,
             currency=line.currency,
             period=line.period,
+            draft=invoice.draft,
         )
         created = self.gateway.draft_invoice(draft, look_first=False)
         if isinstance(created, str):
@@ -632,7 +637,7 @@ class LinePusher:
                     break
                 except IntegrityError:
                     continue
-        return created, 1
+        return created, 1, draft.draft
 
     def _the_invoice(self, line: InvoiceLine) -> Invoice:
         return invoice_of(self.ledger, line)

@@ -106,6 +106,13 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
         ),
         DB,
     ),
+    "invoices redraft": (
+        (
+            "billing-ledger invoices redraft INVOICE_ID --how 'draft deleted by mistake in the"
+            " dashboard' --by ops@example.com",
+        ),
+        f"{DB}, {STRIPE}",
+    ),
     "rebuild": (
         ("billing-ledger rebuild invoices", "billing-ledger rebuild --all"),
         f"BILLING_LEDGER_MIGRATE_DATABASE_URL (else {DB})",

@@ -141,6 +141,16 @@ def _add_invoice_commands(sub: Any) -> None:
     settle.add_argument("--how", required=True, help="what was done about it (audited)")
     settle.add_argument("--by", required=True, help="who settled it (audited)")
     settle.set_defaults(handler=_settle_invoice)
+    redraft = inv_sub.add_parser(
+        "redraft",
+        help="bill an invoice whose Stripe draft was deleted by hand on a new draft: Stripe"
+        " is asked first, and only a draft it says is gone is replaced; its lines are pushed"
+        " again and the new draft is read back before finalizing",
+    )
+    redraft.add_argument("invoice_id", type=invoice_uuid, help="the ledger's invoice id")
+    redraft.add_argument("--how", required=True, help="what happened to the draft (audited)")
+    redraft.add_argument("--by", required=True, help="who decided it (audited)")
+    redraft.set_defaults(handler=_redraft_invoice)
 
 
 def _reverse(args: argparse.Namespace) -> int:
@@ -450,6 +460,38 @@ def _settle_invoice(args: argparse.Namespace) -> int:
             raise usage("--how and --by must say what was done and who did it") from None
         ledger.save(invoice)
     print(f"invoice {args.invoice_id}: settled ({reason}); the close role reads it back again")
+    return 0
+
+
+def _redraft_invoice(args: argparse.Namespace) -> int:
+    """Replace an invoice's draft that Stripe says is gone; its lines start over on the
+    new one (``adapters.charging.redraft``)."""
+    from eventsourcing.persistence import IntegrityError
+
+    from adapters.bootstrap import build_pusher, open_ledger
+    from adapters.charging.redraft import RedraftRefused, redraft
+    from adapters.settings import Settings
+    from domain.errors import IllegalTransition
+
+    settings = Settings()
+    with open_ledger(settings) as ledger:
+        gateway = build_pusher(settings, ledger).gateway
+        try:
+            done = redraft(ledger, gateway, args.invoice_id, args.how, args.by)
+        except RedraftRefused as exc:
+            raise usage(str(exc)) from None
+        except IllegalTransition as exc:
+            raise usage(str(exc)) from None
+        except ValueError:
+            raise usage("--how and --by must say what happened and who decided it") from None
+        except IntegrityError:
+            print(f"invoice {args.invoice_id}: a push recorded first; run the command again")
+            return EXIT_FAILURE
+    print(
+        f"invoice {args.invoice_id}: Stripe no longer has draft {done.lost} ({done.why});"
+        f" its {done.lines} line(s) go on draft {done.draft}, made by their next push, and"
+        " the close role reads it back before finalizing"
+    )
     return 0
 
 

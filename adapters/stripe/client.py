@@ -59,7 +59,7 @@ from domain.ports import (
     PurchaseInvoice,
 )
 from domain.pushing import ItemStep, LineAdd, item_key, push_key
-from domain.saga import ChargeFailure, idempotency_key
+from domain.saga import ChargeFailure, idempotency_key, on_draft
 from domain.verification import DraftItem, DraftView
 
 __all__ = ["StripeGateway"]
@@ -103,9 +103,11 @@ class StripeGateway:
         return failure if isinstance(failure, ChargeFailure) else None
 
     def finalize_invoice(
-        self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool
+        self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool, draft: int = 1
     ) -> StripeInvoiceView | ChargeFailure:
-        return _answer(lambda: self.finalize(stripe_invoice_id, invoice_id, look_first=look_first))
+        return _answer(
+            lambda: self.finalize(stripe_invoice_id, invoice_id, look_first=look_first, draft=draft)
+        )
 
     def credit_note(self, note: CreditNote) -> str | ChargeFailure:
         return _answer(lambda: self.create_credit_note(note))
@@ -245,10 +247,12 @@ class StripeGateway:
                 return found
         span = telemetry.span("stripe draft_invoice", billing__customer_id=draft.customer_id)
         with span:
+            again = {"draft": str(draft.draft)} if draft.draft > 1 else {}
             return self._create_invoice(
                 draft.invoice_id, draft.stripe_customer_id, draft.currency,
                 f"Usage {draft.period}",
-                {"customer_id": draft.customer_id, "period": str(draft.period)},
+                {"customer_id": draft.customer_id, "period": str(draft.period), **again},
+                draft=draft.draft,
             )  # fmt: skip
 
     def _create_invoice(
@@ -258,9 +262,12 @@ class StripeGateway:
         currency: str,
         description: str,
         metadata: dict[str, str],
+        *,
+        draft: int = 1,
     ) -> str:
         """A draft invoice that never advances by itself and takes only the items given
-        to it, under ``invoice:{invoice_id}``; its metadata names ``invoice_id``."""
+        to it, under ``invoice:{invoice_id}`` (its ``draft``-th: ``domain.saga.on_draft``);
+        its metadata names ``invoice_id``."""
         invoice = self._call(
             "invoices.create",
             lambda: self.client.v1.invoices.create(
@@ -273,7 +280,9 @@ class StripeGateway:
                     "description": description,
                     "metadata": {"invoice_id": str(invoice_id), **metadata},
                 },
-                options={"idempotency_key": idempotency_key("invoice", invoice_id)},
+                options={
+                    "idempotency_key": on_draft(idempotency_key("invoice", invoice_id), draft)
+                },
             ),
         )
         return str(invoice.id)
@@ -288,11 +297,12 @@ class StripeGateway:
         return str(found.data[0].id) if found.data else None
 
     def finalize(
-        self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool = False
+        self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool = False, draft: int = 1
     ) -> StripeInvoiceView:
-        """Finalize the draft with key ``invoice-finalize:{invoice_id}``; an invoice that
-        is no longer a draft (an earlier attempt finalized it, its answer lost) is read
-        instead, so finalizing twice records it once."""
+        """Finalize the draft with key ``invoice-finalize:{invoice_id}`` (of its ``draft``-th
+        draft: ``domain.saga.on_draft``); an invoice that is no longer a draft (an earlier
+        attempt finalized it, its answer lost) is read instead, so finalizing twice
+        records it once."""
         if look_first:
             found = self.retrieve_invoice(stripe_invoice_id)
             if found["status"] != "draft":
@@ -302,7 +312,11 @@ class StripeGateway:
             lambda: self.client.v1.invoices.finalize_invoice(
                 stripe_invoice_id,
                 params={"auto_advance": True},
-                options={"idempotency_key": idempotency_key("invoice-finalize", invoice_id)},
+                options={
+                    "idempotency_key": on_draft(
+                        idempotency_key("invoice-finalize", invoice_id), draft
+                    )
+                },
             ),
             stripe_invoice_id,
             source="finalize",
@@ -540,8 +554,11 @@ class StripeGateway:
                         "metadata": {"sequence": str(items.plan.sequence)},
                     },
                     options={
-                        "idempotency_key": push_key(
-                            items.line_id, step.chunk, items.plan.sequence, items.plan.repair
+                        "idempotency_key": on_draft(
+                            push_key(
+                                items.line_id, step.chunk, items.plan.sequence, items.plan.repair
+                            ),
+                            items.draft,
                         )
                     },
                 ),
@@ -571,7 +588,9 @@ class StripeGateway:
                         "sequence": str(sequence),
                     },
                 },
-                options={"idempotency_key": item_key(items.line_id, step.chunk)},
+                options={
+                    "idempotency_key": on_draft(item_key(items.line_id, step.chunk), items.draft)
+                },
             ),
         )
         return str(created.id)

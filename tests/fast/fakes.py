@@ -31,7 +31,7 @@ from domain.ports import (
 )
 from domain.pricing import Price, PriceList
 from domain.pushing import MAX_ITEMS_PER_ADD, MAX_LINES_PER_UPDATE, LineAdd, item_key, push_key
-from domain.saga import ChargeFailure
+from domain.saga import ChargeFailure, on_draft
 from domain.transaction import Source
 from domain.usage import UsageRecord
 from domain.verification import DraftItem, DraftView
@@ -144,6 +144,7 @@ class FakeGateway:
     * **Bulk creations** (``add_lines``) as Stripe takes them: only on a draft of the
       customer, at most ``MAX_ITEMS_PER_ADD`` items, all made or none; each item made
       with its line and chunk (what ``look_first`` finds), answered with its line item.
+    * ``delete_draft`` deletes a draft and its items, as the dashboard does.
     * ``hold(mode)`` holds the next ``set_line_items``, ``add_lines`` or ``update_lines``:
       Stripe has it and executes it only when the test calls ``Held.land()``.
       ``"block"``: its caller waits for that (a slow request); ``"timeout"``: its caller
@@ -168,7 +169,15 @@ class FakeGateway:
     clock: Callable[[], datetime] = field(default=lambda: T0)
     stripe_customers: set[str] = field(default_factory=set)
     drafts: dict[str, str] = field(default_factory=dict)  # Stripe invoice -> its customer
+    drafts_made = 0
     executed: list[str] = field(default_factory=list)  # keys executed (not replayed)
+
+    def delete_draft(self, stripe_invoice_id: str) -> None:
+        """Deleted in the dashboard: the draft and its items are gone (a 404 from now)."""
+        del self.drafts[stripe_invoice_id]
+        gone = [i for i, item in self.items.items() if item["invoice"] == stripe_invoice_id]
+        for item_id in gone:
+            del self.items[item_id]
 
     def hold(self, mode: str = "block") -> None:
         self.holding.append(mode)
@@ -218,12 +227,14 @@ class FakeGateway:
             return _refused(f"No such customer: '{draft.stripe_customer_id}'")
 
         def make() -> str:
-            made = f"in_{len(self.drafts) + 1}"
+            self.drafts_made += 1
+            made = f"in_{self.drafts_made}"
             self.drafts[made] = draft.stripe_customer_id
             return made
 
         params = (draft.stripe_customer_id, draft.currency, draft.invoice_id)
-        return self._keyed(f"invoice:{draft.invoice_id}", params, make)  # type: ignore[no-any-return]
+        key = on_draft(f"invoice:{draft.invoice_id}", draft.draft)
+        return self._keyed(key, params, make)  # type: ignore[no-any-return]
 
     def set_line_items(self, items: LineItems) -> list[str] | ChargeFailure:
         return self._maybe_held(lambda: self._set_line_items(items))  # type: ignore[no-any-return]
@@ -300,7 +311,7 @@ class FakeGateway:
         if failed:
             return failed
         if stripe_invoice_id not in self.drafts:
-            return _refused(f"No such invoice: '{stripe_invoice_id}'")
+            return _missing(f"No such invoice: '{stripe_invoice_id}'")
         return {k: i["il"] for k, i in self.items.items() if i["invoice"] == stripe_invoice_id}
 
     def _update_lines(self, update: LinesUpdate) -> ChargeFailure | None:
@@ -355,7 +366,10 @@ class FakeGateway:
                 failed = self._fail()
                 if failed:
                     return failed
-                key = push_key(items.line_id, step.chunk, items.plan.sequence, items.plan.repair)
+                key = on_draft(
+                    push_key(items.line_id, step.chunk, items.plan.sequence, items.plan.repair),
+                    items.draft,
+                )
                 done = self._keyed(
                     key,
                     (item_id, step.amount),
@@ -371,7 +385,11 @@ class FakeGateway:
     ) -> str | ChargeFailure:
         if items.look_first:
             for item_id, item in self.items.items():
-                if item["line"] == items.line_id and item.get("chunk") == chunk:
+                if (
+                    item["line"] == items.line_id
+                    and item.get("chunk") == chunk
+                    and item["invoice"] == items.stripe_invoice_id
+                ):
                     return item_id
         invoice = items.stripe_invoice_id
 
@@ -386,12 +404,12 @@ class FakeGateway:
             return made
 
         params = (items.line_id, chunk, amount, sequence, invoice)
-        return self._keyed(item_key(items.line_id, chunk), params, make)  # type: ignore[no-any-return]
+        return self._keyed(on_draft(item_key(items.line_id, chunk), items.draft), params, make)  # type: ignore[no-any-return]
 
     def _set(self, item_id: str, amount: int, sequence: int) -> ChargeFailure | None:
         item = self.items.get(item_id)
         if item is None:
-            return _refused(f"No such invoiceitem: '{item_id}'")
+            return _missing(f"No such invoiceitem: '{item_id}'")
         if item["invoice"] in self.finalized:
             return _refused(f"invoice {item['invoice']} is not a draft: its items are final")
         item["amount"] = amount
@@ -399,7 +417,7 @@ class FakeGateway:
         return None
 
     def finalize_invoice(
-        self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool
+        self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool, draft: int = 1
     ) -> StripeInvoiceView | ChargeFailure:
         """Finalize (number and total from the items on it); a second call answers the
         finalized invoice, as the real gateway does (it reads one that is not a draft)."""
@@ -408,7 +426,7 @@ class FakeGateway:
         if failed:
             return failed
         if stripe_invoice_id not in self.drafts:
-            return _refused(f"No such invoice: '{stripe_invoice_id}'")
+            return _missing(f"No such invoice: '{stripe_invoice_id}'")
         if stripe_invoice_id in self.finalized:
             return self.finalized[stripe_invoice_id]
 
@@ -424,7 +442,8 @@ class FakeGateway:
             self.finalized[stripe_invoice_id] = view
             return view
 
-        return self._keyed(f"invoice-finalize:{invoice_id}", stripe_invoice_id, make)  # type: ignore[no-any-return]
+        key = on_draft(f"invoice-finalize:{invoice_id}", draft)
+        return self._keyed(key, stripe_invoice_id, make)  # type: ignore[no-any-return]
 
     def read_draft(self, stripe_invoice_id: str) -> DraftView | ChargeFailure:
         self.calls.append("read")
@@ -432,7 +451,7 @@ class FakeGateway:
         if failed:
             return failed
         if stripe_invoice_id not in self.drafts:
-            return _refused(f"No such invoice: '{stripe_invoice_id}'")
+            return _missing(f"No such invoice: '{stripe_invoice_id}'")
         items = tuple(
             DraftItem(item_id, int(i["amount"]))
             for item_id, i in self.items.items()
@@ -503,6 +522,11 @@ class FakeGateway:
 def _refused(message: str) -> ChargeFailure:
     """Stripe's 400: a final answer, never retried."""
     return ChargeFailure("http_400", message, retryable=False)
+
+
+def _missing(message: str) -> ChargeFailure:
+    """Stripe's 404 for an object named in the path that does not exist (deleted)."""
+    return ChargeFailure("http_404", message, retryable=False)
 
 
 @dataclass

@@ -81,13 +81,15 @@ class Stripe(FakeGateway):
     repair_failures: list[ChargeFailure] = field(default_factory=list)
 
     def finalize_invoice(
-        self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool
+        self, stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool, draft: int = 1
     ) -> StripeInvoiceView | ChargeFailure:
         self.looked_first.append(look_first)
         if self.finalize_failures:
             self.calls.append("finalize")
             return self.finalize_failures.pop(0)
-        return super().finalize_invoice(stripe_invoice_id, invoice_id, look_first=look_first)
+        return super().finalize_invoice(
+            stripe_invoice_id, invoice_id, look_first=look_first, draft=draft
+        )
 
     def repair_items(self, repairs: Sequence[ItemRepair]) -> ChargeFailure | None:
         self.repairs_sent += repairs
@@ -642,9 +644,9 @@ def test_a_worker_killed_after_stripe_finalized_records_it_once_from_the_keys_re
     send = parts.stripe.finalize_invoice
 
     def killed_after_sending(
-        stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool
+        stripe_invoice_id: str, invoice_id: UUID, *, look_first: bool, draft: int = 1
     ) -> StripeInvoiceView | ChargeFailure:
-        send(stripe_invoice_id, invoice_id, look_first=look_first)  # Stripe finalized it
+        send(stripe_invoice_id, invoice_id, look_first=look_first, draft=draft)  # finalized
         raise Killed
 
     parts.stripe.finalize_invoice = killed_after_sending  # type: ignore[method-assign]

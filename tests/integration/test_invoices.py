@@ -137,6 +137,16 @@ def _invoice_of(ledger: BillingLedger, txn: UUID) -> UUID:
     return ledger.line_by_id(line_id).invoice_id
 
 
+def _close_until_it_stops(parts: Parts, invoice_id: UUID) -> CloseResult:
+    """Close the invoice now and step it while it waits (five steps at most)."""
+    step = parts.closer.step(invoice_id, close_now="test")
+    for _ in range(5):
+        if step.result is not CloseResult.WAITING:
+            break
+        step = parts.closer.step(invoice_id)
+    return step.result
+
+
 def _audit_clean(parts: Parts) -> None:
     with Database(parts.settings.database_url) as db:
         with Projector(db, parts.ledger.mapper.to_domain_event) as projector:
@@ -544,12 +554,7 @@ def test_an_item_added_by_hand_to_a_draft_stops_the_invoice_until_an_operator_se
             "currency": "usd",
         }
     )
-    step = parts.closer.step(invoice_id, close_now="test")
-    for _ in range(5):
-        if step.result is not CloseResult.WAITING:
-            break
-        step = parts.closer.step(invoice_id)
-    assert step.result is CloseResult.ATTENTION
+    assert _close_until_it_stops(parts, invoice_id) is CloseResult.ATTENTION
     stopped = parts.invoice(invoice_id)
     assert stopped.state is InvoiceState.FINALIZING
     assert stopped.attention is not None and f"{by_hand.id} (9.99 USD)" in stopped.attention
@@ -582,6 +587,65 @@ def test_an_item_added_by_hand_to_a_draft_stops_the_invoice_until_an_operator_se
     final = parts.invoice(invoice_id)
     assert final.state is InvoiceState.FINALIZED
     assert final.total == final.expected_total == parts.emulator.invoices()[0]["total"]
+    _audit_clean(parts)
+
+
+def test_a_draft_deleted_in_stripe_is_billed_on_a_new_draft_after_an_operator_redrafts(
+    parts: Parts,
+) -> None:
+    txns = record(parts.ledger, "gone", ["g-1", "g-2"], qty=2500)
+    invoice_id = _invoice_of(parts.ledger, txns[0])
+    line = parts.ledger.transaction(txns[0]).line_id
+    assert line is not None
+    parts.pusher.push(line)
+    lost = parts.invoice(invoice_id).stripe_invoice_id
+    assert lost is not None
+    stripe_client = StripeGateway(parts.settings.stripe()).client
+    stripe_client.v1.invoices.delete(lost)  # by hand, in the dashboard
+    assert _close_until_it_stops(parts, invoice_id) is CloseResult.ATTENTION
+    stopped = parts.invoice(invoice_id)
+    assert stopped.attention is not None and "No such invoice" in stopped.attention
+
+    refused = _cli(parts.settings, "invoices", "redraft", str(invoice_id), "--how", "x", "--by", "")
+    assert refused.returncode == 2 and "--how and --by" in refused.stderr, refused.stderr
+    redrafted = _cli(
+        parts.settings, "invoices", "redraft", str(invoice_id),
+        "--how", "deleted by mistake in the dashboard", "--by", "ops@example.com",
+    )  # fmt: skip
+    assert redrafted.returncode == 0, redrafted.stderr
+    assert f"Stripe no longer has draft {lost}" in redrafted.stdout
+    assert "go on draft 2" in redrafted.stdout
+    again = _cli(parts.settings, "invoices", "redraft", str(invoice_id), "--how", "x", "--by", "y")
+    assert again.returncode == 2 and "has no draft in Stripe yet" in again.stderr, again.stderr
+
+    with Database(parts.settings.database_url) as db:
+        with Projector(db, parts.ledger.mapper.to_domain_event) as projector:
+            projector.pump_all()
+        with db.connection() as conn:
+            row = conn.execute(
+                "SELECT state, stripe_invoice_id, attention FROM billing.invoices"
+                " WHERE invoice_id = %s", (invoice_id,),
+            ).fetchone()  # fmt: skip
+            kinds = [
+                r[0] for r in conn.execute(
+                    "SELECT kind FROM billing.invoice_events WHERE invoice_id = %s"
+                    " ORDER BY version", (invoice_id,),
+                )
+            ]  # fmt: skip
+            unsent = conn.execute(
+                "SELECT pushed_sequence FROM billing.invoice_lines WHERE line_id = %s", (line,)
+            ).fetchone()
+    assert row == ("closed", None, None)
+    assert kinds[-2:] == ["needs_attention", "draft_replaced"]
+    assert unsent == (0,)  # nothing on the new draft yet: the reconciler sees it open
+
+    final = parts.finalize(invoice_id)
+    assert final.state is InvoiceState.FINALIZED and final.draft == 2
+    assert final.stripe_invoice_id not in (None, lost)
+    held = stripe_client.v1.invoices.retrieve(final.stripe_invoice_id or "")
+    assert held.total == final.total == final.expected_total == parts.ledger.line_by_id(line).billed
+    assert held.metadata["draft"] == "2"
+    assert all(parts.ledger.transaction(t).state.value == "charged" for t in txns)
     _audit_clean(parts)
 
 

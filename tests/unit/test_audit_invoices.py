@@ -192,6 +192,24 @@ def test_an_event_in_a_state_that_does_not_allow_it_is_a_problem_and_still_appli
     assert (inv.state, inv.amount_paid, inv.lines) == (S.PAID, 5, [L1, L2])
 
 
+def test_a_lost_draft_replaced_closes_a_finalizing_invoice_again_and_forgets_its_draft() -> None:
+    inv = _opened()
+    inv.apply("DraftCreated", {"stripe_invoice_id": "in_1"}, 2)
+    inv.apply("Closed", {}, 3)
+    inv.apply("FinalizeStarted", {"lines": [L1], "sequences": [3], "expected_total": 9}, 4)
+    inv.apply("DraftReplaced", {"lost": "in_1"}, 5)
+    assert (inv.state, inv.stripe_invoice_id) == (S.CLOSED, None)
+    assert (inv.final_sequences, inv.expected_total) == ({}, None)
+    inv.apply("DraftCreated", {"stripe_invoice_id": "in_2"}, 6)
+    inv.apply("FinalizeStarted", {"lines": [L1], "sequences": [3], "expected_total": 9}, 7)
+    assert (inv.state, inv.stripe_invoice_id, inv.problems) == (S.FINALIZING, "in_2", [])
+    inv.apply("DraftReplaced", {"lost": "in_1"}, 8)  # not its draft: a problem
+    assert inv.problems == ["v8: replaces draft in_1, its draft is in_2"]
+    inv.apply("Finalized", {"total": 9}, 9)
+    inv.apply("DraftReplaced", {"lost": None}, 10)  # final: never
+    assert inv.problems[-1] == "v10: DraftReplaced while finalized"
+
+
 def test_an_event_the_table_does_not_know_changes_nothing() -> None:
     inv = _finalized()
     inv.apply("SomethingNew", {"total": 1}, 7)

@@ -207,6 +207,20 @@ def test_a_push_records_what_stripe_acknowledged() -> None:
     assert (push.failing, push.unknown, push.problems) == (False, [], [])
 
 
+def test_a_redrafted_push_holds_nothing_until_pushed_again_and_keeps_its_charges() -> None:
+    push = _push()
+    push.apply("Pushed", _pushed(3, 7, [7], ["ii_a"]), 2)
+    push.apply("ChargesRecorded", {"through": 3}, 3)
+    push.apply("PushFailed", {"sequence": 4, "retryable": True}, 4)
+    push.apply("Redrafted", {"draft": 2}, 5)
+    assert (push.pushed_sequence, push.amounts, push.item_ids) == (0, [], [])
+    assert (push.stripe_invoice_id, push.failing, push.unknown) == (None, False, [])
+    assert (push.charged_through, push.acknowledged) == (3, {3: 7})
+    push.apply("Pushed", _pushed(4, 9, [9], ["ii_b"]), 6)  # the new draft's item
+    push.apply("ChargesRecorded", {"through": 4}, 7)
+    assert (push.item_ids, push.charged_through, push.problems) == (["ii_b"], 4, [])
+
+
 def test_a_push_of_an_older_sequence_or_of_items_not_adding_up_is_a_problem() -> None:
     push = _push()
     push.apply("Pushed", _pushed(5, 7, [7], ["ii_a"]), 2)

@@ -563,3 +563,48 @@ def test_a_failed_credit_note_is_recorded_with_its_transaction_and_refused_befor
     assert (invoice.credit_attempts, invoice.credit_due) == (1, AT)
     with pytest.raises(IllegalTransition, match=r"cannot record a failed credit note$"):
         _finalizing().record_credit_failure(txn, "x", "y", AT)
+
+
+def test_a_lost_draft_is_replaced_only_on_a_stopped_invoice_with_a_draft_not_final() -> None:
+    fresh = _open()
+    fresh.need_attention("x")
+    assert (
+        fresh.draft_kept()
+        == f"invoice {fresh.id} has no draft in Stripe yet: its next push makes one"
+    )
+    invoice = _closed(L2)
+    invoice.record_draft("in_1", "cus_1")
+    invoice.start_finalizing([(L1, 4, 500), (L2, 2, 200)])
+    assert invoice.draft_kept() is not None and "needs no attention" in invoice.draft_kept()  # type: ignore[operator]
+    with pytest.raises(IllegalTransition, match="needs no attention"):
+        invoice.replace_draft("http_404: gone", "deleted", "ops")
+    invoice.record_verified(700, 2)
+    invoice.need_attention("Stripe refused the read back: http_404: No such invoice")
+    with pytest.raises(ValueError, match="Stripe's answer, how and who"):
+        invoice.replace_draft("http_404: gone", "deleted", " ")
+    invoice.collect_events()
+    assert invoice.replace_draft("http_404: gone", "deleted by mistake", "ops") == 2
+    [replaced] = invoice.collect_events()
+    assert isinstance(replaced, Invoice.DraftReplaced)
+    assert (replaced.lost, replaced.why, replaced.draft) == ("in_1", "http_404: gone", 2)
+    assert (replaced.how, replaced.by) == ("deleted by mistake", "ops")
+    # Closed again, its draft forgotten, nothing of the lost draft's read back kept.
+    assert invoice.state is S.CLOSED and invoice.stripe_invoice_id is None
+    assert (invoice.attention, invoice.verified, invoice.final_sequences) == (None, False, {})
+    assert (invoice.repairs, invoice.finalize_attempts, invoice.finalize_in_doubt) == (0, 0, False)
+    invoice.record_draft("in_2", "cus_1")  # the next push's draft is recorded
+    assert invoice.stripe_invoice_id == "in_2" and invoice.draft == 2
+    final = _final()
+    final.need_attention("looked wrong")
+    with pytest.raises(IllegalTransition, match="is finalized: cannot replace its draft"):
+        final.replace_draft("http_404: gone", "x", "y")
+
+
+def test_an_open_invoice_keeps_taking_usage_after_its_draft_is_replaced() -> None:
+    invoice = _open()
+    invoice.record_draft("in_1", "cus_1")
+    invoice.need_attention("its invoice cannot be read")
+    invoice.replace_draft("http_404: No such invoice", "deleted", "ops")
+    assert invoice.state is S.OPEN and invoice.draft == 2
+    invoice.add_line(L2)
+    assert invoice.lines == [L1, L2]

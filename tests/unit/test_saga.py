@@ -10,7 +10,7 @@ import pytest
 
 from domain.ids import account_id
 from domain.pricing import Price, PriceList
-from domain.saga import RetryPolicy, StepResult, backoff, idempotency_key
+from domain.saga import ChargeFailure, RetryPolicy, StepResult, backoff, idempotency_key
 from domain.transaction import BillingTransaction, Source
 from domain.usage import UsageRecord
 
@@ -124,3 +124,18 @@ def test_transaction_ids_in_keys_are_uuids() -> None:
     step, _, ident = idempotency_key("charge", txn.id).partition(":")
     assert step == "charge"
     assert uuid.UUID(ident) == txn.id
+
+
+def test_the_first_drafts_keys_are_the_plain_ones_and_a_later_drafts_its_own() -> None:
+    from domain.saga import on_draft
+
+    assert on_draft("invoice:abc", 1) == "invoice:abc"
+    assert on_draft("invoice:abc", 2) == "invoice:abc:d2"
+    assert on_draft("line-item:l:0", 3) == "line-item:l:0:d3"
+    assert len({on_draft("k", n) for n in range(1, 5)}) == 4
+
+
+def test_only_stripes_404_says_an_object_is_missing() -> None:
+    assert ChargeFailure("http_404", "No such invoice", retryable=False).missing
+    assert not ChargeFailure("http_400", "No such invoice", retryable=False).missing
+    assert not ChargeFailure("connection", "reset", retryable=True).missing

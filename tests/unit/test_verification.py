@@ -16,6 +16,7 @@ from domain.verification import (
     DraftView,
     ExpectedItem,
     LandingWindow,
+    draft_lost,
     expected_items,
     repair_key,
     verify_draft,
@@ -182,3 +183,34 @@ def test_expected_items_skip_lines_with_no_push_and_refuse_a_push_whose_lists_di
     push.amounts = [300, 0]  # never recorded so: the lists always have one entry an item
     with pytest.raises(ValueError):
         expected_items([(L1, push)])
+
+
+def test_a_draft_is_lost_only_when_stripe_answers_404_for_it() -> None:
+    gone = ChargeFailure("http_404", "No such invoice: 'in_1'", retryable=False)
+    assert draft_lost(gone) == "http_404: No such invoice: 'in_1'"
+    assert draft_lost(_view(("ii_1", 300))) is None  # still there
+    assert draft_lost(_view(status="open")) is None  # finalized by hand: not lost
+    assert draft_lost(ChargeFailure("http_400", "No such invoice", retryable=False)) is None
+    assert draft_lost(ChargeFailure("connection", "reset", retryable=True)) is None
+    assert draft_lost(ChargeFailure("http_404", "odd", retryable=True)) is None  # may pass
+
+
+def test_a_redrafted_push_holds_nothing_on_the_new_draft_and_keeps_its_charges() -> None:
+    push = LinePush(line_id=L1)
+    push.plan_item(0, 3, 300)
+    push.start_attempt(3, AT, AT + timedelta(seconds=60))
+    push.record_pushed(3, 300, [300], ["ii_1"], "in_1", requests=1)
+    push.record_charges(3, 2)
+    push.seal(UUID(int=9))
+    push.redraft(2)
+    assert (push.draft, push.pushed_sequence, push.pushed_billed) == (2, 0, 0)
+    assert (push.item_ids, push.amounts, push.planned, push.stripe_invoice_id) == ([], [], [], None)
+    assert not push.sealed and push.in_doubt_until(AT) is None
+    assert push.charged_through == 3  # the usage stays charged: it is owed on the new draft
+    with pytest.raises(ValueError, match="on draft 2, not before 2"):
+        push.redraft(2)
+    copy = None
+    for event in push.collect_events():
+        copy = event.mutate(copy)
+    assert isinstance(copy, LinePush) and copy.draft == 2 and copy.item_ids == []
+    push.start_attempt(4, AT, AT + timedelta(seconds=60))  # unsealed: pushes go on
