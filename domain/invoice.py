@@ -350,6 +350,24 @@ class Invoice(Aggregate):
         self._draft_replaced(self.stripe_invoice_id, why, self.draft + 1, how, by)
         return self.draft
 
+    def draft_deleted(self, stripe_invoice_id: str) -> bool:
+        """Stripe says ``stripe_invoice_id`` was deleted (a webhook): when it is this
+        invoice's draft and the invoice is not final, it stops for an operator at once,
+        before a push or the close runs into the 404 (once: the same news again records
+        nothing); whether anything was recorded. Any other draft (one already replaced)
+        records nothing."""
+        if (
+            self.stripe_invoice_id != stripe_invoice_id
+            or self.state not in ALLOWED_FROM["DraftReplaced"]
+        ):
+            return False
+        before = len(self.pending_events)
+        self.need_attention(
+            f"Stripe says its draft {stripe_invoice_id} was deleted: bill it on a new draft"
+            " (billing-ledger invoices redraft) or settle how it was billed"
+        )
+        return len(self.pending_events) > before
+
     def draft_kept(self) -> str | None:
         """Why its draft may not be replaced now, or None when it may (``replace_draft``)."""
         if self.state not in ALLOWED_FROM["DraftReplaced"]:

@@ -15,7 +15,9 @@
 4. **Applied** by the ``Invoice`` aggregate's rules, in whatever order Stripe sends:
    ``invoice.finalized|paid|payment_failed|voided|marked_uncollectible`` through
    ``Invoice.observe`` (a stale or repeated view records nothing: ``stale``);
-   ``credit_note.created`` through ``Invoice.record_credit`` (once per credit note).
+   ``credit_note.created`` through ``Invoice.record_credit`` (once per credit note);
+   ``invoice.deleted`` of the ledger's draft stops its invoice for an operator at once
+   (``Invoice.draft_deleted``: bill it on a new draft with ``invoices redraft``).
    An event for an invoice this ledger does not know is recorded ``unknown_invoice``;
    one whose invoice object cannot be read is recorded ``unreadable`` with its reason
    (both answered 200: Stripe's retries could not change them); any other type is
@@ -73,7 +75,8 @@ INVOICE_TYPES = frozenset(
         "invoice.marked_uncollectible",
     }
 )
-HANDLED_TYPES = INVOICE_TYPES | {"credit_note.created"}
+DELETED = "invoice.deleted"  # a draft deleted in the dashboard: the invoice stops at once
+HANDLED_TYPES = INVOICE_TYPES | {"credit_note.created", DELETED}
 
 
 class WebhookOutcome(StrEnum):
@@ -362,16 +365,18 @@ class WebhookHandler:
         invoice = load(invoice_id) if invoice_id is not None else None
         if invoice is None:
             return invoice_id, None, WebhookOutcome.UNKNOWN_INVOICE
-        stripe_id = event.obj.get("id") if event.type in INVOICE_TYPES else event.obj.get("invoice")
+        of_invoice = event.type in INVOICE_TYPES or event.type == DELETED
+        stripe_id = event.obj.get("id") if of_invoice else event.obj.get("invoice")
         if invoice.stripe_invoice_id is not None and stripe_id != invoice.stripe_invoice_id:
             return invoice_id, None, WebhookOutcome.UNKNOWN_INVOICE  # not the ledger's draft
         before = len(invoice.pending_events)
         try:
-            changed = (
-                self._observe(invoice, event)
-                if event.type in INVOICE_TYPES
-                else self._credit(invoice, event)
-            )
+            if event.type == DELETED:
+                changed = invoice.draft_deleted(str(stripe_id))
+            elif event.type in INVOICE_TYPES:
+                changed = self._observe(invoice, event)
+            else:
+                changed = self._credit(invoice, event)
         except ValueError as exc:
             if len(invoice.pending_events) != before:  # never: reading comes before deciding
                 raise _Tangled(event.id) from exc

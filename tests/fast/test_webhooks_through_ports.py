@@ -195,6 +195,27 @@ def test_events_the_ledger_does_not_own_or_act_on_are_recorded_and_answered_200(
     assert ledger.invoice_by_id(invoice.id).state is InvoiceState.FINALIZING  # type: ignore[union-attr]
 
 
+def test_a_deleted_draft_stops_its_invoice_at_once_and_only_its_own_draft_does() -> None:
+    handler, receipts, ledger, invoice = _handler()
+    other = _event("evt_1", "invoice.deleted", invoice, id="in_someone_else", status="draft")
+    assert _signed(handler, other).outcome is WebhookOutcome.UNKNOWN_INVOICE
+    deleted = _event("evt_2", "invoice.deleted", invoice, status="draft")
+    assert _signed(handler, deleted).outcome is WebhookOutcome.APPLIED
+    stopped = ledger.invoice_by_id(invoice.id)
+    assert stopped is not None and stopped.state is InvoiceState.FINALIZING
+    assert stopped.attention == (
+        f"Stripe says its draft {invoice.stripe_invoice_id} was deleted: bill it on a new"
+        " draft (billing-ledger invoices redraft) or settle how it was billed"
+    )
+    again = _event("evt_3", "invoice.deleted", invoice, status="draft")  # Stripe's resend
+    assert _signed(handler, again).outcome is WebhookOutcome.STALE
+    final = _event("evt_4", "invoice.finalized", invoice)
+    assert _signed(handler, final).outcome is WebhookOutcome.APPLIED
+    late = _event("evt_5", "invoice.deleted", invoice, status="draft")  # final: never stops
+    assert _signed(handler, late).outcome is WebhookOutcome.STALE
+    assert {k: r.outcome for k, r in receipts.received.items()}["evt_2"] == "applied"
+
+
 def test_a_credit_note_made_in_the_dashboard_is_recorded_as_an_external_credit() -> None:
     handler, _, ledger, invoice = _handler()
     _signed(handler, _event("evt_1", "invoice.finalized", invoice))

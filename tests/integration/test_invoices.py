@@ -593,6 +593,7 @@ def test_an_item_added_by_hand_to_a_draft_stops_the_invoice_until_an_operator_se
 def test_a_draft_deleted_in_stripe_is_billed_on_a_new_draft_after_an_operator_redrafts(
     parts: Parts,
 ) -> None:
+    parts.emulator.add_webhook_endpoint(parts.url, SECRET, ["invoice.*"])
     txns = record(parts.ledger, "gone", ["g-1", "g-2"], qty=2500)
     invoice_id = _invoice_of(parts.ledger, txns[0])
     line = parts.ledger.transaction(txns[0]).line_id
@@ -602,9 +603,14 @@ def test_a_draft_deleted_in_stripe_is_billed_on_a_new_draft_after_an_operator_re
     assert lost is not None
     stripe_client = StripeGateway(parts.settings.stripe()).client
     stripe_client.v1.invoices.delete(lost)  # by hand, in the dashboard
-    assert _close_until_it_stops(parts, invoice_id) is CloseResult.ATTENTION
+    # Stripe's invoice.deleted stops the open invoice at once, before any push meets the 404.
+    wait_for(lambda: parts.invoice(invoice_id).attention is not None, timeout=30)
     stopped = parts.invoice(invoice_id)
-    assert stopped.attention is not None and "No such invoice" in stopped.attention
+    assert stopped.state is InvoiceState.OPEN
+    assert stopped.attention == (
+        f"Stripe says its draft {lost} was deleted: bill it on a new draft"
+        " (billing-ledger invoices redraft) or settle how it was billed"
+    )
 
     refused = _cli(parts.settings, "invoices", "redraft", str(invoice_id), "--how", "x", "--by", "")
     assert refused.returncode == 2 and "--how and --by" in refused.stderr, refused.stderr
@@ -635,7 +641,7 @@ def test_a_draft_deleted_in_stripe_is_billed_on_a_new_draft_after_an_operator_re
             unsent = conn.execute(
                 "SELECT pushed_sequence FROM billing.invoice_lines WHERE line_id = %s", (line,)
             ).fetchone()
-    assert row == ("closed", None, None)
+    assert row == ("open", None, None)
     assert kinds[-2:] == ["needs_attention", "draft_replaced"]
     assert unsent == (0,)  # nothing on the new draft yet: the reconciler sees it open
 
