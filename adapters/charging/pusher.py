@@ -136,6 +136,7 @@ class _Sent:
     requests: int
     attempt: int = 0
     failing: int = 1
+    sent_to: str | None = None  # the Stripe draft the items' requests named
 
 
 @dataclass(frozen=True)
@@ -251,7 +252,7 @@ class LinePusher:
                 if isinstance(outcome, ChargeFailure):
                     return self._failed(
                         line, push, plan, outcome, requests, attempt=sent.attempt,
-                        unsent=sent.failing,
+                        unsent=sent.failing, sent_to=sent.sent_to,
                     )  # fmt: skip
                 if sent.attempt:
                     push.end_attempt(sent.attempt, "answered")
@@ -313,7 +314,10 @@ class LinePusher:
         answer = self.gateway.add_lines(add)
         requests += 1
         if isinstance(answer, ChargeFailure):
-            return self._batch_failed(invoice.id, members, attempts, answer, requests, adding=True)
+            return self._batch_failed(
+                invoice.id, members, attempts, answer, requests, adding=True,
+                sent_to=stripe_invoice,
+            )  # fmt: skip
         learned: dict[str, str] = {}
         for i, m in enumerate(members):
             found = [answer[m.line.id, chunk] for chunk in range(len(m.plan.items))]
@@ -408,7 +412,10 @@ class LinePusher:
         failure = self.gateway.update_lines(update)
         requests += 1
         if failure is not None:
-            return self._batch_failed(invoice.id, chosen, attempts, failure, requests)
+            return self._batch_failed(
+                invoice.id, chosen, attempts, failure, requests,
+                sent_to=invoice.stripe_invoice_id,
+            )  # fmt: skip
         return self._batch_pushed(line, chosen, attempts, requests)
 
     def _members(self, invoice: Invoice, first: _Member, claim: Claim | None) -> list[_Member]:
@@ -490,14 +497,19 @@ class LinePusher:
         requests: int,
         *,
         adding: bool = False,
+        sent_to: str | None = None,
     ) -> PushReport | int:
         """Stripe did not set (or make: ``adding``) the lines. A retryable failure is each
         line's (recorded with its due time), and so is a refusal of a request that set
         one line only. A refusal of several lines of an invoice that is still a draft, or
         of any batch of new lines, is the request's, not the lines': the batch is left
         and the invoice is pushed line by line from now on (the requests sent: this line
-        goes now), so one line's fault never compensates the others' usage."""
+        goes now), so one line's fault never compensates the others' usage. A refusal of
+        a request to a draft the invoice no longer has (``sent_to``: replaced meanwhile,
+        ``invoices redraft``) is no one's: every line retries, on the invoice's draft."""
         first = chosen[0]
+        if not failure.retryable and self._replaced(first.line, sent_to):
+            failure = replace(failure, retryable=True, answered=True)
         if not failure.retryable and (len(chosen) > 1 or adding):
             view = self.gateway.read_draft(self._the_invoice(first.line).stripe_invoice_id or "")
             requests += 1
@@ -519,11 +531,12 @@ class LinePusher:
                 )  # fmt: skip
                 return requests
         report = self._failed(
-            first.line, first.push, first.plan, failure, requests, attempt=attempts[0]
-        )
+            first.line, first.push, first.plan, failure, requests, attempt=attempts[0],
+            sent_to=sent_to,
+        )  # fmt: skip
         for m, attempt in zip(chosen[1:], attempts[1:], strict=True):
             with contextlib.suppress(IntegrityError, IllegalTransition):
-                self._failed(m.line, m.push, m.plan, failure, 0, attempt=attempt)
+                self._failed(m.line, m.push, m.plan, failure, 0, attempt=attempt, sent_to=sent_to)
         return replace(report, lines=tuple(m.line.id for m in chosen[1:]))
 
     def _finalizing(self, line: InvoiceLine) -> bool:
@@ -575,7 +588,7 @@ class LinePusher:
             draft=draft,
         )
         answer = self.gateway.set_line_items(items)
-        return _Sent(answer, requests + plan.calls, attempt, failing=plan.calls)
+        return _Sent(answer, requests + plan.calls, attempt, failing=plan.calls, sent_to=invoice)
 
     def _plan_items(
         self, push: LinePush, plan: PushPlan, claim: Claim | None, *, look_first: bool
@@ -711,10 +724,11 @@ class LinePusher:
         *,
         attempt: int = 0,
         unsent: int = 1,
+        sent_to: str | None = None,
     ) -> PushReport:
         """A failed call, counted in ``requests`` as ``unsent`` requests (the items'
         calls: counted as none sent when one is refused unsent, though the limiter may
-        have refused only the third)."""
+        have refused only the third); ``sent_to``: the Stripe draft it named, if any."""
         now = self.clock()
         if not failure.sent:  # our own breaker or limiter: nothing reached Stripe
             if attempt:
@@ -725,7 +739,7 @@ class LinePusher:
             push.end_attempt(attempt, "answered")
         attention = None
         if not failure.retryable:
-            attention, read, failure = self._refusal(line, failure)
+            attention, read, failure = self._refusal(line, failure, sent_to)
             requests += read
         decision = after_failure(push, failure, now, self.policy, self.jitter())
         due = decision.next_attempt_at
@@ -758,14 +772,19 @@ class LinePusher:
         return PushReport(StepResult.RETRY, plan.sequence, requests, retry_at=due)
 
     def _refusal(
-        self, line: InvoiceLine, failure: ChargeFailure
+        self, line: InvoiceLine, failure: ChargeFailure, sent_to: str | None = None
     ) -> tuple[str | None, int, ChargeFailure]:
         """Stripe refused the line for good: whose refusal is it? Its invoice is read
         (nothing recorded yet). Still a draft (or none yet): the line's, and its unpushed
         usage is compensated. No longer a draft (finalized or voided in the dashboard),
         or unreadable for good (deleted): the usage is still owed, so never compensated;
         the invoice needs attention (the reason is returned). Not readable now: a
-        retryable failure (never compensate on a guess). Also the requests sent."""
+        retryable failure (never compensate on a guess). A refusal of a request to a draft
+        the invoice no longer has (``sent_to``: replaced meanwhile by ``invoices
+        redraft``) is no one's: retryable, the line goes again to the invoice's draft.
+        Also the requests sent."""
+        if self._replaced(line, sent_to):
+            return None, 0, replace(failure, retryable=True, answered=True)
         invoice = self._the_invoice(line)
         if invoice.stripe_invoice_id is None:
             return None, 0, failure
@@ -780,6 +799,10 @@ class LinePusher:
             return None, 1, failure
         why = f"{refused} its invoice {invoice.stripe_invoice_id} is {view.status}, not a draft"
         return why, 1, failure
+
+    def _replaced(self, line: InvoiceLine, sent_to: str | None) -> bool:
+        """Whether the draft a request named (``sent_to``) is no longer the invoice's."""
+        return sent_to is not None and self._the_invoice(line).stripe_invoice_id != sent_to
 
     def _needs_attention(self, line: InvoiceLine, reason: str, failure: ChargeFailure) -> None:
         """Record on the line's invoice that it needs an operator (reloaded on a race)."""

@@ -1,0 +1,68 @@
+"""Review of ``invoices redraft``: races and keys the first tests did not reach."""
+
+from __future__ import annotations
+
+from adapters.charging.redraft import redraft
+from domain.transaction import TxnState
+from tests.fast.fakes import reserve
+from tests.fast.test_closer_pinned import Parts
+
+
+def test_a_new_line_whose_push_read_the_lost_draft_before_the_redraft_is_never_compensated() -> (
+    None
+):
+    parts = Parts().bill()
+    lost = parts.invoice().stripe_invoice_id
+    assert lost is not None
+    parts.stripe.delete_draft(lost)
+    stopped = parts.invoice()
+    stopped.need_attention("Stripe's draft answered 404")
+    parts.ledger.save(stopped)
+    # A new meter's first usage: its line has no push yet when the operator redrafts.
+    [txn] = reserve(parts.ledger, 1, quantity=100000, meter="gpt-4o.input_tokens", prefix="n")
+    line = parts.ledger.transaction(txn).line_id
+    assert line is not None and parts.ledger.line_push(line) is None
+    # The pusher read the invoice (the lost draft's id); the redraft records just before
+    # the push records its planned item, and the item goes to the lost draft.
+    parts.ledger.before_save = [
+        lambda: redraft(parts.ledger, parts.stripe, parts.id, "deleted", "ops") and None
+    ]
+    parts.pusher.push(line)
+    assert parts.invoice().draft == 2
+    assert parts.ledger.transaction(txn).state is not TxnState.COMPENSATED  # owed all along
+    parts.clock.now += parts.pusher.policy.max_delay
+    parts.pusher.push(line)
+    assert parts.ledger.transaction(txn).state is TxnState.CHARGED
+    assert parts.stripe.held(line) == [25]
+
+
+def test_new_lines_added_together_to_the_lost_draft_around_the_redraft_are_never_compensated() -> (
+    None
+):
+    parts = Parts().bill()
+    lost = parts.invoice().stripe_invoice_id
+    assert lost is not None
+    parts.stripe.delete_draft(lost)
+    stopped = parts.invoice()
+    stopped.need_attention("Stripe's draft answered 404")
+    parts.ledger.save(stopped)
+    new = [
+        *reserve(parts.ledger, 1, quantity=100000, meter="gpt-4o.input_tokens", prefix="i"),
+        *reserve(parts.ledger, 1, quantity=100000, meter="gpt-4o.output_tokens", prefix="o"),
+    ]
+    lines = [parts.ledger.transaction(t).line_id for t in new]
+    # The batch of the two new lines is recorded just after the redraft, and sent to the
+    # lost draft the pusher read before it.
+    parts.ledger.before_save = [
+        lambda: redraft(parts.ledger, parts.stripe, parts.id, "deleted", "ops") and None
+    ]
+    parts.pusher.push(lines[0])  # type: ignore[arg-type]
+    assert parts.invoice().draft == 2
+    assert [parts.ledger.transaction(t).state for t in new] == [TxnState.RESERVED] * 2
+    parts.clock.now += parts.pusher.policy.max_delay
+    for line in [*lines, parts.lines[0]]:
+        parts.pusher.push(line)  # type: ignore[arg-type]
+    assert [parts.ledger.transaction(t).state for t in [*new, *parts.txns]] == [
+        TxnState.CHARGED
+    ] * 3
+    assert [parts.stripe.held(line) for line in lines] == [[25], [100]]  # type: ignore[arg-type]
