@@ -437,7 +437,7 @@ class StripeGateway:
         if adds:
             rest = LinesAdd(
                 add.invoice_id, add.stripe_invoice_id, add.stripe_customer_id, add.currency,
-                tuple(adds), look_first=False,
+                tuple(adds), look_first=False, draft=add.draft,
             )  # fmt: skip
             made.update(_traced(
                 "stripe add_lines", lambda: self._add_lines(rest),

@@ -170,6 +170,7 @@ class FakeGateway:
     stripe_customers: set[str] = field(default_factory=set)
     drafts: dict[str, str] = field(default_factory=dict)  # Stripe invoice -> its customer
     drafts_made = 0
+    items_made = 0  # item ids are never reused, a deleted draft's items' neither
     executed: list[str] = field(default_factory=list)  # keys executed (not replayed)
 
     def delete_draft(self, stripe_invoice_id: str) -> None:
@@ -178,6 +179,11 @@ class FakeGateway:
         gone = [i for i, item in self.items.items() if item["invoice"] == stripe_invoice_id]
         for item_id in gone:
             del self.items[item_id]
+
+    def _item_ids(self) -> tuple[str, str]:
+        """A new item's id and its line item's, never given before."""
+        self.items_made += 1
+        return f"ii_{self.items_made - 1}", f"il_{7919 * self.items_made}"
 
     def hold(self, mode: str = "block") -> None:
         self.holding.append(mode)
@@ -273,10 +279,10 @@ class FakeGateway:
                 return _refused(f"{len(adds)} lines: at most {MAX_ITEMS_PER_ADD} a request")
             answer: AddedItems = {}
             for line, chunk, sequence, amount, _ in adds:
-                made_id = f"ii_{len(self.items)}"
+                made_id, il = self._item_ids()
                 self.items[made_id] = {
                     "amount": amount, "line": line, "invoice": invoice, "chunk": chunk,
-                    "sequence": sequence, "il": f"il_{7919 * (len(self.items) + 1)}",
+                    "sequence": sequence, "il": il,
                 }  # fmt: skip
                 answer[line, chunk] = (made_id, self.items[made_id]["il"])
             return answer
@@ -396,10 +402,10 @@ class FakeGateway:
         def make() -> str | ChargeFailure:
             if invoice in self.finalized:
                 return _refused(f"invoice {invoice} is not a draft")
-            made = f"ii_{len(self.items)}"
+            made, il = self._item_ids()
             self.items[made] = {
                 "amount": amount, "line": items.line_id, "invoice": invoice,
-                "chunk": chunk, "sequence": sequence, "il": f"il_{7919 * (len(self.items) + 1)}",
+                "chunk": chunk, "sequence": sequence, "il": il,
             }  # fmt: skip
             return made
 

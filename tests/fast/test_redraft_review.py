@@ -66,3 +66,53 @@ def test_new_lines_added_together_to_the_lost_draft_around_the_redraft_are_never
         TxnState.CHARGED
     ] * 3
     assert [parts.stripe.held(line) for line in lines] == [[25], [100]]  # type: ignore[arg-type]
+
+
+def test_an_add_looked_first_on_a_later_draft_keeps_that_drafts_key() -> None:
+    from typing import Any
+    from uuid import UUID
+
+    from domain.ports import LinesAdd
+    from domain.pushing import LineAdd, add_key
+    from tests.unit.test_stripe_client_keys import _gateway
+
+    line, invoice = UUID(int=11), UUID(int=22)
+
+    def answer(method: str, path: str) -> dict[str, Any]:
+        if method == "GET":  # the draft's items, looked for first: none made yet
+            return {"object": "list", "data": [], "has_more": False, "url": "/v1/invoiceitems"}
+        made = {
+            "id": "il_1", "object": "line_item", "amount": 50, "invoice_item": "ii_1",
+            "metadata": {"line_id": str(line), "chunk": "0", "sequence": "7"},
+        }  # fmt: skip
+        return {
+            "id": "in_2", "object": "invoice", "status": "draft",
+            "lines": {"object": "list", "data": [made], "has_more": False, "url": "/x"},
+        }  # fmt: skip
+
+    gateway, sent = _gateway(answer)
+    adds = (LineAdd(line, "api.requests", "2026-12", ((0, 7, 50),)),)
+    add = LinesAdd(invoice, "in_2", "cus_1", "USD", adds, look_first=True, draft=2)
+    assert gateway.add_lines(add) == {(line, 0): ("ii_1", "il_1")}
+    [(_, path, key, _)] = [s for s in sent.sent if s[0] == "POST"]
+    assert path == "/v1/invoices/in_2/add_lines"
+    assert key == f"{add_key(invoice, adds)}:d2" == add.key  # never the lost draft's key
+
+
+def test_the_fake_stripe_never_reuses_an_item_id_after_a_draft_is_deleted() -> None:
+    parts = Parts().bill(two_lines=True)
+    [other] = reserve(parts.ledger, 1, "globex", quantity=1000, prefix="g")
+    other_line = parts.ledger.transaction(other).line_id
+    assert other_line is not None
+    parts.pusher.push(other_line)
+    lost = parts.invoice().stripe_invoice_id
+    assert lost is not None
+    parts.stripe.delete_draft(lost)
+    stopped = parts.invoice()
+    stopped.need_attention("Stripe's draft answered 404")
+    parts.ledger.save(stopped)
+    redraft(parts.ledger, parts.stripe, parts.id, "deleted", "ops")
+    for line in parts.lines:
+        parts.pusher.push(line)
+    assert parts.stripe.held(other_line) == [100]  # globex's item is still its own
+    assert [parts.stripe.held(line) for line in parts.lines] == [[100], [25]]
