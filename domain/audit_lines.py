@@ -361,7 +361,9 @@ def _transaction(
         return [Finding("line", txn.transaction_id, f"not in its line {line.line_id}")]
     if txn.state is TxnState.CHARGED:
         push = push_of.get(txn.line_id)
-        pushed = push.pushed_sequence if push else 0
+        # Acknowledged at any time: a draft Stripe lost after (``Redrafted``) took back
+        # nothing the transaction was charged for; its next push holds it again.
+        pushed = max(push.pushed_sequence, *push.acknowledged) if push else 0
         if txn.line_sequence is None or txn.line_sequence > pushed:
             return [
                 Finding(

@@ -192,7 +192,7 @@ def _fold(rows: dict[UUID, dict[str, Any]], event: Any) -> None:  # noqa: PLR091
     elif isinstance(event, Invoice.DraftReplaced):  # billed on a new draft, made next
         row.update(
             stripe_invoice_id=None, attention=None, finalize_attempts=0, last_error=None,
-            next_attempt_at=None,
+            next_attempt_at=None, expected_total=0,  # until it starts finalizing again
         )  # fmt: skip
         if row["state"] == str(InvoiceState.FINALIZING):
             row["state"] = str(InvoiceState.CLOSED)

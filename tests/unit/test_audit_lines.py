@@ -506,3 +506,13 @@ def test_a_push_whose_items_and_amounts_disagree_is_not_compared_in_part() -> No
     push.amounts = [99_999_999]
     with pytest.raises(ValueError, match="shorter"):
         check_line_items([_item("ii_a", 99_999_999)], pushes, lines)
+
+
+def test_a_transaction_charged_on_a_lost_draft_is_no_finding_before_its_line_is_pushed_again() -> (
+    None
+):
+    lines, pushes, txns = _agreeing()
+    push = next(iter(pushes.values()))
+    push.apply("ChargesRecorded", {"through": 3}, 4)
+    push.apply("Redrafted", {"draft": 2}, 5)  # Stripe acknowledged it, then lost the draft
+    assert check_lines(lines, pushes, txns) == []

@@ -51,3 +51,22 @@ def test_a_mismatch_row_names_the_expected_total_with_its_currency() -> None:
     invoice.observe(view)
     [*_, kind, _, amount, detail] = _row(invoice, history)
     assert (kind, amount, detail) == ("mismatch", 703, "expected 700 JPY (evt_1)")
+
+
+def test_a_finalizing_invoice_whose_draft_is_replaced_expects_nothing_until_finalizing_again() -> (
+    None
+):
+    from projections.invoices import _fold
+
+    invoice = Invoice.open("acme", "USD", PERIOD, UUID(int=1))
+    invoice.record_draft("in_1", "cus_1")
+    invoice.close("period ended")
+    invoice.start_finalizing([(UUID(int=1), 4, 700)])
+    invoice.need_attention("Stripe refused the read back: http_404: No such invoice")
+    invoice.replace_draft("http_404: No such invoice", "deleted by hand", "ops")
+    rows: dict[UUID, dict[str, Any]] = {}
+    for event in invoice.collect_events():
+        _fold(rows, event)
+    [row] = rows.values()
+    # As the audit's replay folds it (domain.audit_invoices: None, compared as 0).
+    assert (row["state"], row["expected_total"], row["stripe_invoice_id"]) == ("closed", 0, None)
