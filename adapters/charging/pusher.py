@@ -290,7 +290,7 @@ class LinePusher:
         customer, requests = self._customer(line.customer_id)
         if isinstance(customer, ChargeFailure):
             return self._failed(line, push, plan, customer, requests)
-        stripe_invoice, sent, _ = self._invoice(line, customer)
+        stripe_invoice, sent, draft = self._invoice(line, customer)
         requests += sent
         if isinstance(stripe_invoice, ChargeFailure):
             return self._failed(line, push, plan, stripe_invoice, requests)
@@ -308,9 +308,8 @@ class LinePusher:
         self.ledger.save(*(m.push for m in members))
         everyone = sorted([*members, *made], key=lambda m: str(m.line.id))
         adds = tuple(_line_add(m) for m in everyone)
-        add = LinesAdd(
-            invoice.id, stripe_invoice, customer, line.currency, adds, look_first, invoice.draft
-        )
+        # The draft's number as read with its id (the invoice loaded above may be older).
+        add = LinesAdd(invoice.id, stripe_invoice, customer, line.currency, adds, look_first, draft)
         answer = self.gateway.add_lines(add)
         requests += 1
         if isinstance(answer, ChargeFailure):
