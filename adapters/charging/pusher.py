@@ -775,8 +775,10 @@ class LinePusher:
     ) -> tuple[str | None, int, ChargeFailure]:
         """Stripe refused the line for good: whose refusal is it? Its invoice is read
         (nothing recorded yet). Still a draft (or none yet): the line's, and its unpushed
-        usage is compensated. No longer a draft (finalized or voided in the dashboard),
-        or unreadable for good (deleted): the usage is still owed, so never compensated;
+        usage is compensated; but no replacement of a lost draft yet (``invoices
+        redraft``): the invoice's, as below (its charges were recorded). No longer a
+        draft (finalized or voided in the dashboard), or unreadable for good (deleted):
+        the usage is still owed, so never compensated;
         the invoice needs attention (the reason is returned). Not readable now: a
         retryable failure (never compensate on a guess). A refusal of a request to a draft
         the invoice no longer has (``sent_to``: replaced meanwhile by ``invoices
@@ -785,10 +787,16 @@ class LinePusher:
         if self._replaced(line, sent_to):
             return None, 0, replace(failure, retryable=True, answered=True)
         invoice = self._the_invoice(line)
+        refused = f"Stripe refused line {line.id} ({line.meter}): {failure.error_class}:"
         if invoice.stripe_invoice_id is None:
+            if invoice.draft > 1:  # the lost draft's replacement: charges recorded, still owed
+                why = (
+                    f"{refused} {failure.message}; Stripe did not make draft {invoice.draft}"
+                    " of the invoice (its earlier draft was lost)"
+                )
+                return why, 0, failure
             return None, 0, failure
         view = self.gateway.read_draft(invoice.stripe_invoice_id)
-        refused = f"Stripe refused line {line.id} ({line.meter}): {failure.error_class}:"
         if isinstance(view, ChargeFailure):
             if view.retryable:
                 return None, 1, replace(failure, retryable=True)

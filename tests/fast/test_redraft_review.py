@@ -116,3 +116,28 @@ def test_the_fake_stripe_never_reuses_an_item_id_after_a_draft_is_deleted() -> N
         parts.pusher.push(line)
     assert parts.stripe.held(other_line) == [100]  # globex's item is still its own
     assert [parts.stripe.held(line) for line in parts.lines] == [[100], [25]]
+
+
+def test_a_refusal_to_make_the_replacement_draft_stops_the_invoice_and_compensates_nothing() -> (
+    None
+):
+    from domain.saga import ChargeFailure
+
+    parts = Parts().bill()
+    lost = parts.invoice().stripe_invoice_id
+    assert lost is not None
+    parts.stripe.delete_draft(lost)
+    stopped = parts.invoice()
+    stopped.need_attention("Stripe's draft answered 404")
+    parts.ledger.save(stopped)
+    redraft(parts.ledger, parts.stripe, parts.id, "deleted", "ops")
+    [late] = reserve(parts.ledger, 1, quantity=1000, prefix="late")
+    # Stripe will not make the new draft (its customer deleted in the dashboard too, say).
+    parts.stripe.failures.append(
+        ChargeFailure("http_400", "No such customer: 'cus_acme'", retryable=False)
+    )
+    parts.pusher.push(parts.lines[0])
+    assert parts.ledger.transaction(late).state is TxnState.RESERVED  # owed, never dropped
+    assert parts.ledger.transaction(parts.txns[0]).state is TxnState.CHARGED
+    attention = parts.invoice().attention
+    assert attention is not None and "No such customer" in attention, attention
