@@ -736,9 +736,9 @@ class LinePusher:
             return self._not_sent(push, now, max(requests - unsent, 0))
         if attempt and not failure.may_land_later:
             push.end_attempt(attempt, "answered")
-        attention = None
+        attention, about = None, None
         if not failure.retryable:
-            attention, read, failure = self._refusal(line, failure, sent_to)
+            attention, read, failure, about = self._refusal(line, failure, sent_to)
             requests += read
         decision = after_failure(push, failure, now, self.policy, self.jitter())
         due = decision.next_attempt_at
@@ -763,7 +763,7 @@ class LinePusher:
                               sequence=plan.sequence, attempt=push.attempts),
         )  # fmt: skip
         if attention is not None:  # owed usage Stripe will not take: never compensated
-            self._needs_attention(line, attention, failure)
+            self._needs_attention(line, attention, failure, about)
             return PushReport(StepResult.DEFERRED, plan.sequence, requests, retry_at=due)
         if decision.verdict is PushVerdict.ABANDON:
             removed = self._abandon(line.id, push.pushed_sequence, decision.reason or "refused")
@@ -772,7 +772,7 @@ class LinePusher:
 
     def _refusal(
         self, line: InvoiceLine, failure: ChargeFailure, sent_to: str | None = None
-    ) -> tuple[str | None, int, ChargeFailure]:
+    ) -> tuple[str | None, int, ChargeFailure, str | None]:
         """Stripe refused the line for good: whose refusal is it? Its invoice is read
         (nothing recorded yet). Still a draft (or none yet): the line's, and its unpushed
         usage is compensated; but no replacement of a lost draft yet (``invoices
@@ -783,10 +783,11 @@ class LinePusher:
         retryable failure (never compensate on a guess). A refusal of a request to a draft
         the invoice no longer has (``sent_to``: replaced meanwhile by ``invoices
         redraft``) is no one's: retryable, the line goes again to the invoice's draft.
-        Also the requests sent."""
+        Also the requests sent, and the draft the answer is about (None: none yet)."""
         if self._replaced(line, sent_to):
-            return None, 0, replace(failure, retryable=True, answered=True)
+            return None, 0, replace(failure, retryable=True, answered=True), sent_to
         invoice = self._the_invoice(line)
+        about = invoice.stripe_invoice_id
         refused = f"Stripe refused line {line.id} ({line.meter}): {failure.error_class}:"
         if invoice.stripe_invoice_id is None:
             if invoice.draft > 1:  # the lost draft's replacement: charges recorded, still owed
@@ -794,27 +795,33 @@ class LinePusher:
                     f"{refused} {failure.message}; Stripe did not make draft {invoice.draft}"
                     " of the invoice (its earlier draft was lost)"
                 )
-                return why, 0, failure
-            return None, 0, failure
+                return why, 0, failure, about
+            return None, 0, failure, about
         view = self.gateway.read_draft(invoice.stripe_invoice_id)
         if isinstance(view, ChargeFailure):
             if view.retryable:
-                return None, 1, replace(failure, retryable=True)
+                return None, 1, replace(failure, retryable=True), about
             why = f"{refused} {failure.message}; and its invoice cannot be read: {view.message}"
-            return why, 1, failure
+            return why, 1, failure, about
         if view.status == "draft":
-            return None, 1, failure
+            return None, 1, failure, about
         why = f"{refused} its invoice {invoice.stripe_invoice_id} is {view.status}, not a draft"
-        return why, 1, failure
+        return why, 1, failure, about
 
     def _replaced(self, line: InvoiceLine, sent_to: str | None) -> bool:
         """Whether the draft a request named (``sent_to``) is no longer the invoice's."""
         return sent_to is not None and self._the_invoice(line).stripe_invoice_id != sent_to
 
-    def _needs_attention(self, line: InvoiceLine, reason: str, failure: ChargeFailure) -> None:
-        """Record on the line's invoice that it needs an operator (reloaded on a race)."""
+    def _needs_attention(
+        self, line: InvoiceLine, reason: str, failure: ChargeFailure, about: str | None
+    ) -> None:
+        """Record on the line's invoice that it needs an operator (reloaded on a race),
+        unless the draft the reason is about (``about``) is no longer the invoice's: an
+        operator replaced it meanwhile (``invoices redraft``), and the line goes again."""
         for _ in range(self.max_races):
             invoice = self._the_invoice(line)
+            if invoice.stripe_invoice_id != about:
+                return
             invoice.need_attention(reason)
             if not invoice.pending_events:
                 return

@@ -141,3 +141,33 @@ def test_a_refusal_to_make_the_replacement_draft_stops_the_invoice_and_compensat
     assert parts.ledger.transaction(parts.txns[0]).state is TxnState.CHARGED
     attention = parts.invoice().attention
     assert attention is not None and "No such customer" in attention, attention
+
+
+def test_a_refusal_of_the_lost_draft_recorded_after_the_redraft_does_not_stop_the_new_draft() -> (
+    None
+):
+    parts = Parts().bill()
+    lost = parts.invoice().stripe_invoice_id
+    assert lost is not None
+    parts.stripe.delete_draft(lost)
+    stopped = parts.invoice()
+    stopped.need_attention("Stripe's draft answered 404")
+    parts.ledger.save(stopped)
+    reserve(parts.ledger, 1, quantity=1000, prefix="late")
+    saves: list[str] = []
+
+    def noop() -> None:
+        saves.append("push")
+
+    def redrafted() -> None:
+        saves.append("redraft")
+        redraft(parts.ledger, parts.stripe, parts.id, "deleted", "ops")
+
+    # The push's attempt, then its failure, are recorded; the operator's redraft lands
+    # just before the pusher records on the invoice that the (lost) draft cannot be read.
+    parts.ledger.before_save = [noop, noop, redrafted]
+    parts.pusher.push(parts.lines[0])
+    assert saves == ["push", "push", "redraft"]
+    again = parts.invoice()
+    assert again.draft == 2
+    assert again.attention is None, again.attention  # the lost draft's refusal is history
