@@ -458,6 +458,7 @@ class LinePush(Aggregate):
         (the usage is still owed); the invoice is verified before it is finalized."""
 
         draft: int
+        at: datetime  # when: the new draft's keys are first used after it
 
     # State added after the first LinePush histories: class defaults, so an older
     # snapshot (which lacks them) loads with them.
@@ -473,6 +474,7 @@ class LinePush(Aggregate):
     add_batch: list[list[Any]] | None = None
     add_batched_at: datetime | None = None
     draft = 1  # the number of its invoice's draft its items are on
+    redrafted_at: datetime | None = None  # since when its keys are the new draft's
 
     @staticmethod
     def create_id(line_id: UUID, **_: Any) -> UUID:
@@ -732,16 +734,22 @@ class LinePush(Aggregate):
     def _sealed(self, invoice_id: UUID) -> None:
         self.sealed = True
 
-    def redraft(self, draft: int) -> None:
-        """Its invoice is billed on its ``draft``-th draft from now on (recorded in the
+    def redraft(self, draft: int, at: datetime) -> None:
+        """Its invoice is billed on its ``draft``-th draft from ``at`` (recorded in the
         save of ``Invoice.DraftReplaced``): nothing of the line is there yet."""
         if draft <= self.draft:
             raise ValueError(f"line push {self.id} is on draft {self.draft}, not before {draft}")
-        self._redrafted(draft)
+        self._redrafted(draft, at)
+
+    def keys_since(self) -> datetime:
+        """Since when the keys of its items' creation may have been used: its first
+        push, or its move to a new draft (whose keys are new)."""
+        return self.redrafted_at or self.created_on
 
     @event(Redrafted)
-    def _redrafted(self, draft: int) -> None:
+    def _redrafted(self, draft: int, at: datetime) -> None:
         self.draft = draft
+        self.redrafted_at = at
         self.pushed_sequence = 0
         self.pushed_billed = 0
         self.amounts = []

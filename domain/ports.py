@@ -215,6 +215,12 @@ class PaymentGateway(Protocol):
         """Issue the credit note (once: the key is the transaction's); its Stripe id."""
         ...
 
+    def pending_items(self, stripe_customer_id: str) -> dict[str, str] | ChargeFailure:
+        """The customer's invoice items on no invoice (pending): item id -> the ledger line
+        its metadata names ("" for none). The customer is read first, so an account or
+        mode that does not know it answers a failure, never an empty list."""
+        ...
+
     def delete_item(self, item_id: str, key: str) -> ChargeFailure | None:
         """Delete one invoice item (a charge from before lines had its own); gone counts."""
         ...

@@ -212,8 +212,9 @@ def _fold(rows: dict[UUID, dict[str, Any]], event: Any, line: UUID) -> None:
             pushed_sequence=0, stripe_amount=0, stripe_item_ids=[], stripe_invoice_id=None,
             push_attempts=0, last_error=None, next_attempt_at=None, failing_since=None,
         )  # fmt: skip
-        row["oldest_unsent_at"] = None
-        row["_unsent_lookup"] = True
+        # Unsent since the redraft: the line's own changes were in Stripe until then.
+        row["oldest_unsent_at"] = at
+        row["_unsent_lookup"] = False
     elif isinstance(event, InvoiceLine.Frozen):  # a new sequence, the same total
         row.update(frozen=True, sequence=event.originator_version)
         if row["oldest_unsent_at"] is None and not row["_unsent_lookup"]:

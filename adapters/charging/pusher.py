@@ -298,7 +298,7 @@ class LinePusher:
         if recorded is None:
             _record_batch(members, self.clock())
         else:
-            batched_at = push.add_batched_at or push.created_on
+            batched_at = push.add_batched_at or push.keys_since()
             look_first = self.clock() - batched_at >= self.key_window
         sent_at = self.clock()
         lands_by = self.landing.deadline(sent_at, 3 if look_first else 1)
@@ -571,7 +571,7 @@ class LinePusher:
         requests += sent
         if isinstance(invoice, ChargeFailure):
             return _Sent(invoice, requests)
-        look_first = self.clock() - push.created_on >= self.key_window
+        look_first = self.clock() - push.keys_since() >= self.key_window
         attempt = self._plan_items(push, plan, claim, look_first=look_first)
         if not plan.calls:
             return _Sent(list(push.item_ids[: len(plan.items)]), requests)

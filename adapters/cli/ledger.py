@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -471,7 +472,6 @@ def _redraft_invoice(args: argparse.Namespace) -> int:
     from adapters.bootstrap import build_pusher, open_ledger
     from adapters.charging.redraft import RedraftRefused, redraft
     from adapters.settings import Settings
-    from domain.errors import IllegalTransition
 
     settings = Settings()
     with open_ledger(settings) as ledger:
@@ -479,18 +479,26 @@ def _redraft_invoice(args: argparse.Namespace) -> int:
         try:
             done = redraft(ledger, gateway, args.invoice_id, args.how, args.by)
         except RedraftRefused as exc:
+            if exc.passing:  # Stripe could not be asked now: a later run may succeed
+                print(f"billing-ledger: {exc}", file=sys.stderr)
+                return EXIT_FAILURE
             raise usage(str(exc)) from None
-        except IllegalTransition as exc:
-            raise usage(str(exc)) from None
-        except ValueError:
-            raise usage("--how and --by must say what happened and who decided it") from None
         except IntegrityError:
-            print(f"invoice {args.invoice_id}: a push recorded first; run the command again")
+            print(
+                f"billing-ledger: invoice {args.invoice_id} changed while it was redrafted"
+                " (a push, ingest or the close role recorded first): run the command again",
+                file=sys.stderr,
+            )
             return EXIT_FAILURE
+    left = (
+        f"; {done.pending_deleted} item(s) the lost draft left pending deleted"
+        if done.pending_deleted
+        else ""
+    )
     print(
         f"invoice {args.invoice_id}: Stripe no longer has draft {done.lost} ({done.why});"
         f" its {done.lines} line(s) go on draft {done.draft}, made by their next push, and"
-        " the close role reads it back before finalizing"
+        f" the close role reads it back before finalizing{left}"
     )
     return 0
 

@@ -119,6 +119,9 @@ class StripeGateway:
         failure = _answer(lambda: self.set_items(repairs))
         return failure if isinstance(failure, ChargeFailure) else None
 
+    def pending_items(self, stripe_customer_id: str) -> dict[str, str] | ChargeFailure:
+        return _answer(lambda: self.pending_invoice_items(stripe_customer_id))
+
     def delete_item(self, item_id: str, key: str) -> ChargeFailure | None:
         failure = _answer(lambda: self.delete_invoice_item(item_id, key))
         return failure if isinstance(failure, ChargeFailure) else None
@@ -626,6 +629,27 @@ class StripeGateway:
         page = self._call("invoices.list", lambda: self.client.v1.invoices.list(params=params))
         for invoice in page.auto_paging_iter():
             yield invoice.to_dict()
+
+    def pending_invoice_items(self, stripe_customer_id: str) -> dict[str, str]:
+        """The customer's pending invoice items: item id -> the line its metadata names
+        ("" for none); the customer is retrieved first (a 404 if this account or mode
+        does not know it)."""
+        self._call(
+            "customers.retrieve", lambda: self.client.v1.customers.retrieve(stripe_customer_id)
+        )
+        params: InvoiceItemListParams = {
+            "limit": 100,
+            "customer": stripe_customer_id,
+            "pending": True,
+        }
+        page = self._call(
+            "invoice_items.list", lambda: self.client.v1.invoice_items.list(params=params)
+        )
+        pending: dict[str, str] = {}
+        for item in page.auto_paging_iter():
+            found = item.to_dict()
+            pending[str(found["id"])] = str((found.get("metadata") or {}).get("line_id", ""))
+        return pending
 
     def delete_invoice_item(self, item_id: str, key: str) -> None:
         """Delete an invoice item (a charge from before lines: one item per transaction);

@@ -173,12 +173,17 @@ class FakeGateway:
     items_made = 0  # item ids are never reused, a deleted draft's items' neither
     executed: list[str] = field(default_factory=list)  # keys executed (not replayed)
 
-    def delete_draft(self, stripe_invoice_id: str) -> None:
-        """Deleted in the dashboard: the draft and its items are gone (a 404 from now)."""
-        del self.drafts[stripe_invoice_id]
+    def delete_draft(self, stripe_invoice_id: str, *, items_to_pending: bool = False) -> None:
+        """Deleted in the dashboard: the draft is gone (a 404 from now), and its items with
+        it, or (``items_to_pending``: Stripe does not document which) left pending, on no
+        invoice, where another invoice of the customer could take them."""
+        customer = self.drafts.pop(stripe_invoice_id)
         gone = [i for i, item in self.items.items() if item["invoice"] == stripe_invoice_id]
         for item_id in gone:
-            del self.items[item_id]
+            if items_to_pending:
+                self.items[item_id].update(invoice=None, customer=customer)
+            else:
+                del self.items[item_id]
 
     def _item_ids(self) -> tuple[str, str]:
         """A new item's id and its line item's, never given before."""
@@ -512,10 +517,27 @@ class FakeGateway:
         params = (note.stripe_invoice_id, note.amount)
         return self._keyed(f"credit:{note.transaction_id}", params, make)  # type: ignore[no-any-return]
 
+    def pending_items(self, stripe_customer_id: str) -> dict[str, str] | ChargeFailure:
+        self.calls.append("pending")
+        failed = self._fail()
+        if failed:
+            return failed
+        if stripe_customer_id not in self.stripe_customers:
+            return _missing(f"No such customer: '{stripe_customer_id}'")
+        return {
+            item_id: str(item["line"])
+            for item_id, item in self.items.items()
+            if item["invoice"] is None
+            and item.get("customer", stripe_customer_id) == stripe_customer_id
+        }
+
     def delete_item(self, item_id: str, key: str) -> ChargeFailure | None:
         self.calls.append("delete")
         self.deleted.append(item_id)
-        return self._fail()
+        failed = self._fail()
+        if failed is None:
+            self.items.pop(item_id, None)
+        return failed
 
     def breaker_state(self) -> str:
         return self.breaker

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from adapters.charging.redraft import redraft
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from adapters.charging.redraft import RedraftRefused, redraft
+from domain.ports import LineItems
+from domain.saga import ChargeFailure
 from domain.transaction import TxnState
 from tests.fast.fakes import reserve
 from tests.fast.test_closer_pinned import Parts
@@ -69,7 +76,6 @@ def test_new_lines_added_together_to_the_lost_draft_around_the_redraft_are_never
 
 
 def test_an_add_looked_first_on_a_later_draft_keeps_that_drafts_key() -> None:
-    from typing import Any
     from uuid import UUID
 
     from domain.ports import LinesAdd
@@ -171,3 +177,76 @@ def test_a_refusal_of_the_lost_draft_recorded_after_the_redraft_does_not_stop_th
     again = parts.invoice()
     assert again.draft == 2
     assert again.attention is None, again.attention  # the lost draft's refusal is history
+
+
+def test_items_a_deleted_draft_left_pending_are_deleted_before_the_redraft_records() -> None:
+    parts = Parts().bill(two_lines=True)
+    lost = parts.invoice().stripe_invoice_id
+    assert lost is not None
+    parts.stripe.delete_draft(lost, items_to_pending=True)  # Stripe kept them, on no invoice
+    left = sorted(i for i, item in parts.stripe.items.items() if item["invoice"] is None)
+    assert len(left) == 2
+    stopped = parts.invoice()
+    stopped.need_attention("Stripe's draft answered 404")
+    parts.ledger.save(stopped)
+    done = redraft(parts.ledger, parts.stripe, parts.id, "deleted", "ops")
+    assert done.pending_deleted == 2
+    assert sorted(parts.stripe.deleted) == left
+    for line in parts.lines:
+        parts.pusher.push(line)
+    # Each line is held once, on the new draft: nothing pending another invoice could take.
+    assert parts.stripe.held(parts.lines[0]) == [100] and parts.stripe.held(parts.lines[1]) == [25]
+    assert not [i for i in parts.stripe.items.values() if i["invoice"] is None]
+
+
+def test_a_404_from_an_account_that_does_not_know_the_customer_replaces_nothing() -> None:
+    parts = Parts().bill()
+    lost = parts.invoice().stripe_invoice_id
+    assert lost is not None
+    stopped = parts.invoice()
+    stopped.need_attention("Stripe's draft answered 404")
+    parts.ledger.save(stopped)
+    # A test key asked about live ids: every object answers 404, the customer too.
+    parts.stripe.drafts.clear()
+    parts.stripe.stripe_customers.clear()
+    with pytest.raises(RedraftRefused, match=r"cannot read its customer .* account and mode"):
+        redraft(parts.ledger, parts.stripe, parts.id, "deleted", "ops")
+    assert parts.invoice().draft == 1 and parts.invoice().stripe_invoice_id == lost
+
+
+def test_how_and_who_are_checked_before_stripe_is_asked_and_a_passing_failure_says_so() -> None:
+    parts = Parts().bill()
+    calls = len(parts.stripe.calls)
+    with pytest.raises(RedraftRefused, match="--how and --by"):
+        redraft(parts.ledger, parts.stripe, parts.id, "deleted", " ")
+    assert len(parts.stripe.calls) == calls
+    stopped = parts.invoice()
+    stopped.need_attention("Stripe's draft answered 404")
+    parts.ledger.save(stopped)
+    parts.stripe.failures.append(ChargeFailure("connection", "reset", retryable=True))
+    with pytest.raises(RedraftRefused) as refused:
+        redraft(parts.ledger, parts.stripe, parts.id, "deleted", "ops")
+    assert refused.value.passing
+
+
+def test_a_redrafted_lines_first_push_uses_fresh_keys_without_looking_first() -> None:
+    parts = Parts().bill()
+    lost = parts.invoice().stripe_invoice_id
+    assert lost is not None
+    parts.clock.now += timedelta(days=2)  # the first draft's keys are long expired
+    parts.stripe.delete_draft(lost)
+    stopped = parts.invoice()
+    stopped.need_attention("Stripe's draft answered 404")
+    parts.ledger.save(stopped)
+    redraft(parts.ledger, parts.stripe, parts.id, "deleted", "ops", clock=parts.clock)
+    sent: list[bool] = []
+    original = parts.stripe.set_line_items
+
+    def recording(items: LineItems) -> Any:
+        sent.append(items.look_first)
+        return original(items)
+
+    parts.stripe.set_line_items = recording  # type: ignore[method-assign]
+    parts.pusher.push(parts.lines[0])
+    assert sent == [False]  # the new draft's keys were first used just now
+    assert parts.stripe.held(parts.lines[0]) == [100]

@@ -614,6 +614,7 @@ def test_a_draft_deleted_in_stripe_is_billed_on_a_new_draft_after_an_operator_re
 
     refused = _cli(parts.settings, "invoices", "redraft", str(invoice_id), "--how", "x", "--by", "")
     assert refused.returncode == 2 and "--how and --by" in refused.stderr, refused.stderr
+    before = datetime.now(UTC)
     redrafted = _cli(
         parts.settings, "invoices", "redraft", str(invoice_id),
         "--how", "deleted by mistake in the dashboard", "--by", "ops@example.com",
@@ -639,11 +640,13 @@ def test_a_draft_deleted_in_stripe_is_billed_on_a_new_draft_after_an_operator_re
                 )
             ]  # fmt: skip
             unsent = conn.execute(
-                "SELECT pushed_sequence FROM billing.invoice_lines WHERE line_id = %s", (line,)
-            ).fetchone()
+                "SELECT pushed_sequence, oldest_unsent_at >= %s FROM billing.invoice_lines"
+                " WHERE line_id = %s", (before, line),
+            ).fetchone()  # fmt: skip
     assert row == ("open", None, None)
     assert kinds[-2:] == ["needs_attention", "draft_replaced"]
-    assert unsent == (0,)  # nothing on the new draft yet: the reconciler sees it open
+    # Nothing on the new draft yet: the reconciler sees it open, unsent since the redraft.
+    assert unsent == (0, True)
 
     final = parts.finalize(invoice_id)
     assert final.state is InvoiceState.FINALIZED and final.draft == 2

@@ -202,13 +202,13 @@ def test_a_redrafted_push_holds_nothing_on_the_new_draft_and_keeps_its_charges()
     push.record_pushed(3, 300, [300], ["ii_1"], "in_1", requests=1)
     push.record_charges(3, 2)
     push.seal(UUID(int=9))
-    push.redraft(2)
+    push.redraft(2, AT)
     assert (push.draft, push.pushed_sequence, push.pushed_billed) == (2, 0, 0)
     assert (push.item_ids, push.amounts, push.planned, push.stripe_invoice_id) == ([], [], [], None)
     assert not push.sealed and push.in_doubt_until(AT) is None
     assert push.charged_through == 3  # the usage stays charged: it is owed on the new draft
     with pytest.raises(ValueError, match="on draft 2, not before 2"):
-        push.redraft(2)
+        push.redraft(2, AT)
     copy = None
     for event in push.collect_events():
         copy = event.mutate(copy)
