@@ -188,8 +188,9 @@ class LinePusher:
         self.jitter = jitter
         self.landing = landing
         self.claims = claims  # the claim this process pushes a customer's lines under
-        # Invoices whose bulk update Stripe refused while a draft: pushed line by line.
-        self._per_line: set[UUID] = set()
+        # Drafts whose bulk update Stripe refused while a draft: pushed line by line (a
+        # later draft of the same invoice, ``invoices redraft``, is batched again).
+        self._per_line: set[str] = set()
 
     def push(self, line_id: UUID) -> PushReport:
         """Bring Stripe and the charges up to the line's newest total, as far as now allows."""
@@ -280,7 +281,7 @@ class LinePusher:
         invoice = self._the_invoice(line)
         made: list[_Member] = []
         if recorded is None:
-            if not _fresh(push, plan) or invoice.id in self._per_line:
+            if not _fresh(push, plan) or invoice.stripe_invoice_id in self._per_line:
                 return 0
             members = self._new_members(invoice, _Member(line, push, plan), claim)
             if len(members) < 2:  # alone: created on its own (``set_line_items``)
@@ -380,7 +381,7 @@ class LinePusher:
         if not plan.calls or any(step.item_id is None for step in plan.items):
             return 0
         invoice = self._the_invoice(line)
-        if invoice.stripe_invoice_id is None or invoice.id in self._per_line:
+        if invoice.stripe_invoice_id is None or invoice.stripe_invoice_id in self._per_line:
             return 0
         members = self._members(invoice, _Member(line, push, plan), claim)
         requests = 0
@@ -521,7 +522,7 @@ class LinePusher:
                     m.push.end_attempt(attempt, "answered")
                     m.push.leave_batch()
                 self.ledger.save(*(m.push for m in chosen if m.push.pending_events))
-                self._per_line.add(invoice_id)
+                self._per_line.add(sent_to or "")
                 log.warning(
                     "bulk update refused on a draft: its lines go one by one: %s",
                     failure.message,
