@@ -408,8 +408,8 @@ _OBJECTS: dict[str, str] = {
     " `failed`) with the Stripe requests it sent.",
     "billing.invoices": "Read model: one row per invoice (customer, currency, period).",
     "billing.invoice_events": "Read model: a row per finalization, payment failure, payment,"
-    " void, credit request and credit, drift found, attention needed or settled, and"
-    " mismatch.",
+    " void, credit request and credit, drift found, attention needed or settled, draft"
+    " replaced (`invoices redraft`), and mismatch; `kind` names which.",
     "billing.charge_attempts": "Read model: one row per `Charged` (and per `ChargeFailed` of"
     " a history from before lines).",
     "billing.queue_health": "View, one row: how billing is doing, judged by"
