@@ -349,16 +349,23 @@ class CustomerAccount(Aggregate):
 
         Returns, per request, whether it was reserved. One event for the accepted.
         """
+        return self._reserve_all(requests, [str(txn_id) for txn_id, _ in requests])
+
+    def _reserve_all(
+        self, requests: Sequence[tuple[UUID, Decimal]], keys: Sequence[str]
+    ) -> list[bool]:
+        """``reserve_all``, given each request's transaction id as text (``keys``: the
+        caller's, who needs the same text for the credit it burns)."""
         granted: list[bool] = []
         ids: list[str] = []
         amounts: list[str] = []
         headroom = self.available
-        for txn_id, amount in requests:
+        for (_, amount), key in zip(requests, keys, strict=True):
             _check_amount(amount)
             ok = headroom is None or amount <= headroom
             granted.append(ok)
             if ok:
-                ids.append(str(txn_id))
+                ids.append(key)
                 amounts.append(f"{canonical(amount):f}")
                 if headroom is not None:
                     headroom = add_exact(headroom, -amount)
@@ -698,18 +705,25 @@ class CustomerAccount(Aggregate):
         if not self.grants:  # no credit, ever: only the limit decides
             return [_NOT_BURNT if ok else _REFUSED for ok in self.reserve_all(requests)]
         burner = self.burner(now)
-        blocked = [burner.blocks(amount) for _, amount in requests]
-        wanted = [r for r, b in zip(requests, blocked, strict=True) if not b]
-        reserved = iter(self.reserve_all(wanted))
+        keys = [str(txn_id) for txn_id, _ in requests]  # each id's text, made once
+        if burner.may_block:
+            blocked = [burner.blocks(amount) for _, amount in requests]
+        else:  # ``overage``: nothing is blocked (the usual case: no list to filter)
+            blocked = [False] * len(requests)
+        if any(blocked):
+            wanted = [(r, k) for r, k, b in zip(requests, keys, blocked, strict=True) if not b]
+            reserved = iter(self._reserve_all([r for r, _ in wanted], [k for _, k in wanted]))
+        else:
+            reserved = iter(self._reserve_all(requests, keys))
         burns: list[Burn] = []
-        for (txn_id, amount), was_blocked in zip(requests, blocked, strict=True):
+        for (txn_id, amount), key, was_blocked in zip(requests, keys, blocked, strict=True):
             if was_blocked:
                 burns.append(_BLOCKED)
             elif not next(reserved):
                 burns.append(_REFUSED)
             else:
-                credit = burner.burn(txn_id, amount)
-                burns.append(Burn(reserved=True, credit=credit) if credit else _NOT_BURNT)
+                credit = burner.burn(txn_id, amount, key)
+                burns.append(Burn(True, False, credit) if credit else _NOT_BURNT)
         burner.record()
         return burns
 
@@ -1017,6 +1031,11 @@ class Burner:
         self._grant_ids: list[str] = []
         self._amounts: list[str] = []
 
+    @property
+    def may_block(self) -> bool:
+        """Whether ``blocks`` can ever answer True (the policy is ``block``)."""
+        return self._block
+
     def blocks(self, amount: Decimal) -> bool:
         """Under ``block``, whether the grants cannot cover ``amount`` (then it is not
         reserved at all, nor does it consume)."""
@@ -1027,8 +1046,9 @@ class Burner:
         self._available = add_exact(self._available, -amount)
         return False
 
-    def burn(self, txn_id: UUID, amount: Decimal) -> Decimal:
-        """Burn a reserved record's ``amount`` down the live grants; the credit taken."""
+    def burn(self, txn_id: UUID, amount: Decimal, key: str | None = None) -> Decimal:
+        """Burn a reserved record's ``amount`` down the live grants; the credit taken
+        (``key``: ``str(txn_id)``, when the caller has it already)."""
         live, left = self._live, self._left
         k = self._k
         while k < len(live) and left[k] <= 0:
@@ -1036,9 +1056,11 @@ class Burner:
         self._k = k
         if k == len(live) or amount <= 0:
             return Decimal(0)
+        if key is None:
+            key = str(txn_id)
         if amount <= left[k]:  # the usual case: one grant covers the record
             left[k] = running_difference(left[k], amount)
-            self._ids.append(str(txn_id))
+            self._ids.append(key)
             self._grant_ids.append(live[k].grant_id)
             self._amounts.append(f"{amount:f}")  # canonical: a transaction's exact amount
             return amount
@@ -1050,7 +1072,7 @@ class Burner:
             left[i] = add_exact(left[i], -take)
             owed = add_exact(owed, -take)
             credit = add_exact(credit, take)
-            self._ids.append(str(txn_id))
+            self._ids.append(key)
             self._grant_ids.append(live[i].grant_id)
             self._amounts.append(f"{canonical(take):f}")
             if owed <= 0:

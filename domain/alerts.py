@@ -106,11 +106,23 @@ class Threshold:
 
     @classmethod
     def parse(cls, key: str) -> Threshold:
-        """``kind:value`` (ValueError when it is not one)."""
+        """``kind:value`` (ValueError when it is not one). An account's thresholds are
+        parsed for every ingest save: each key's answer is kept (a threshold is frozen)."""
+        found = _PARSED.get(key) if cls is Threshold else None
+        if found is not None:
+            return found
         kind, _, value = key.partition(":")
         if not value.isdigit():
             raise ValueError(f"alert threshold {key!r}: kind:whole number")
-        return cls(kind, int(value))
+        threshold = cls(kind, int(value))
+        if cls is Threshold and len(_PARSED) < _MAX_PARSED:
+            _PARSED[key] = threshold
+        return threshold
+
+
+# ``Threshold.parse``'s answers, by key (bounded: keys are few, but come from operators).
+_PARSED: dict[str, Threshold] = {}
+_MAX_PARSED = 10_000
 
 
 def parse_thresholds(keys: Iterable[str]) -> list[Threshold]:

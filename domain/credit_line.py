@@ -25,7 +25,7 @@ not give the credit back (not built yet): see the concept page.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -97,16 +97,31 @@ class CreditLine(InvoiceLine):
         """Add each (transaction, usage line, exact credit) in one event, summed per usage
         line; the credits in canonical form (``domain.money.canonical``, as
         ``reserve_and_burn`` gives them)."""
-        credited = [(str(line), c) for _, line, c in entries if c > 0]
+        grouped: dict[UUID, list[Decimal]] = {}
+        for _, line, credit in entries:
+            found = grouped.get(line)
+            if found is None:
+                grouped[line] = [credit]
+            else:
+                found.append(credit)
+        self.apply_per_line({str(line): credits for line, credits in grouped.items()})
+
+    def apply_per_line(self, credits: Mapping[str, Sequence[Decimal]]) -> None:
+        """``apply``, with the credits already grouped per usage line (its id as text), in
+        the order the lines first appear: one event, the same as ``apply``'s."""
+        grouped = {line: [c for c in found if c > 0] for line, found in credits.items()}
+        credited = {line: found for line, found in grouped.items() if found}
         if not credited:
             return
         if self.frozen:
             raise IllegalTransition(f"line {self.id} is frozen: its invoice has closed")
-        line_ids, amounts, counts = _per_line(credited)
+        line_ids = list(credited)
+        amounts = [f"{sum_exact(found):f}" for found in credited.values()]
+        counts = [len(found) for found in credited.values()]
         per_line = _added(self.per_line, line_ids, amounts)
         exact = sum_exact(per_line.values())
         billed = -sum(round_minor(c) for c in per_line.values())
-        self._applied(line_ids, amounts, counts, -exact, billed, self.transactions + len(credited))
+        self._applied(line_ids, amounts, counts, -exact, billed, self.transactions + sum(counts))
 
     @event(CreditsApplied)
     def _applied(  # noqa: PLR0917 (the event's fields, applied on every load)

@@ -251,9 +251,15 @@ def settle_account(
         account.check_top_up(before, book.now)
     if account.alert_thresholds:  # spend alerts: one call, right after the reservation
         decided = [i for i in items if i.rejected is None]
-        account.check_alerts(
-            [_spend(i) for i in decided], [i.refused is None for i in decided], book.now
-        )
+        # Each record as the alerts see it (``Spend``), made as the tuple it is: one per
+        # record of every batch of an account with alerts.
+        spends = [
+            _new_tuple(Spend, (fields["usage_id"], i.metering.transaction_id,
+                               fields["amount"], i.period.key))
+            for i in decided
+            for fields in (i.fields,)
+        ]  # fmt: skip
+        account.check_alerts(spends, [i.refused is None for i in decided], book.now)
     for settled in lines.values():
         line, members, price = settled.line, settled.members, settled.price
         entries = [(m.metering.transaction_id, m.fields["amount"]) for m in members]
@@ -265,11 +271,7 @@ def settle_account(
     return list(lines.values()), book.apply_credits(credited) if credited else []
 
 
-def _spend(item: Pending) -> Spend:
-    fields = item.fields
-    return Spend(
-        fields["usage_id"], item.metering.transaction_id, fields["amount"], item.period.key
-    )
+_new_tuple = tuple.__new__
 
 
 def _join(lines: dict[UUID, SettledLine], line: InvoiceLine, item: Pending) -> SettledLine:
@@ -417,17 +419,19 @@ class LineBook:
         """Record each (transaction, its usage line, credit it consumed) on the credit line
         of the usage line's invoice (``domain.credit_line``), one event per credit line;
         the credit lines changed."""
-        by_credit_line: dict[UUID, tuple[CreditLine, list[tuple[UUID, UUID, Decimal]]]] = {}
-        of_line: dict[UUID, list[tuple[UUID, UUID, Decimal]]] = {}
-        for txn_id, line, credit in credited:
+        of_line: dict[UUID, tuple[InvoiceLine, list[Decimal]]] = {}  # first seen first
+        for _, line, credit in credited:
             found = of_line.get(line.id)
             if found is None:
-                credit_line = self._credit_line(line.period)
-                found = by_credit_line.setdefault(credit_line.id, (credit_line, []))[1]
-                of_line[line.id] = found
-            found.append((txn_id, line.id, credit))
-        for credit_line, entries in by_credit_line.values():
-            credit_line.apply(entries)
+                of_line[line.id] = (line, [credit])
+            else:
+                found[1].append(credit)
+        by_credit_line: dict[UUID, tuple[CreditLine, dict[str, list[Decimal]]]] = {}
+        for line_id, (line, credits) in of_line.items():
+            credit_line = self._credit_line(line.period)
+            by_credit_line.setdefault(credit_line.id, (credit_line, {}))[1][str(line_id)] = credits
+        for credit_line, per_line in by_credit_line.values():
+            credit_line.apply_per_line(per_line)
         return [credit_line for credit_line, _ in by_credit_line.values()]
 
     def _credit_line(self, period: Period) -> CreditLine:

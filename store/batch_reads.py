@@ -192,8 +192,11 @@ def _clone(value: Any, memo: dict[int, Any]) -> Any:
     if kind is dict:
         copied: dict[Any, Any] = {}
         memo[id(value)] = copied
+        immutable = _IMMUTABLE  # shared as they are, without a call each (most are)
         for key, item in value.items():
-            copied[_clone(key, memo)] = _clone(item, memo)
+            copied[key if type(key) in immutable else _clone(key, memo)] = (
+                item if type(item) in immutable else _clone(item, memo)
+            )
         return copied
     if kind is list:
         items: list[Any] = []
