@@ -356,9 +356,12 @@ class OrjsonTranscoder(JSONTranscoder):
 
     A registered type (UUID, Decimal, datetime) becomes ``{"_type_": name, "_data_":
     encoded}`` as the library writes it; orjson then writes the flat dict (it escapes
-    strings as ``json`` does with ``ensure_ascii=False``). Anything else (a nested list
-    or dict, an int beyond 64 bits, a str subclass) takes the library's own encoder,
-    so the stored bytes never differ. Decoding is the library's.
+    strings as ``json`` does with ``ensure_ascii=False``). A list of plain values (text,
+    integers, booleans, nulls: an ingest save's ``AmountsReserved``, ``Settled``,
+    ``CreditsConsumed``, ``CreditsApplied``) is written by orjson too, as ``json``
+    writes it. Anything else (a list of anything else, a nested dict, an int beyond 64
+    bits, a str subclass) takes the library's own encoder, so the stored bytes never
+    differ. Decoding is the library's.
     """
 
     def encode(self, obj: Any) -> bytes:
@@ -367,7 +370,7 @@ class OrjsonTranscoder(JSONTranscoder):
         flat: dict[str, Any] = {}
         for key, value in obj.items():
             kind = type(value)
-            if kind in _JSON_NATIVE:
+            if kind in _JSON_NATIVE or (kind is list and _plain_list(value)):
                 flat[key] = value
             elif kind in self.types:
                 transcoding = self.types[kind]
@@ -378,6 +381,11 @@ class OrjsonTranscoder(JSONTranscoder):
             return orjson.dumps(flat)
         except (TypeError, orjson.JSONEncodeError):  # e.g. an int beyond 64 bits
             return super().encode(obj)
+
+
+def _plain_list(values: list[Any]) -> bool:
+    """Whether every item is a plain value (``_JSON_NATIVE``): orjson writes the list."""
+    return all(type(item) in _JSON_NATIVE for item in values)
 
 
 def postgres_env(url: str, *, pool_size: int = 4, lock_free: bool = True) -> dict[str, str]:

@@ -11,6 +11,8 @@ from uuid import UUID
 import pytest
 from eventsourcing.application import Application
 from eventsourcing.persistence import JSONTranscoder, Mapper
+from hypothesis import given
+from hypothesis import strategies as st
 
 from domain.account import CustomerAccount
 from domain.ids import account_id, transaction_id
@@ -44,6 +46,14 @@ STATES: list[Any] = [
     {"empty": ""},
     {},
     ["a", "list", "at", "the", "top"],
+    # lists of plain values (orjson's), and of anything else (the library's)
+    {"ids": ["a", 'q"uote\\\n\x00\x1f\x7fé€😀\u2028', ""], "counts": [1, -(2**63), 2**63 - 1]},
+    {"mixed": ["x", 1, True, None, False], "empty": [], "u": UUID(int=3)},
+    {"big_in_list": [1, 2**64 + 1]},  # beyond orjson's ints: the library's encoder
+    {"floats": [1.5, 0.1]},  # not a plain value here: the library's
+    {"nested_list": [["a"], ["b"]]},
+    {"tuple": ("a", "b")},  # not a list: the library's
+    {"subclass_in_list": [Colour.RED, "red"]},
 ]
 
 
@@ -52,6 +62,15 @@ def test_same_bytes_as_the_library_and_read_back_by_it(state: Any) -> None:
     stock, ours = _transcoders()
     assert ours.encode(state) == stock.encode(state)
     assert stock.decode(ours.encode(state)) == stock.decode(stock.encode(state))
+
+
+@pytest.mark.parametrize("state", [{"s": "\ud800"}, {"ids": ["a", "\ud800"]}])
+def test_text_utf_8_cannot_hold_is_refused_as_the_library_refuses_it(state: Any) -> None:
+    stock, ours = _transcoders()
+    with pytest.raises(UnicodeEncodeError):
+        stock.encode(state)
+    with pytest.raises(UnicodeEncodeError):
+        ours.encode(state)
 
 
 def test_the_ledgers_events_are_stored_byte_for_byte_as_before() -> None:
@@ -76,3 +95,24 @@ def test_the_ledgers_events_are_stored_byte_for_byte_as_before() -> None:
     for event in [*txn.collect_events(), *account.collect_events()]:
         assert Mapper(ours).to_stored_event(event) == Mapper(stock).to_stored_event(event)
         assert Mapper(stock).to_domain_event(Mapper(ours).to_stored_event(event)) == event
+
+
+_PLAIN = (
+    st.text()
+    | st.integers(min_value=-(2**63), max_value=2**64 + 10)
+    | st.booleans()
+    | st.none()
+    | st.floats(allow_nan=False)
+)
+
+
+@given(st.dictionaries(st.text(), _PLAIN | st.lists(_PLAIN, max_size=8), max_size=6))
+def test_any_flat_state_with_lists_is_the_librarys_bytes(state: dict[str, Any]) -> None:
+    stock, ours = _transcoders()
+    try:
+        expected = stock.encode(state)
+    except UnicodeEncodeError:  # a lone surrogate: refused by both
+        with pytest.raises(UnicodeEncodeError):
+            ours.encode(state)
+        return
+    assert ours.encode(state) == expected
