@@ -12,8 +12,13 @@ them together:
   after each copy's version read in one query (``LedgerRecorder.select_after``) and
   folded onto the copy: the cached object is never changed here;
 * the rest: which of them exist at all, in one query. One that does not is answered
-  None with no further read; one that does (not cached: after a restart, or evicted)
-  is read as the repository reads it, snapshot first.
+  None with no further read. Those that do (not cached: after a restart, or evicted)
+  and have no snapshot at all (one query asks which have any row in the snapshots
+  table) are read whole, their events in one query, and folded as the repository
+  would fold them, the repository's cache given each as it gives one it read; one
+  with a snapshot is read as the repository reads it, snapshot first, when asked for.
+  (A process that starts with thousands of accounts in the store read each with two
+  round trips of its own in its first batches.)
 
 Anything not expected (a late line, an invoice) is read through the repository. Each
 expected aggregate is handed out once, as the repository would hand out a copy.
@@ -56,6 +61,7 @@ from domain.ids import account_id
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine
 from store.recorder import LedgerRecorder
+from store.snapshots import SealedSnapshotRecorder
 
 __all__ = ["BatchReads", "clone"]
 
@@ -82,6 +88,7 @@ class BatchReads:
         self._read: dict[UUID, Any] = {}
         self.queries = 0  # how many queries ``expect`` made
         self.events_read = 0  # events it folded onto cached aggregates
+        self.read_whole = 0  # aggregates it read from their events alone (not cached)
 
     def expect(self, ids: Sequence[UUID]) -> None:
         """Read these aggregates now (``meter_batch_events``' ``expect``)."""
@@ -111,6 +118,40 @@ class BatchReads:
             self.queries += 1
             recorded = self.recorder.select_recorded_ids(uncached)
             self._read.update({i: None for i in uncached if i not in recorded})
+            if recorded:
+                self._read_whole([i for i in uncached if i in recorded])
+
+    def _read_whole(self, ids: Sequence[UUID]) -> None:
+        """Read the aggregates of ``ids`` (each has events, none is cached) that have no
+        snapshot from their events, together (see the module docstring). The repository
+        reads such an aggregate from all its events, keeps it in its cache and hands out
+        a copy: so does this. One with a snapshot row is left to ``get`` (the
+        repository's read, snapshot first, its seal checked)."""
+        snapshots = self.repository.snapshot_store
+        if snapshots is None:
+            whole = list(ids)
+        elif isinstance(snapshots.recorder, SealedSnapshotRecorder):
+            self.queries += 1
+            snapshotted = snapshots.recorder.select_snapshotted_ids(ids)
+            whole = [i for i in ids if i not in snapshotted]
+        else:  # another snapshot store: the repository reads each
+            return
+        if not whole or self.recorder is None:
+            return
+        self.queries += 1
+        stored = self.recorder.select_after(dict.fromkeys(whole, 0))
+        histories = _by_aggregate(self.mapper.to_domain_event(s) for s in stored)
+        cache = self.repository.cache
+        for i in whole:
+            events = histories.get(i)
+            aggregate = project_aggregate(None, events) if events else None
+            if aggregate is None:  # left to the repository's read
+                continue
+            self.read_whole += 1
+            if cache is not None:  # as ``Repository.get``: the read cached, a copy handed out
+                cache.put(i, aggregate)
+                aggregate = clone(aggregate)
+            self._read[i] = aggregate
 
     def _copy(self, aggregate_id: UUID, cached: Any) -> Any:
         """A copy of the cached aggregate, taken under the repository's fast-forward lock

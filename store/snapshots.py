@@ -100,6 +100,11 @@ class SealedSnapshotRecorder(PostgresAggregateRecorder):
             " WHERE s.originator_id = %s AND s.originator_version <="
             " (SELECT max(originator_version) FROM {0} WHERE originator_id = %s)"
         ).format(history)
+        # Per id, a probe of the primary key (as the batch reads of the events table).
+        self._select_snapshotted = SQL(
+            "SELECT known.id AS originator_id FROM unnest(%s::{1}[]) AS known(id)"
+            " WHERE EXISTS (SELECT 1 FROM {0} s WHERE s.originator_id = known.id)"
+        ).format(table, id_type)
         self.refused = 0
 
     def create_table(self) -> None:
@@ -147,6 +152,15 @@ class SealedSnapshotRecorder(PostgresAggregateRecorder):
                 ", ".join(f"{s.originator_id} v{s.originator_version}" for s in stored_events),
             )
         return None
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def select_snapshotted_ids(self, originator_ids: Sequence[UUID]) -> set[UUID]:
+        """Which of these aggregates have any row in the snapshots table, sealed or not
+        (one query): the others are read from their events alone, as the repository
+        would read them (``store.batch_reads``)."""
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute(self._select_snapshotted, (list(set(originator_ids)),))
+            return {row["originator_id"] for row in curs.fetchall()}
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def select_events(

@@ -19,6 +19,7 @@ from domain.transaction import Source
 from store.batch_reads import BatchReads
 from store.ledger import BillingLedger
 from store.recorder import LedgerRecorder
+from store.snapshots import SealedSnapshotRecorder
 from tests.integration.support import usage
 
 pytestmark = pytest.mark.integration
@@ -110,16 +111,54 @@ def test_after_a_restart_existing_aggregates_are_read_whole_and_absent_ones_not_
         spy = Spy(restarted)
         batch = [*_batch("after", 100), Metering(usage("new", customer="hooli"), Source("u", 1, 1))]
         restarted.record_usage(batch)
-        # Not cached: the 9 that exist are read one by one (snapshot first), the new
-        # customer's account and line are known absent from the one query, and its new
-        # line's invoice is read alone.
-        assert spy.reads[0].queries == 1
+        # Not cached: the new customer's account and line are known absent from the
+        # first query; the 9 that exist have no snapshot (a second query), so they are
+        # read whole, together (a third), none one by one; only the new line's invoice
+        # is read alone.
+        assert spy.reads[0].queries == 3 and spy.reads[0].read_whole == 9
         assert account_id("hooli", "USD") not in spy.one_by_one
-        assert len(spy.one_by_one) == 9 + 1
+        assert len(spy.one_by_one) == 1
         assert restarted.last_save.attempts == 1
+        restarted_view = _state(restarted)
+        # Cached as the repository caches what it reads: the next batch reads no event.
+        spy.one_by_one.clear()
+        restarted.record_usage(_batch("again", 400))
+        assert spy.reads[1].events_read == 0 and spy.one_by_one == []
         restarted_view = _state(restarted)
     with open_ledger(settings) as fresh:
         assert _state(fresh) == restarted_view
+
+
+def test_after_a_restart_an_aggregate_with_a_snapshot_is_read_from_its_snapshot(
+    settings: Settings, ledger: BillingLedger
+) -> None:
+    ledger.record_usage(_batch("before"))
+    ledger.take_snapshot(account_id("acme", "USD"))
+    ledger.record_usage(_batch("after-the-snapshot", 50))
+    with open_ledger(settings) as restarted:
+        spy = Spy(restarted)
+        restarted.record_usage(_batch("after", 100))
+        # acme's account has a snapshot: read by the repository, snapshot first (its seal
+        # checked); the other 8 whole, together.
+        assert spy.reads[0].read_whole == 8
+        assert spy.one_by_one == [account_id("acme", "USD")]
+        snapshots = restarted.snapshots
+        assert snapshots is not None and isinstance(snapshots.recorder, SealedSnapshotRecorder)
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            plan = "\n".join(
+                str(row[0])
+                for row in conn.execute(
+                    SQL("EXPLAIN ") + snapshots.recorder._select_snapshotted,
+                    ([account_id(c, "USD") for c in CUSTOMERS],),
+                )
+            )
+        assert "Seq Scan" not in plan and "_pkey" in plan, plan
+        assert restarted.last_save.attempts == 1
+        restarted_view = _state(restarted)
+        accounts = [restarted.account(c, "USD") for c in CUSTOMERS]
+    with open_ledger(settings) as fresh:
+        assert _state(fresh) == restarted_view
+        assert [fresh.account(c, "USD") for c in CUSTOMERS] == accounts
 
 
 def test_a_decision_that_loses_its_race_leaves_the_cache_as_the_store_has_it(
