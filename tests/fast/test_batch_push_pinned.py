@@ -464,6 +464,31 @@ def test_a_refused_batch_on_a_draft_is_left_by_every_line_and_each_goes_alone() 
     assert b.states() == {TxnState.CHARGED}
 
 
+def test_a_new_draft_after_a_redraft_is_batched_again_though_the_lost_one_went_line_by_line() -> (
+    None
+):
+    from adapters.charging.redraft import redraft
+
+    b = Book()
+    first, second = b.usage(USD[0]), b.usage(USD[1])
+    b.gateway.fail["add"] = REFUSED
+    b.pusher.push(first)  # refused on the draft: this draft goes line by line
+    b.pusher.push(second)
+    invoice = b.invoice(first)
+    lost = invoice.stripe_invoice_id
+    assert lost is not None and len(b.gateway.add_requests) == 1
+    b.gateway.delete_draft(lost)
+    invoice.need_attention("Stripe says its draft was deleted")
+    b.ledger.save(invoice)
+    redraft(b.ledger, b.gateway, invoice.id, "deleted", "ops", clock=b.clock)
+    b.pusher.push(first)  # both lines are new on the new draft: made in one request
+    [add] = b.gateway.add_requests[1:]
+    assert add.stripe_invoice_id != lost and sorted(_ids(add.adds)) == sorted([first, second])
+    b.pusher.push(second)
+    assert b.states() == {TxnState.CHARGED}
+    assert b.gateway.held(first) == [100] and b.gateway.held(second) == [100]
+
+
 def test_a_refused_batch_on_an_invoice_finalized_by_hand_needs_attention_compensating_none() -> (
     None
 ):
