@@ -785,10 +785,10 @@ class LinePusher:
         the invoice no longer has (``sent_to``: replaced meanwhile by ``invoices
         redraft``) is no one's: retryable, the line goes again to the invoice's draft.
         Also the requests sent, and the draft the answer is about (None: none yet)."""
-        if self._replaced(line, sent_to):
-            return None, 0, replace(failure, retryable=True, answered=True), sent_to
         invoice = self._the_invoice(line)
         about = invoice.stripe_invoice_id
+        if sent_to is not None and about != sent_to:  # replaced meanwhile (``_replaced``)
+            return None, 0, replace(failure, retryable=True, answered=True), sent_to
         refused = f"Stripe refused line {line.id} ({line.meter}): {failure.error_class}:"
         if invoice.stripe_invoice_id is None:
             if invoice.draft > 1:  # the lost draft's replacement: charges recorded, still owed

@@ -15,16 +15,23 @@ from tests.fast.fakes import reserve
 from tests.fast.test_closer_pinned import Parts
 
 
+def _deleted_and_stopped(parts: Parts, *, items_to_pending: bool = False) -> str:
+    """The invoice's draft deleted in the dashboard and the invoice stopped for it, as
+    the pushers, the closer or the webhook record; the lost draft's id."""
+    lost = parts.invoice().stripe_invoice_id
+    assert lost is not None
+    parts.stripe.delete_draft(lost, items_to_pending=items_to_pending)
+    stopped = parts.invoice()
+    stopped.need_attention("Stripe's draft answered 404")
+    parts.ledger.save(stopped)
+    return lost
+
+
 def test_a_new_line_whose_push_read_the_lost_draft_before_the_redraft_is_never_compensated() -> (
     None
 ):
     parts = Parts().bill()
-    lost = parts.invoice().stripe_invoice_id
-    assert lost is not None
-    parts.stripe.delete_draft(lost)
-    stopped = parts.invoice()
-    stopped.need_attention("Stripe's draft answered 404")
-    parts.ledger.save(stopped)
+    _deleted_and_stopped(parts)
     # A new meter's first usage: its line has no push yet when the operator redrafts.
     [txn] = reserve(parts.ledger, 1, quantity=100000, meter="gpt-4o.input_tokens", prefix="n")
     line = parts.ledger.transaction(txn).line_id
@@ -47,12 +54,7 @@ def test_new_lines_added_together_to_the_lost_draft_around_the_redraft_are_never
     None
 ):
     parts = Parts().bill()
-    lost = parts.invoice().stripe_invoice_id
-    assert lost is not None
-    parts.stripe.delete_draft(lost)
-    stopped = parts.invoice()
-    stopped.need_attention("Stripe's draft answered 404")
-    parts.ledger.save(stopped)
+    _deleted_and_stopped(parts)
     new = [
         *reserve(parts.ledger, 1, quantity=100000, meter="gpt-4o.input_tokens", prefix="i"),
         *reserve(parts.ledger, 1, quantity=100000, meter="gpt-4o.output_tokens", prefix="o"),
@@ -111,12 +113,7 @@ def test_the_fake_stripe_never_reuses_an_item_id_after_a_draft_is_deleted() -> N
     other_line = parts.ledger.transaction(other).line_id
     assert other_line is not None
     parts.pusher.push(other_line)
-    lost = parts.invoice().stripe_invoice_id
-    assert lost is not None
-    parts.stripe.delete_draft(lost)
-    stopped = parts.invoice()
-    stopped.need_attention("Stripe's draft answered 404")
-    parts.ledger.save(stopped)
+    _deleted_and_stopped(parts)
     redraft(parts.ledger, parts.stripe, parts.id, "deleted", "ops")
     for line in parts.lines:
         parts.pusher.push(line)
@@ -130,12 +127,7 @@ def test_a_refusal_to_make_the_replacement_draft_stops_the_invoice_and_compensat
     from domain.saga import ChargeFailure
 
     parts = Parts().bill()
-    lost = parts.invoice().stripe_invoice_id
-    assert lost is not None
-    parts.stripe.delete_draft(lost)
-    stopped = parts.invoice()
-    stopped.need_attention("Stripe's draft answered 404")
-    parts.ledger.save(stopped)
+    _deleted_and_stopped(parts)
     redraft(parts.ledger, parts.stripe, parts.id, "deleted", "ops")
     [late] = reserve(parts.ledger, 1, quantity=1000, prefix="late")
     # Stripe will not make the new draft (its customer deleted in the dashboard too, say).
@@ -153,12 +145,7 @@ def test_a_refusal_of_the_lost_draft_recorded_after_the_redraft_does_not_stop_th
     None
 ):
     parts = Parts().bill()
-    lost = parts.invoice().stripe_invoice_id
-    assert lost is not None
-    parts.stripe.delete_draft(lost)
-    stopped = parts.invoice()
-    stopped.need_attention("Stripe's draft answered 404")
-    parts.ledger.save(stopped)
+    _deleted_and_stopped(parts)
     reserve(parts.ledger, 1, quantity=1000, prefix="late")
     saves: list[str] = []
 
@@ -181,14 +168,9 @@ def test_a_refusal_of_the_lost_draft_recorded_after_the_redraft_does_not_stop_th
 
 def test_items_a_deleted_draft_left_pending_are_deleted_before_the_redraft_records() -> None:
     parts = Parts().bill(two_lines=True)
-    lost = parts.invoice().stripe_invoice_id
-    assert lost is not None
-    parts.stripe.delete_draft(lost, items_to_pending=True)  # Stripe kept them, on no invoice
+    _deleted_and_stopped(parts, items_to_pending=True)  # Stripe kept them, on no invoice
     left = sorted(i for i, item in parts.stripe.items.items() if item["invoice"] is None)
     assert len(left) == 2
-    stopped = parts.invoice()
-    stopped.need_attention("Stripe's draft answered 404")
-    parts.ledger.save(stopped)
     done = redraft(parts.ledger, parts.stripe, parts.id, "deleted", "ops")
     assert done.pending_deleted == 2
     assert sorted(parts.stripe.deleted) == left
@@ -231,13 +213,8 @@ def test_how_and_who_are_checked_before_stripe_is_asked_and_a_passing_failure_sa
 
 def test_a_redrafted_lines_first_push_uses_fresh_keys_without_looking_first() -> None:
     parts = Parts().bill()
-    lost = parts.invoice().stripe_invoice_id
-    assert lost is not None
     parts.clock.now += timedelta(days=2)  # the first draft's keys are long expired
-    parts.stripe.delete_draft(lost)
-    stopped = parts.invoice()
-    stopped.need_attention("Stripe's draft answered 404")
-    parts.ledger.save(stopped)
+    _deleted_and_stopped(parts)
     redraft(parts.ledger, parts.stripe, parts.id, "deleted", "ops", clock=parts.clock)
     sent: list[bool] = []
     original = parts.stripe.set_line_items
