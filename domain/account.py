@@ -71,6 +71,7 @@ from domain.alerts import (
 from domain.credits import (
     CreditPolicy,
     CreditSource,
+    CreditTotals,
     Grant,
     GrantState,
     TopUp,
@@ -91,7 +92,7 @@ from domain.money import (
     sum_exact,
 )
 
-__all__ = ["Burn", "Burner", "CustomerAccount", "Hold"]
+__all__ = ["CREDIT_EVENTS", "Burn", "Burner", "CustomerAccount", "Hold"]
 
 
 class Burn(NamedTuple):
@@ -848,6 +849,19 @@ class CustomerAccount(Aggregate):
             f" after the void (purchase {purchase_id})"
         )
 
+    def credit_totals(self) -> CreditTotals:
+        """Every grant's terms summed (I11's terms, exactly) and the policy: what
+        ``billing.credit_balances`` shows for this account as of its last save."""
+        grants = self.grants.values()
+        return CreditTotals(
+            grants=len(grants),
+            granted=sum(g.amount for g in grants),
+            consumed=sum_exact(g.consumed for g in grants),
+            expired=sum_exact(g.expired for g in grants),
+            voided=sum_exact(g.voided for g in grants),
+            policy=self.credit_policy,
+        )
+
     def live_credit(self, now: datetime) -> Decimal:
         """What the live grants hold at ``now`` (pending and expired credit excluded)."""
         total = Decimal(0)
@@ -955,6 +969,19 @@ class CustomerAccount(Aggregate):
 
     def _money(self, amount: Decimal) -> str:
         return format_money(amount, self.currency)
+
+
+CREDIT_EVENTS: frozenset[type[CustomerAccount.Event]] = frozenset({
+    CustomerAccount.CreditGranted,
+    CustomerAccount.CreditsConsumed,
+    CustomerAccount.CreditExpired,
+    CustomerAccount.CreditVoided,
+    CustomerAccount.CreditPolicySet,
+    CustomerAccount.CreditAwaitingPayment,
+    CustomerAccount.CreditActivated,
+})  # fmt: skip
+"""The account's events that move its credit read models (``billing.credit_grants``,
+``billing.credit_balances``): a save with one of them changes its balance row."""
 
 
 def _check_limit(spend_limit: int | None, currency: str) -> None:

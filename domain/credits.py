@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
+from typing import NamedTuple
 
 from domain.money import add_exact
 
@@ -57,6 +58,7 @@ __all__ = [
     "MAX_REASON_LENGTH",
     "CreditPolicy",
     "CreditSource",
+    "CreditTotals",
     "Grant",
     "GrantState",
     "TopUp",
@@ -91,6 +93,19 @@ class CreditSource(StrEnum):
     PURCHASED = "purchased"
     PROMOTIONAL = "promotional"
     MANUAL = "manual"
+
+
+class CreditTotals(NamedTuple):
+    """One account's grants in sum (``CustomerAccount.credit_totals``): how many, what
+    they granted and where it went, exactly; ``granted - consumed - expired - voided``
+    is what is left (pending purchased credit included)."""
+
+    grants: int
+    granted: int
+    consumed: Decimal
+    expired: Decimal
+    voided: Decimal
+    policy: str
 
 
 @dataclass

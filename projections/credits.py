@@ -11,8 +11,15 @@ account's policy. Amounts are exact minor units (``numeric``, never rounded), an
 ``remaining = amount - consumed - expired - voided`` is a generated column, so I11
 holds in the rows by construction; the audit's fold (``domain.audit_credits``) checks
 the events themselves. The rows are as of the last save the projector applied; the
-account itself (``billing-ledger credits show``) is current. Rows are written only by
-the projector; the tables are made by the migrations, never here.
+account itself (``billing-ledger credits show``) is current.
+
+``billing.credit_balances`` is also written by the saves themselves (``store.credit_rows``):
+a save that moves an account's credit writes its row, the account's state, in the same
+transaction, with ``account_version`` (its last credit event), so the balance in SQL is
+never behind its save. Here an event at or below a row's ``account_version`` is skipped
+(the save counted it), checked again in the statement that adds the rest; a rebuild,
+which starts from no rows, folds every event and gives the same rows. The tables are
+made by the migrations, never here.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from eventsourcing.utils import get_topic
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from domain.account import CustomerAccount
+from domain.account import CREDIT_EVENTS, CustomerAccount
+from domain.money import sum_exact
 from projections.base import SCHEMA, History, check_customer
 
 __all__ = [
@@ -53,15 +61,7 @@ BALANCE_COLUMNS = (
     "remaining", "updated_at",
 )  # fmt: skip
 
-_CREDIT_EVENTS = (
-    CustomerAccount.CreditGranted,
-    CustomerAccount.CreditsConsumed,
-    CustomerAccount.CreditExpired,
-    CustomerAccount.CreditVoided,
-    CustomerAccount.CreditPolicySet,
-    CustomerAccount.CreditAwaitingPayment,
-    CustomerAccount.CreditActivated,
-)
+_CREDIT_EVENTS = tuple(sorted(CREDIT_EVENTS, key=lambda cls: cls.__qualname__))
 
 CREDIT_TOPICS: tuple[str, ...] = tuple(get_topic(cls) for cls in _CREDIT_EVENTS)
 """The stored topics of the events the credit projections fold: all they need to read
@@ -85,20 +85,46 @@ UPDATE {table} SET consumed = consumed + %(consumed)s, expired = expired + %(exp
                         ELSE state_reason END
 WHERE customer_id = %(customer_id)s AND currency = %(currency)s AND grant_id = %(grant_id)s
 """
+# A new row holds every step given; an existing one only the steps newer than the last
+# event it holds (``account_version``): a save may have written the row already
+# (``store.credit_rows``), and then its events count once, there.
 _UPSERT_BALANCE = """
 INSERT INTO {table} AS b (customer_id, currency, policy, grants, granted, consumed, expired,
-                          voided, updated_at)
+                          voided, updated_at, account_version)
 VALUES (%(customer_id)s, %(currency)s, coalesce(%(policy)s, 'overage'), %(grants)s,
-        %(granted)s, %(consumed)s, %(expired)s, %(voided)s, %(at)s)
+        %(granted)s, %(consumed)s, %(expired)s, %(voided)s, %(at)s, %(version)s)
 ON CONFLICT (customer_id, currency) DO UPDATE SET
-    policy     = coalesce(%(policy)s, b.policy),
-    grants     = b.grants + EXCLUDED.grants,
-    granted    = b.granted + EXCLUDED.granted,
-    consumed   = b.consumed + EXCLUDED.consumed,
-    expired    = b.expired + EXCLUDED.expired,
-    voided     = b.voided + EXCLUDED.voided,
-    updated_at = GREATEST(b.updated_at, EXCLUDED.updated_at)
+    (policy, grants, granted, consumed, expired, voided, updated_at, account_version) = (
+        SELECT coalesce((array_agg(u.policy ORDER BY u.v DESC)
+                         FILTER (WHERE u.policy IS NOT NULL))[1], b.policy),
+               b.grants + sum(u.grants), b.granted + sum(u.granted),
+               b.consumed + sum(u.consumed), b.expired + sum(u.expired),
+               b.voided + sum(u.voided), GREATEST(b.updated_at, max(u.at)), max(u.v)
+        FROM unnest(%(vs)s::bigint[], %(policies)s::text[], %(grants_d)s::int[],
+                    %(granted_d)s::bigint[], %(consumed_d)s::numeric[],
+                    %(expired_d)s::numeric[], %(voided_d)s::numeric[], %(ats)s::timestamptz[])
+             AS u(v, policy, grants, granted, consumed, expired, voided, at)
+        WHERE u.v > b.account_version)
+WHERE b.account_version < %(version)s
 """
+_KNOWN_VERSIONS = """
+SELECT customer_id, currency, account_version FROM {table}
+WHERE (customer_id, currency) IN (SELECT * FROM unnest(%s::text[], %s::text[]))
+"""
+
+
+@dataclass
+class _Step:
+    """What one credit event moves on its account's balance."""
+
+    version: int
+    at: datetime
+    policy: str | None = None
+    grants: int = 0
+    granted: int = 0
+    consumed: Decimal = Decimal(0)
+    expired: Decimal = Decimal(0)
+    voided: Decimal = Decimal(0)
 
 
 @dataclass
@@ -109,10 +135,8 @@ class _Moves:
     expired: Decimal = Decimal(0)
     voided: Decimal = Decimal(0)
     at: datetime | None = None
-    # the account's only
-    grants: int = 0
-    granted: int = 0
-    policy: str | None = None
+    # the account's only: each event's step, and the grants it made
+    steps: list[_Step] = field(default_factory=list)
     new: list[dict[str, Any]] = field(default_factory=list)
     # a grant's only: its state, if the batch set it, and the reason of a void in it
     state: str | None = None
@@ -135,12 +159,12 @@ def _fold(
         facts = history.facts(event.originator_id)
         key = (facts.customer_id, facts.currency)
         account = accounts.setdefault(key, _Moves())
-        account.seen(event.timestamp)
+        step = _Step(event.originator_version, event.timestamp)
+        account.steps.append(step)
         if isinstance(event, CustomerAccount.CreditPolicySet):
-            account.policy = event.policy
+            step.policy = event.policy
         elif isinstance(event, CustomerAccount.CreditGranted):
-            account.grants += 1
-            account.granted += event.amount
+            step.grants, step.granted = 1, event.amount
             account.new.append(_grant_row(key, event))
         elif isinstance(event, CustomerAccount.CreditAwaitingPayment):
             moves = _grant(grants, key, event.grant_id, event.timestamp)
@@ -152,12 +176,12 @@ def _fold(
             for grant_id, text in zip(event.grant_ids, event.amounts, strict=True):
                 amount = Decimal(text)
                 _grant(grants, key, grant_id, event.timestamp).consumed += amount
-                account.consumed += amount
+                step.consumed += amount
         else:
             kind = "expired" if isinstance(event, CustomerAccount.CreditExpired) else "voided"
             moves = _grant(grants, key, event.grant_id, event.timestamp)
             setattr(moves, kind, getattr(moves, kind) + event.amount)
-            setattr(account, kind, getattr(account, kind) + event.amount)
+            setattr(step, kind, event.amount)
             if kind == "voided":
                 _voided(moves, event.reason)
     return accounts, grants
@@ -234,13 +258,40 @@ def _write_grants(cur: psycopg.Cursor[Any], target: sql.Identifier, folded: _Fol
 
 
 def _write_balances(cur: psycopg.Cursor[Any], target: sql.Identifier, folded: _Folded) -> None:
-    params = [
-        {"customer_id": c, "currency": currency, "policy": m.policy, "grants": m.grants,
-         "granted": m.granted, "consumed": m.consumed, "expired": m.expired,
-         "voided": m.voided, "at": m.at}
-        for (c, currency), m in folded.accounts.items()
-    ]  # fmt: skip
-    cur.executemany(sql.SQL(_UPSERT_BALANCE).format(table=target), params)
+    """Each account's steps newer than its row (``store.credit_rows``), in account order
+    (as a save writes them: the two never wait on each other in a cycle)."""
+    keys = sorted(folded.accounts)
+    query = sql.SQL(_KNOWN_VERSIONS).format(table=target)
+    known = {
+        (c, str(currency).strip()): version
+        for c, currency, version in cur.execute(
+            query, ([c for c, _ in keys], [currency for _, currency in keys])
+        ).fetchall()
+    }
+    params = []
+    for key in keys:
+        steps = [s for s in folded.accounts[key].steps if s.version > known.get(key, 0)]
+        if steps:
+            params.append(_balance_params(key, steps))
+    if params:
+        cur.executemany(sql.SQL(_UPSERT_BALANCE).format(table=target), params)
+
+
+def _balance_params(key: tuple[str, str], steps: Sequence[_Step]) -> dict[str, Any]:
+    policies = [s.policy for s in steps if s.policy is not None]
+    return {
+        "customer_id": key[0], "currency": key[1],
+        "policy": policies[-1] if policies else None,
+        "grants": sum(s.grants for s in steps), "granted": sum(s.granted for s in steps),
+        "consumed": sum_exact(s.consumed for s in steps),
+        "expired": sum_exact(s.expired for s in steps),
+        "voided": sum_exact(s.voided for s in steps),
+        "at": max(s.at for s in steps), "version": max(s.version for s in steps),
+        "vs": [s.version for s in steps], "policies": [s.policy for s in steps],
+        "grants_d": [s.grants for s in steps], "granted_d": [s.granted for s in steps],
+        "consumed_d": [s.consumed for s in steps], "expired_d": [s.expired for s in steps],
+        "voided_d": [s.voided for s in steps], "ats": [s.at for s in steps],
+    }  # fmt: skip
 
 
 CREDIT_GRANTS = CreditProjection("credit_grants", _write_grants)

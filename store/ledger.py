@@ -78,6 +78,7 @@ from domain.pricing import PriceList
 from domain.purchase import CreditPurchase, void_purchased_grant
 from domain.transaction import BillingTransaction
 from store.batch_reads import BatchReads
+from store.credit_rows import balance_row
 from store.errors import ConcurrencyExhausted
 from store.ingest_rows import transaction_rows
 from store.recorder import LedgerRecorder, OrjsonTranscoder
@@ -733,8 +734,20 @@ class _ProcessingEvent(ProcessingEvent[UUID]):
             if isinstance(obj, DomainEvent):
                 self.events.append(obj)
             elif isinstance(obj, BaseAggregate):
-                self.events.extend(obj.collect_events())
+                collected = obj.collect_events()
+                self.events.extend(collected)
                 self.aggregates[obj.id] = obj
+                if isinstance(obj, CustomerAccount) and obj.grants:
+                    self._balance(obj, collected)
             else:
                 others.append(obj)
         super().collect_events(*others, **kwargs)
+
+    def _balance(self, account: CustomerAccount, events: Sequence[Any]) -> None:
+        """The account's credit balance row, when this save moves its credit
+        (``store.credit_rows``): written in the save's transaction."""
+        row = balance_row(account, events)
+        if row is not None:
+            rows = {(r.customer_id, r.currency): r for r in self.saved_kwargs.get("balances", ())}
+            rows[(row.customer_id, row.currency)] = row
+            self.saved_kwargs["balances"] = list(rows.values())

@@ -57,6 +57,7 @@ from psycopg.sql import SQL, Composed, Identifier
 from psycopg.types.string import BytesBinaryDumper
 
 from domain.chain import GENESIS, event_hash
+from store.credit_rows import BalanceRow, upsert_balances
 from store.ingest_rows import Row
 from store.webhooks import WebhookReceipt, insert_receipts
 
@@ -156,6 +157,7 @@ class LedgerRecorder(PostgresApplicationRecorder):
         *,
         notification_ids: bool = True,
         rows: Sequence[Row] = (),
+        balances: Sequence[BalanceRow] = (),
         **kwargs: Any,
     ) -> Sequence[int] | None:
         """Insert in one plain transaction (no pipeline: nothing else to send first).
@@ -164,7 +166,8 @@ class LedgerRecorder(PostgresApplicationRecorder):
         multi-megabyte batch that pipeline stalled here with both ends waiting to read.
         With ``notification_ids=False`` the rows are copied and None is returned; then
         ``rows`` (already encoded and chained: ``store.ingest_rows``, new aggregates
-        only) are copied after the events, in the same transaction.
+        only) are copied after the events, in the same transaction. ``balances``: the
+        saved accounts' credit balance rows (``store.credit_rows``), written last.
         """
         if rows and notification_ids:
             raise ProgrammingError("ready rows are copied: save them with notification_ids=False")
@@ -175,6 +178,8 @@ class LedgerRecorder(PostgresApplicationRecorder):
             chained = self._chain(curs, stored_events)
             if not notification_ids:
                 self._copy(curs, stored_events, chained, rows)
+                if balances:
+                    upsert_balances(curs, balances)
                 return None
             curs.execute(
                 self._insert_arrays,
@@ -188,7 +193,10 @@ class LedgerRecorder(PostgresApplicationRecorder):
                 ),
                 binary=True,
             )
-            return [row["notification_id"] for row in curs.fetchall()]
+            ids = [row["notification_id"] for row in curs.fetchall()]
+            if balances:
+                upsert_balances(curs, balances)
+            return ids
 
     def _copy(
         self,

@@ -28,6 +28,7 @@ from __future__ import annotations
 __all__ = [
     "CONSUMER_LAG",
     "CONSUMER_POSITIONS",
+    "CREDIT_BALANCES",
     "DEAD_LETTERS",
     "DEAD_LETTER_COUNTS",
     "DEFAULT_ALERTS_TOPIC",
@@ -63,6 +64,9 @@ HEALTH_SETTINGS = "health_settings"
 SCHEMA_MIGRATIONS = "schema_migrations"
 WEBHOOK_ENDPOINTS = "webhook_endpoints"
 WEBHOOK_DELIVERIES = "webhook_deliveries"
+# A read model (``projections.credits``) that a save of an account also writes
+# (``store.credit_rows``): named here for the store.
+CREDIT_BALANCES = "credit_balances"
 
 DEFAULT_USAGE_TOPIC = "usage"
 DEFAULT_DLQ_TOPIC = "usage.dlq"

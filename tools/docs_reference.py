@@ -396,7 +396,9 @@ _OBJECTS: dict[str, str] = {
     " purchased grant's one-off invoice): `requested` by an automatic top-up, `invoicing`,"
     " `finalized`, then `paid` (the grant is live) or `unpaid` (`reason`: why it never is).",
     "billing.credit_balances": "Read model: per customer and currency with credit, the sums"
-    " of its grants (exact minor units) and its `policy` (`block` or `overage`).",
+    " of its grants (exact minor units) and its `policy` (`block` or `overage`). Written in"
+    " the very save that moves the account's credit (and by the projector, which skips what"
+    " a row holds already): never behind that save.",
     "billing.contract_versions": "Read model: one row per version of a customer's contract:"
     " when it takes effect and its minimums, in minor units (a version that sets none has"
     " its row too: it ends the minimums of the one before). `billing.invoice_preview`"
@@ -449,6 +451,8 @@ _COLUMNS: dict[str, str] = {
     "billing.contract_versions.meter_minimums": "each meter's, by currency:"
     ' `{"USD": {"gpt-4o.input_tokens": 100}}`',
     "billing.contract_versions.set_at": "when the version was recorded",
+    "billing.credit_balances.account_version": "the version of the account's last credit"
+    " event the row holds",
     "billing.invoice_preview.transactions": "0 on a true-up line",
     "billing.invoice_preview.billed": "the line's exact total rounded once; a true-up line's"
     " shortfall",
