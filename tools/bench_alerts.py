@@ -45,6 +45,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from uuid import UUID
 
+import psycopg
+
 from adapters.alerts import deliveries
 from adapters.bootstrap import database, migrate, open_ledger, prepare
 from adapters.ingest.producer import UsageProducer
@@ -202,13 +204,17 @@ class _Balances:
     def _run(self) -> None:
         ids = list(self.accounts)
         with database(self.settings, pool_size=0).connection() as conn:
-            conn.autocommit = True
+            # Both reads of a sample in one snapshot: a save and the rows it wrote are
+            # seen together or not at all, never split by a commit between the reads.
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.autocommit = False
             while not self.stop.wait(0.02):
-                rows = conn.execute(
-                    "SELECT customer_id, consumed FROM billing.credit_balances"
-                    " WHERE customer_id LIKE 'alert-%'"
-                ).fetchall()
-                versions = conn.execute(_NEWEST_VERSIONS, (ids,)).fetchall()
+                with conn.transaction():
+                    rows = conn.execute(
+                        "SELECT customer_id, consumed FROM billing.credit_balances"
+                        " WHERE customer_id LIKE 'alert-%'"
+                    ).fetchall()
+                    versions = conn.execute(_NEWEST_VERSIONS, (ids,)).fetchall()
                 now = time.time()
                 for customer, consumed in rows:
                     seen = self.reached.setdefault(customer, [])
