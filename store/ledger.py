@@ -748,6 +748,6 @@ class _ProcessingEvent(ProcessingEvent[UUID]):
         (``store.credit_rows``): written in the save's transaction."""
         row = balance_row(account, events)
         if row is not None:
-            rows = {(r.customer_id, r.currency): r for r in self.saved_kwargs.get("balances", ())}
-            rows[(row.customer_id, row.currency)] = row
-            self.saved_kwargs["balances"] = list(rows.values())
+            # One row per account (a later collect of the same account replaces it); the
+            # recorder takes the dict's values.
+            self.saved_kwargs.setdefault("balances", {})[account.id] = row

@@ -31,7 +31,7 @@ batch nor stored (decided on a state that was never saved: a gap the key cannot 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any, NamedTuple, cast
 from uuid import UUID
@@ -157,7 +157,7 @@ class LedgerRecorder(PostgresApplicationRecorder):
         *,
         notification_ids: bool = True,
         rows: Sequence[Row] = (),
-        balances: Sequence[BalanceRow] = (),
+        balances: Mapping[UUID, BalanceRow] | None = None,
         **kwargs: Any,
     ) -> Sequence[int] | None:
         """Insert in one plain transaction (no pipeline: nothing else to send first).
@@ -167,7 +167,7 @@ class LedgerRecorder(PostgresApplicationRecorder):
         With ``notification_ids=False`` the rows are copied and None is returned; then
         ``rows`` (already encoded and chained: ``store.ingest_rows``, new aggregates
         only) are copied after the events, in the same transaction. ``balances``: the
-        saved accounts' credit balance rows (``store.credit_rows``), written last.
+        saved accounts' credit balance rows by account (``store.credit_rows``), written last.
         """
         if rows and notification_ids:
             raise ProgrammingError("ready rows are copied: save them with notification_ids=False")
@@ -179,7 +179,7 @@ class LedgerRecorder(PostgresApplicationRecorder):
             if not notification_ids:
                 self._copy(curs, stored_events, chained, rows)
                 if balances:
-                    upsert_balances(curs, balances)
+                    upsert_balances(curs, list(balances.values()))
                 return None
             curs.execute(
                 self._insert_arrays,
@@ -195,7 +195,7 @@ class LedgerRecorder(PostgresApplicationRecorder):
             )
             ids = [row["notification_id"] for row in curs.fetchall()]
             if balances:
-                upsert_balances(curs, balances)
+                upsert_balances(curs, list(balances.values()))
             return ids
 
     def _copy(
