@@ -21,13 +21,15 @@ process of its own, both lanes: the credit projections in theirs), and a sampler
 ``billing.credit_balances`` every 20 ms: a record's balance time ends when the read
 model first shows its customer's balance at or below what that record left (its
 ``consumed`` grew by 100 a record, in the order the customer's records were produced).
+The save that burns the credit writes that row (``store.credit_rows``), so the balance is
+shown when its save is: ``committed_to_balance_ms`` is 0 unless that breaks.
 Printed from the broker's ack (``produced_to_balance_ms``) and from the moment the
 ingest decided the record (``recorded_to_balance_ms``: the crossing's time, taken before
 its save), and split in two: the save itself (``recorded_to_committed_ms``: decided to
 readable, one batch commit) and the read model behind the committed save
 (``committed_to_balance_ms``). A save is readable when the sampler, which also reads the
-alerting accounts' newest versions in the event store every 20 ms, first sees the
-account's version it wrote.
+alerting accounts' newest versions in the event store every 20 ms (in the same snapshot
+as the balances), first sees the account's version it wrote.
 """
 
 from __future__ import annotations

@@ -18,10 +18,12 @@ def test_bench_alerts_with_credits_delivers_every_balance_alert() -> None:
     # Each alerting record took its customer's balance down one threshold: one alert each.
     assert report["alerts_received"] == report["alerting_records"]
     assert report["produced_to_received_ms"]["p50"] > 0
-    # Every record's balance was seen in billing.credit_balances (the projector's).
+    # Every record's balance was seen in billing.credit_balances.
     assert report["balances_shown"] == report["alerting_records"]
     assert report["produced_to_balance_ms"]["p50"] > 0
     assert report["recorded_to_balance_ms"]["p50"] > 0
-    # ... split at the save's commit, seen for every record
+    # ... split at the save's commit, seen for every record; the save wrote the balance
+    # (store.credit_rows), so every sample that saw a save saw its balance too: not a
+    # latency, a fact of one snapshot.
     assert report["recorded_to_committed_ms"]["p50"] > 0
-    assert report["committed_to_balance_ms"]["p50"] >= 0
+    assert report["committed_to_balance_ms"]["max"] == 0
