@@ -10,8 +10,8 @@ Both fold the customer accounts' credit events (``domain.account``, ``domain.cre
 account's policy. Amounts are exact minor units (``numeric``, never rounded), and
 ``remaining = amount - consumed - expired - voided`` is a generated column, so I11
 holds in the rows by construction; the audit's fold (``domain.audit_credits``) checks
-the events themselves. The rows are as of the last save the projector applied; the
-account itself (``billing-ledger credits show``) is current.
+the events themselves. ``billing.credit_grants``' rows are as of the last save the
+projector applied; the account itself (``billing-ledger credits show``) is current.
 
 ``billing.credit_balances`` is also written by the saves themselves (``store.credit_rows``):
 a save that moves an account's credit writes its row, the account's state, in the same
@@ -258,8 +258,9 @@ def _write_grants(cur: psycopg.Cursor[Any], target: sql.Identifier, folded: _Fol
 
 
 def _write_balances(cur: psycopg.Cursor[Any], target: sql.Identifier, folded: _Folded) -> None:
-    """Each account's steps newer than its row (``store.credit_rows``), in account order
-    (as a save writes them: the two never wait on each other in a cycle)."""
+    """Each account's steps newer than its row (``store.credit_rows``), in account order:
+    Python's ``sorted``, code point by code point, the order of a save's ``COLLATE "C"``
+    (the two never wait on each other in a cycle)."""
     keys = sorted(folded.accounts)
     query = sql.SQL(_KNOWN_VERSIONS).format(table=target)
     known = {

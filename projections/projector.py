@@ -43,11 +43,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import errors as pgerrors
 from psycopg import sql
 
 from projections.balances import BalancesProjection
@@ -61,6 +63,7 @@ from projections.purchases import PurchasesProjection
 from projections.transactions import TransactionsProjection
 from store.connections import Database
 from store.eventlog import START, Position, follow, read_after, read_topics_after
+from store.migrations.runner import retry_delays
 from store.schema import EVENTS_TABLE
 
 __all__ = [
@@ -68,6 +71,7 @@ __all__ = [
     "MAIN_LANE",
     "PROJECTIONS",
     "Projector",
+    "RebuildLocked",
     "RebuildReport",
     "projection",
     "projector_behind",
@@ -193,11 +197,19 @@ class Projector:
         return applied
 
 
+class RebuildLocked(RuntimeError):
+    """A rebuild could not lock its live table to swap the shadow in (a long reader)."""
+
+
 @dataclass(frozen=True)
 class RebuildReport:
     name: str
     events: int
     rows: int
+
+
+SWAP_LOCK_TIMEOUT_S = 2.0
+SWAP_ATTEMPTS = 10
 
 
 def rebuild(
@@ -207,8 +219,19 @@ def rebuild(
     *,
     batch: int = 5000,
     before_swap: Callable[[], None] | None = None,
+    lock_timeout_s: float = SWAP_LOCK_TIMEOUT_S,
+    attempts: int = SWAP_ATTEMPTS,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> RebuildReport:
     """Recompute projection ``name`` from the first event and swap it in atomically.
+
+    The swap takes the live table's lock *before* the last events are applied to the
+    shadow, so no write to the live table (a save's ``billing.credit_balances`` row,
+    ``store.credit_rows``) can land between them and be dropped with it: such a save
+    waits and writes to the new table. Waiting for that lock (behind a long reader)
+    holds up every writer queued after it, so it gives up after ``lock_timeout_s`` and
+    tries again after a jittered pause, ``attempts`` times, then raises
+    ``RebuildLocked``.
 
     ``before_swap`` runs when the shadow table is built and before the swap (tests
     use it to read the live table while the shadow exists).
@@ -236,23 +259,68 @@ def rebuild(
                 break
         if before_swap is not None:
             before_swap()
-        with conn.transaction():
-            _lock_position(conn, p.name)  # the live projector waits until the swap commits
-            while True:
-                applied, position = _apply_next(
-                    conn, p, shadow, position, limit=batch, history=history
-                )
-                events += applied
-                if not applied:
-                    break
-            _swap(conn, p, shadow)
-            _store_position(conn, p.name, position)
+        delays = retry_delays(attempts, base_s=0.2, max_s=5.0)
+        for attempt in range(1, attempts + 1):
+            try:
+                position, applied = _swap_in(
+                    conn, p, shadow, position, batch=batch, history=history,
+                    lock_timeout_s=lock_timeout_s,
+                )  # fmt: skip
+            except (pgerrors.LockNotAvailable, pgerrors.DeadlockDetected) as exc:
+                if attempt == attempts:
+                    raise RebuildLocked(
+                        f"rebuild {p.name}: could not lock the live table in {attempts}"
+                        f" attempts (lock_timeout {lock_timeout_s:g} s): a long transaction"
+                        " reads it; the shadow table is kept, run the rebuild again"
+                    ) from exc
+                log.warning(
+                    "rebuild %s: the live table is busy (attempt %d of %d), trying again",
+                    p.name, attempt, attempts,
+                    extra={"step": "rebuild", "status": "retry",
+                           "error_code": type(exc).__name__},
+                )  # fmt: skip
+                sleep(delays[attempt - 1])
+                continue
+            events += applied
+            break
         row = conn.execute(
             sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(SCHEMA, p.name))
         ).fetchone()
     rows = int(row[0]) if row else 0
     log.info("rebuilt %s: %d rows from %d events", p.name, rows, events)
     return RebuildReport(p.name, events, rows)
+
+
+def _swap_in(
+    conn: psycopg.Connection[Any],
+    p: Projection,
+    shadow: str,
+    position: Position,
+    *,
+    batch: int,
+    history: History,
+    lock_timeout_s: float,
+) -> tuple[Position, int]:
+    """One try at the swap, in one transaction: the live projector's position (it waits
+    until the swap commits), then the live table, then the events since ``position``
+    into the shadow, then the swap. The position reached and the events applied."""
+    applied_all = 0
+    with conn.transaction():
+        # SET LOCAL: only this transaction's lock waits give up after this long.
+        timeout = f"{lock_timeout_s * 1000:.0f}ms"
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (timeout,))
+        _lock_position(conn, p.name)
+        conn.execute(
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(SCHEMA, p.name))
+        )
+        while True:
+            applied, position = _apply_next(conn, p, shadow, position, limit=batch, history=history)
+            applied_all += applied
+            if not applied:
+                break
+        _swap(conn, p, shadow)
+        _store_position(conn, p.name, position)
+    return position, applied_all
 
 
 def _swap(conn: psycopg.Connection[Any], p: Projection, shadow: str) -> None:

@@ -10,8 +10,10 @@ with ``account_version``: the version of the save's last credit event.
 
 The projector still folds every credit event, so a rebuild from the history gives the
 same rows (I5); it skips an event at or below a row's ``account_version`` (the save
-wrote it already), and a save writes its row only over an older one. Both write in
-account order, so an ingest save and the projector never wait on each other in a cycle.
+wrote it already), and a save writes its row only over an older one. Both lock rows in
+the same order (customer and currency byte by byte: ``COLLATE "C"`` here, Python's
+``sorted`` there), so an ingest save and the projector never wait on each other in a
+cycle.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ INSERT INTO {table} AS b (customer_id, currency, policy, grants, granted, consum
 SELECT * FROM json_to_recordset(%s::json) AS r(customer_id text, currency text, policy text,
     grants int, granted bigint, consumed numeric, expired numeric, voided numeric,
     updated_at timestamptz, account_version bigint)
-ORDER BY 1, 2
+ORDER BY customer_id COLLATE "C", currency COLLATE "C"
 ON CONFLICT (customer_id, currency) DO UPDATE SET
     policy = EXCLUDED.policy, grants = EXCLUDED.grants, granted = EXCLUDED.granted,
     consumed = EXCLUDED.consumed, expired = EXCLUDED.expired, voided = EXCLUDED.voided,

@@ -737,7 +737,7 @@ class _ProcessingEvent(ProcessingEvent[UUID]):
                 collected = obj.collect_events()
                 self.events.extend(collected)
                 self.aggregates[obj.id] = obj
-                if isinstance(obj, CustomerAccount) and obj.grants:
+                if isinstance(obj, CustomerAccount):  # a credit event among a few
                     self._balance(obj, collected)
             else:
                 others.append(obj)

@@ -401,6 +401,7 @@ def _percentiles(seconds: list[float]) -> dict[str, float]:
         "p90": round(cuts[89], 1),
         "p99": round(cuts[98], 1),
         "max": round(ms[-1], 1),
+        "min": round(ms[0], 1),
     }
 
 

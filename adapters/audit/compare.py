@@ -2,7 +2,8 @@
 
 ``compare_*`` report every difference between what the replay says and
 ``billing.transactions``, ``billing.customer_balances``, ``billing.invoice_lines``,
-``billing.invoices``, ``billing.credit_grants``, ``billing.credit_purchases`` and
+``billing.invoices``, ``billing.credit_grants``, ``billing.credit_balances``,
+``billing.credit_purchases`` and
 ``billing.contract_versions``;
 ``projection_lag`` names the read models that have not applied
 every event (their differences may be just that). Also here: the dead letters without
@@ -28,6 +29,7 @@ from domain.audit import Balance, Finding, TxnAudit, amount_text
 from domain.audit_credits import CreditAudit
 from domain.audit_purchases import PurchaseAudit
 from domain.ids import contract_id
+from domain.money import sum_exact
 from projections.transactions import COLUMNS as TXN_COLUMNS
 from store.schema import EVENTS_TABLE
 
@@ -35,6 +37,7 @@ __all__ = [
     "BALANCE_COLUMNS",
     "compare_balances",
     "compare_contract_versions",
+    "compare_credit_balances",
     "compare_credit_grants",
     "compare_credit_purchases",
     "compare_invoices",
@@ -201,6 +204,46 @@ def compare_credit_grants(
     return _row_differences(live, replayed, "credit_grants", columns, "grant")
 
 
+@dataclass(frozen=True)
+class _CreditBalance:
+    """An account's ``billing.credit_balances`` row as its history says it is."""
+
+    policy: str
+    grants: int
+    granted: int
+    consumed: Decimal
+    expired: Decimal
+    voided: Decimal
+
+    @classmethod
+    def of(cls, audit: CreditAudit) -> _CreditBalance:
+        grants = audit.grants.values()
+        return cls(
+            audit.policy, len(grants), sum(g.amount for g in grants),
+            sum_exact(g.consumed for g in grants), sum_exact(g.expired for g in grants),
+            sum_exact(g.voided for g in grants),
+        )  # fmt: skip
+
+
+def compare_credit_balances(
+    conn: psycopg.Connection[Any],
+    credits: Mapping[tuple[str, str], CreditAudit],
+    customer: str | None,
+) -> list[Finding]:
+    """Every difference between the replayed accounts' credit and
+    ``billing.credit_balances`` (written by the saves and by the projector: both must
+    give the history's sums)."""
+    columns = ("policy", "grants", "granted", "consumed", "expired", "voided")
+    rows = _customer_rows(conn, "credit_balances", ("customer_id", "currency", *columns), customer)
+    live = {(r["customer_id"], r["currency"].strip()): r for r in rows}
+    replayed = {
+        account: _CreditBalance.of(audit)
+        for account, audit in credits.items()
+        if customer in (None, account[0])
+    }
+    return _row_differences(live, replayed, "credit_balances", columns, "balance")
+
+
 _PURCHASE_COMPARED = (
     "customer_id", "currency", "grant_id", "amount", "price", "top_up", "state",
     "stripe_invoice_id", "attempts",
@@ -323,7 +366,7 @@ def dead_letters_without_reason(conn: psycopg.Connection[Any]) -> list[Finding]:
 _AMOUNTS = frozenset(
     {"amount", "metered", "charged", "compensated", "in_flight", "spend_limit", "available",
      "exact_total", "billed", "stripe_amount", "expected_total", "total", "amount_paid",
-     "credited", "consumed", "expired", "voided", "price"}
+     "credited", "consumed", "expired", "voided", "price", "granted"}
 )  # fmt: skip
 
 

@@ -20,6 +20,7 @@ import psycopg
 from adapters.audit.compare import (
     compare_balances,
     compare_contract_versions,
+    compare_credit_balances,
     compare_credit_grants,
     compare_credit_purchases,
     compare_invoices,
@@ -140,6 +141,7 @@ def audit(
                 findings += compare_invoices(conn, result, scope.customer)
                 findings += compare_balances(conn, balances, scope.customer)
                 findings += compare_credit_grants(conn, result.credits, scope.customer)
+                findings += compare_credit_balances(conn, result.credits, scope.customer)
                 findings += check_purchases(
                     result.purchases,
                     {account: audit.grants.keys() for account, audit in result.credits.items()},

@@ -160,6 +160,7 @@ KNOWN: tuple[Known, ...] = (
     # The schema behind or ahead of this build: each message says what to run.
     Known("schema not current", _named("SchemaError"), EXIT_FAILURE, _as_said),
     Known("store gave up", _named("ConcurrencyExhausted"), EXIT_FAILURE, _as_said),
+    Known("rebuild could not swap", _named("RebuildLocked"), EXIT_FAILURE, _as_said),
     Known("worker gave up", _named("WorkerFailed"), EXIT_FAILURE, _gave_up),
     # The domain's refusals of a value a person typed (an amount, a currency, a limit).
     Known("bad argument", _named("ValueError", "BillingError"), EXIT_USAGE, _as_said),

@@ -13,10 +13,11 @@ from typing import Any
 import psycopg
 import pytest
 
+import projections.credits
 import store.ledger
 from adapters.settings import Settings
 from domain.account import CREDIT_EVENTS, CustomerAccount
-from projections.projector import Projector
+from projections.projector import Projector, RebuildLocked, rebuild
 from store.connections import Database
 from store.ledger import BillingLedger
 from tests.integration.support import projection_rows, rebuild_all, record
@@ -132,3 +133,72 @@ def test_an_account_without_credit_gets_no_row(
 ) -> None:
     record(ingest_ledger, "plain", ["p-1"], qty=1000)
     assert _row(settings, "plain") is None
+
+
+def test_the_projectors_statement_itself_adds_only_the_steps_newer_than_the_row(
+    ingest_ledger: BillingLedger, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save that commits between the projector's read of the rows' versions and its
+    write: the statement checks the version again under the row's lock. (The read is
+    made to find nothing, as if every save came after it.)"""
+    ingest_ledger.change_account("acme", "USD", _grant(1000))
+    record(ingest_ledger, "acme", ["a-1"], qty=1000)
+    with _saves_without_rows(monkeypatch):
+        record(ingest_ledger, "acme", ["a-2"], qty=2000)  # a step the row lacks
+    monkeypatch.setattr(
+        projections.credits, "_KNOWN_VERSIONS",
+        "SELECT customer_id, currency, account_version FROM {table}"
+        " WHERE false AND %s::text[] IS NOT NULL AND %s::text[] IS NOT NULL",
+    )  # fmt: skip
+    _project(settings, ingest_ledger)
+    assert _row(settings, "acme") == _expected(ingest_ledger, "acme")
+    assert _row(settings, "acme")[3] == 300  # type: ignore[index]
+
+
+def test_a_policy_set_on_an_account_without_grants_writes_its_row(
+    ingest_ledger: BillingLedger, settings: Settings
+) -> None:
+    ingest_ledger.change_account("acme", "USD", lambda a: a.set_credit_policy("block"))
+    assert _row(settings, "acme")[:3] == ("block", 0, 0)  # type: ignore[index]
+    assert _row(settings, "acme") == _expected(ingest_ledger, "acme")
+
+
+def test_a_rebuild_waits_for_the_live_table_a_bounded_time_and_tries_again(
+    ingest_ledger: BillingLedger, settings: Settings
+) -> None:
+    """A reader holds the live table: the swap gives up its lock wait (so the saves
+    queued behind it are not held up for as long as the reader reads), pauses, tries
+    again, and swaps once the reader is gone; the rows are the history's."""
+    ingest_ledger.change_account("acme", "USD", _grant(1000))
+    record(ingest_ledger, "acme", ["a-1"], qty=1000)
+    live = projection_rows(settings.database_url)["credit_balances"]
+    reader = psycopg.connect(settings.database_url)
+    reader.execute("SELECT count(*) FROM billing.credit_balances").fetchone()  # held open
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        reader.close()  # the reader is done: the next try takes the lock
+
+    with Database(settings.database_url) as db:
+        report = rebuild(
+            db, "credit_balances", ingest_ledger.mapper.to_domain_event, lock_timeout_s=0.2,
+            sleep=pause,
+        )  # fmt: skip
+    assert len(pauses) == 1 and report.rows == 1
+    assert projection_rows(settings.database_url)["credit_balances"] == live
+
+
+def test_a_rebuild_that_never_gets_the_live_table_says_so_and_leaves_it(
+    ingest_ledger: BillingLedger, settings: Settings
+) -> None:
+    ingest_ledger.change_account("acme", "USD", _grant(1000))
+    live = projection_rows(settings.database_url)["credit_balances"]
+    with psycopg.connect(settings.database_url) as reader, Database(settings.database_url) as db:
+        reader.execute("SELECT count(*) FROM billing.credit_balances").fetchone()
+        with pytest.raises(RebuildLocked, match="could not lock the live table in 2 attempts"):
+            rebuild(
+                db, "credit_balances", ingest_ledger.mapper.to_domain_event,
+                lock_timeout_s=0.1, attempts=2, sleep=lambda _: None,
+            )  # fmt: skip
+    assert projection_rows(settings.database_url)["credit_balances"] == live

@@ -12,7 +12,9 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import psycopg
+import pytest
 
+import store.ledger
 from adapters.audit.replay import Scope
 from adapters.audit.report import audit
 from adapters.bootstrap import build_projector
@@ -200,12 +202,33 @@ def test_the_audit_finds_a_credit_grants_row_that_differs_from_the_history(
     assert "credit_grants.consumed: 0.00 USD, history says 1.00 USD" in found[0].detail
 
 
-def test_the_credit_lane_keeps_balances_in_sql_reading_credit_events_alone(
+def test_the_audit_finds_a_credit_balances_row_that_differs_from_the_history(
     ingest_ledger: BillingLedger, settings: Settings
+) -> None:
+    ingest_ledger.change_account("acme", "USD", _grant)
+    record(ingest_ledger, "acme", ["t-1"], qty=1000)
+    assert _audit(settings, ingest_ledger) == []
+    with psycopg.connect(settings.database_url) as conn:
+        conn.execute(
+            "UPDATE billing.credit_balances SET consumed = 0, policy = 'block'"
+            " WHERE customer_id = 'acme'"
+        )
+    found = _audit(settings, ingest_ledger)
+    assert [(f.kind, f.subject) for f in found] == [("projection", "acme/USD")] * 2
+    details = [f.detail for f in found]
+    assert "credit_balances.policy: 'block', history says 'overage'" in details
+    assert "credit_balances.consumed: 0.00 USD, history says 1.00 USD" in details
+
+
+def test_the_credit_lane_keeps_balances_in_sql_reading_credit_events_alone(
+    ingest_ledger: BillingLedger, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The project role's credit lane projects the balances without the other read
     models (the main lane has not run), moves past the events it does not read, and the
-    main lane's tables fill later from their own position."""
+    main lane's tables fill later from their own position. (The saves write no balance
+    row here, as a build before ``store.credit_rows`` did: the lane's rows are the
+    lane's.)"""
+    monkeypatch.setattr(store.ledger, "balance_row", lambda account, events: None)
     ingest_ledger.change_account("lane", "USD", lambda a: _grant(a, 1000))
     record(ingest_ledger, "lane", ["l-1", "l-2"], qty=1000)  # 100 and 100.1 cents
     with build_projector(settings, ingest_ledger, lane="credits") as credits:
