@@ -120,9 +120,9 @@ class Relay:
 
     def _publish(self, conn: psycopg.Connection[Any], row: LogRow, *, traced: bool) -> None:
         _, nid, originator_id, _, topic, state = row
-        alert = topic == ALERT_EVENT_TOPIC and self.alerts_topic is not None
-        # An aggregate's customer never changes: its state is read once, or for an alert.
-        body = _json(state) if alert or originator_id not in self._customers else None
+        # An aggregate's customer never changes: its state is read once (an alert's was
+        # read for the alerts topic already, ``_alerts``).
+        body = _json(state) if originator_id not in self._customers else None
         customer = self._customer(conn, originator_id, body)
         message, headers = event_message(row)
         if traced:
