@@ -79,6 +79,7 @@ from domain.credits import (
     check_grant,
     check_price,
     check_top_up,
+    credit_totals,
     top_up_grant_id,
 )
 from domain.ids import account_id, purchase_id
@@ -852,15 +853,7 @@ class CustomerAccount(Aggregate):
     def credit_totals(self) -> CreditTotals:
         """Every grant's terms summed (I11's terms, exactly) and the policy: what
         ``billing.credit_balances`` shows for this account as of its last save."""
-        grants = self.grants.values()
-        return CreditTotals(
-            grants=len(grants),
-            granted=sum(g.amount for g in grants),
-            consumed=sum_exact(g.consumed for g in grants),
-            expired=sum_exact(g.expired for g in grants),
-            voided=sum_exact(g.voided for g in grants),
-            policy=self.credit_policy,
-        )
+        return credit_totals(self.grants.values(), self.credit_policy)
 
     def live_credit(self, now: datetime) -> Decimal:
         """What the live grants hold at ``now`` (pending and expired credit excluded)."""

@@ -44,13 +44,14 @@ nothing), so the customer's credit never goes below zero and nothing is billed.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
-from domain.money import add_exact
+from domain.money import add_exact, sum_exact
 
 __all__ = [
     "CREDITS_EXHAUSTED",
@@ -66,6 +67,7 @@ __all__ = [
     "check_grant",
     "check_price",
     "check_top_up",
+    "credit_totals",
     "top_up_grant_id",
 ]
 
@@ -106,6 +108,29 @@ class CreditTotals(NamedTuple):
     expired: Decimal
     voided: Decimal
     policy: str
+
+
+class _Summed(Protocol):
+    """What ``credit_totals`` reads of a grant (``Grant``, the audit's ``GrantAudit``)."""
+
+    amount: int
+    consumed: Decimal
+    expired: Decimal
+    voided: Decimal
+
+
+def credit_totals(grants: Collection[_Summed], policy: str) -> CreditTotals:
+    """``grants`` summed, exactly, with the account's ``policy``: one account's row of
+    ``billing.credit_balances``, as its state says (``CustomerAccount.credit_totals``) or
+    as its history does (the audit)."""
+    return CreditTotals(
+        grants=len(grants),
+        granted=sum(g.amount for g in grants),
+        consumed=sum_exact(g.consumed for g in grants),
+        expired=sum_exact(g.expired for g in grants),
+        voided=sum_exact(g.voided for g in grants),
+        policy=policy,
+    )
 
 
 @dataclass

@@ -28,8 +28,8 @@ from adapters.audit.replay import Replay, Scope
 from domain.audit import Balance, Finding, TxnAudit, amount_text
 from domain.audit_credits import CreditAudit
 from domain.audit_purchases import PurchaseAudit
+from domain.credits import credit_totals
 from domain.ids import contract_id
-from domain.money import sum_exact
 from projections.transactions import COLUMNS as TXN_COLUMNS
 from store.schema import EVENTS_TABLE
 
@@ -204,27 +204,6 @@ def compare_credit_grants(
     return _row_differences(live, replayed, "credit_grants", columns, "grant")
 
 
-@dataclass(frozen=True)
-class _CreditBalance:
-    """An account's ``billing.credit_balances`` row as its history says it is."""
-
-    policy: str
-    grants: int
-    granted: int
-    consumed: Decimal
-    expired: Decimal
-    voided: Decimal
-
-    @classmethod
-    def of(cls, audit: CreditAudit) -> _CreditBalance:
-        grants = audit.grants.values()
-        return cls(
-            audit.policy, len(grants), sum(g.amount for g in grants),
-            sum_exact(g.consumed for g in grants), sum_exact(g.expired for g in grants),
-            sum_exact(g.voided for g in grants),
-        )  # fmt: skip
-
-
 def compare_credit_balances(
     conn: psycopg.Connection[Any],
     credits: Mapping[tuple[str, str], CreditAudit],
@@ -237,7 +216,7 @@ def compare_credit_balances(
     rows = _customer_rows(conn, "credit_balances", ("customer_id", "currency", *columns), customer)
     live = {(r["customer_id"], r["currency"].strip()): r for r in rows}
     replayed = {
-        account: _CreditBalance.of(audit)
+        account: credit_totals(audit.grants.values(), audit.policy)
         for account, audit in credits.items()
         if customer in (None, account[0])
     }
