@@ -20,6 +20,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Literal
 
+from adapters.alerts.relay import AlertRelay
 from adapters.alerts.worker import AlertWebhooks
 from adapters.broker import ensure_topics, make_consumer, make_producer, use_security
 from adapters.charging.closer import InvoiceCloser
@@ -56,6 +57,7 @@ from store.webhooks import WebhookStore
 
 __all__ = [
     "ROLES",
+    "build_alert_relay",
     "build_alert_webhooks",
     "build_charge_worker",
     "build_closer",
@@ -344,7 +346,16 @@ def build_relay(settings: Settings, db: Database | None = None) -> Relay:
         db or database(settings, pool_size=0),
         make_producer(settings.kafka_bootstrap),
         settings.events_topic,
-        alerts_topic=settings.alerts_topic,
+    )
+
+
+def build_alert_relay(settings: Settings, db: Database | None = None) -> AlertRelay:
+    """The log's alert crossings to ``billing.alerts``, with a producer of its own (a
+    flush waits for its own sends, not for the events relay's)."""
+    return AlertRelay(
+        db or database(settings, pool_size=0),
+        make_producer(settings.kafka_bootstrap),
+        settings.alerts_topic,
     )
 
 

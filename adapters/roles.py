@@ -19,6 +19,7 @@ from uuid import UUID
 
 from adapters.alerts.worker import AlertWebhooks
 from adapters.bootstrap import (
+    build_alert_relay,
     build_alert_webhooks,
     build_charge_worker,
     build_closer,
@@ -109,8 +110,8 @@ def _run_roles(
         retention = build_retention(settings)
         factories["retention"] = lambda: retention.run
         stats["retention"] = lambda: {"dead_letters_purged": retention.purged}
-    if "relay" in roles:
-        factories["relay"] = _relay_role(settings, db, pulses)
+    if "relay" in roles:  # two lanes: an alert waits for no event (adapters.alerts.relay)
+        factories.update(_relay_roles(settings, db, pulses))
     if "project" in roles:  # two lanes: the credit projections keep up on their own
         factories["project"] = _project_role(settings, ledger, db, pulses, "main")
         factories["project-credits"] = _project_role(settings, ledger, db, pulses, "credits")
@@ -217,13 +218,22 @@ def _ingest_role(
     return build, lambda: {k: v for k, v in vars(totals).items() if isinstance(v, int)}
 
 
-def _relay_role(settings: Settings, db: Database, pulses: Pulses) -> RoleFactory:
-    def build() -> RoleRun:
+def _relay_roles(settings: Settings, db: Database, pulses: Pulses) -> dict[str, RoleFactory]:
+    """The relay role's two lanes, each a supervised thread with its own producer:
+    ``relay`` (every event to ``billing.events``) and ``relay-alerts`` (the alert
+    crossings to ``billing.alerts``, on a position of their own)."""
+
+    def events() -> RoleRun:
         relay = build_relay(settings, db)
         relay.pulse = pulses.of("relay")
         return lambda stop: _closing(lambda: relay.run(stop), relay.producer.close)
 
-    return build
+    def alerts() -> RoleRun:
+        relay = build_alert_relay(settings, db)
+        relay.pulse = pulses.of("relay-alerts")
+        return lambda stop: _closing(lambda: relay.run(stop), relay.producer.close)
+
+    return {"relay": events, "relay-alerts": alerts}
 
 
 CREDIT_LANE_IDLE_WAIT_S = 0.01

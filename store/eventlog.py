@@ -16,6 +16,7 @@ before it.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -38,6 +39,9 @@ __all__ = [
     "read_created",
     "read_topic",
     "read_topics_after",
+    "relay_position",
+    "state_json",
+    "store_relay_position",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,6 +71,10 @@ class LogRow(NamedTuple):
     def position(self) -> Position:
         return Position(self.xid, self.notification_id)
 
+    def json(self) -> Any:
+        """The stored state read as JSON (``state_json``)."""
+        return state_json(self.state)
+
     def notification(self) -> Notification:
         """The row as eventsourcing's ``Notification`` (what its recorder returns),
         for the application's own mapper to decode."""
@@ -77,6 +85,15 @@ class LogRow(NamedTuple):
             topic=self.topic,
             state=bytes(self.state),
         )
+
+
+def state_json(state: bytes | None) -> Any:
+    """A stored event's state read as JSON, or None when it is not JSON (a follower never
+    stops on a row, whatever a hand or an old build wrote)."""
+    try:
+        return json.loads(bytes(state)) if state is not None else None
+    except ValueError:
+        return None
 
 
 # The text of the xid is named xid_text: an ORDER BY xid would otherwise sort by this
@@ -106,6 +123,13 @@ _READ_TOPICS_AFTER = sql.SQL(
     " ORDER BY xid DESC, notification_id DESC LIMIT 1)) AS r"
     " ORDER BY kind, xid, notification_id"
 ).format(events=sql.Identifier(EVENTS_TABLE))
+
+_RELAY_POSITION = "SELECT xid::text, notification_id FROM billing.relay_position WHERE name = %s"
+_STORE_RELAY_POSITION = (
+    "INSERT INTO billing.relay_position (name, xid, notification_id)"
+    " VALUES (%s, %s::xid8, %s) ON CONFLICT (name) DO UPDATE"
+    " SET xid = EXCLUDED.xid, notification_id = EXCLUDED.notification_id"
+)
 
 _READ_CREATED = sql.SQL(
     "SELECT {} FROM {} WHERE originator_id = ANY(%s) AND originator_version = 1"
@@ -140,6 +164,18 @@ def read_topics_after(
     if len(rows) == limit or len(found) == len(rows):
         return rows, rows[-1].position if rows else position
     return rows, Position(str(found[-1][0]), int(found[-1][1]))
+
+
+def relay_position(conn: psycopg.Connection[Any], name: str) -> Position:
+    """Where the relay (or lane) ``name`` stands in ``billing.relay_position`` (the start
+    when it has never stored a position)."""
+    row = conn.execute(_RELAY_POSITION, (name,)).fetchone()
+    return Position(str(row[0]), int(row[1])) if row else START
+
+
+def store_relay_position(conn: psycopg.Connection[Any], name: str, position: Position) -> None:
+    """Store where the relay (or lane) ``name`` stands."""
+    conn.execute(_STORE_RELAY_POSITION, (name, position.xid, position.notification_id))
 
 
 def read_created(conn: psycopg.Connection[Any], originator_ids: Iterable[UUID]) -> list[LogRow]:

@@ -213,7 +213,7 @@ class _Run:
             row = conn.execute(
                 "SELECT r.xid::text, r.notification_id, p.xid::text, p.notification_id"
                 " FROM billing.relay_position r, billing.projection_positions p"
-                " WHERE p.name = 'transactions'"
+                " WHERE r.name = 'billing.events' AND p.name = 'transactions'"
             ).fetchone()
         if row is not None:
             relayed, projected = (int(row[0]), row[1]), (int(row[2]), row[3])

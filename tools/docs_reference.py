@@ -434,7 +434,10 @@ _OBJECTS: dict[str, str] = {
     " each worker at start (the last to start wins).",
     "billing.schema_migrations": "One row per applied migration, with its checksum and duration.",
     "billing.projection_positions": "How far each projection has applied the log.",
-    "billing.relay_position": "How far the relay has published the log.",
+    "billing.relay_position": (
+        "How far each lane of the relay has published the log: `billing.events` (every"
+        " event) and `alerts` (the spend alert crossings, to the alerts topic)."
+    ),
     "billing.consumer_positions": "Positions of followers that keep them in the database.",
 }
 

@@ -164,32 +164,17 @@ def _crossing(alert_id: UUID, usage_id: str) -> dict[str, Any]:
     }
 
 
-def test_a_batchs_alerts_go_out_before_its_events_each_topic_in_commit_order() -> None:
+def test_a_crossing_is_an_event_like_the_others_here_its_alert_is_another_relays() -> None:
     store = EventStore()
     account = UUID(int=0xD4)
     store.commit(5, TXN, 1, RESERVED, customer_id="acme")
     store.commit(6, account, 1, ALERT_EVENT_TOPIC, **_crossing(UUID(int=1), "u-1"))
-    store.commit(7, LINE, 1, SETTLED, customer_id="zed")
-    store.commit(8, account, 2, ALERT_EVENT_TOPIC, **_crossing(UUID(int=2), "u-2"))
-    producer = FakeProducer()
-    relay = Relay(store, producer, TOPIC, batch=10, alerts_topic="alerts")  # type: ignore[arg-type]
-    assert relay.pump() == 4
-    sent = [(topic, key) for topic, key, _, _ in producer.sent]
-    assert sent == [
-        ("alerts", b"acme"),
-        ("alerts", b"acme"),
-        (TOPIC, b"acme"),
-        (TOPIC, b"acme"),
-        (TOPIC, b"zed"),
-        (TOPIC, b"acme"),
+    relay, producer = _relay(store)
+    assert relay.pump() == 2
+    assert [(topic, key, m.event) for topic, key, m in _sent(producer)] == [
+        (TOPIC, b"acme", "Reserved"),
+        (TOPIC, b"acme", "AlertCrossed"),
     ]
-    assert [json.loads(v)["usage_id"] for t, _, v, _ in producer.sent if t == "alerts"] == [
-        "u-1",
-        "u-2",
-    ]
-    events = [decode_event(v).notification_id for t, _, v, _ in producer.sent if t == TOPIC]
-    assert events == [1, 2, 3, 4]
-    assert relay.alerts == 2 and producer.flushes == 1
 
 
 def test_an_aggregate_whose_events_carry_no_customer_is_keyed_by_its_first_events_or_its_id() -> (

@@ -412,7 +412,8 @@ def test_metrics_expose_the_named_series_with_the_right_values_after_a_known_wor
         assert any(r.startswith("Stripe circuit breaker") for r in report["reasons"])
         (live,) = [w for w in report["workers"] if w["alive"]]  # every role's loop turns
         ages = live["stats"]["loop_age_s"]
-        roles = {"ingest", "relay", "project", "project-credits", "charge", "reconcile", "push"}
+        roles = {"ingest", "relay", "relay-alerts", "project", "project-credits", "charge"}
+        roles |= {"reconcile", "push"}
         roles |= {"close", "alerts"}
         assert set(ages) == roles
         assert all(age < 60 for age in ages.values()), ages

@@ -32,7 +32,8 @@ def _relayed_everything(settings: Settings) -> bool:
         row = conn.execute(
             sql.SQL(
                 "SELECT (SELECT max(notification_id) FROM {})"
-                " <= (SELECT notification_id FROM billing.relay_position)"
+                " <= (SELECT notification_id FROM billing.relay_position"
+                " WHERE name = 'billing.events')"
             ).format(sql.Identifier(EVENTS))
         ).fetchone()
     return bool(row and row[0])
