@@ -8,9 +8,10 @@ and rebalances after a crash wait as long; both work against Apache Kafka too.
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kafka import (
@@ -28,10 +29,12 @@ __all__ = [
     "BrokerUnreachable",
     "KeyHashPartitioner",
     "LagProbe",
+    "PublishFailed",
     "check_reachable",
     "consumer_lag",
     "end_offsets",
     "ensure_topics",
+    "flush_acknowledged",
     "make_consumer",
     "make_producer",
     "use_security",
@@ -121,6 +124,64 @@ class KeyHashPartitioner(DefaultPartitioner):  # type: ignore[misc]
             hashed = self._hashes[serialized_key] = murmur2(serialized_key) & 0x7FFFFFFF
         partitions = sorted(cluster.partitions_for_topic(topic))
         return int(partitions[hashed % len(partitions)])
+
+
+class PublishFailed(RuntimeError):
+    """The broker did not acknowledge every message of a batch."""
+
+
+def flush_acknowledged(producer: KafkaProducer, sent: Sequence[Any]) -> None:
+    """Flush, then raise ``PublishFailed`` unless the broker acknowledged every message
+    whose send gave one of ``sent`` (the futures ``KafkaProducer.send`` returns).
+
+    kafka-python's ``flush`` returns once every send has *completed*, failed ones too (a
+    message that outlived ``delivery_timeout_ms`` while the broker was away, one the
+    broker refused): a follower that stored its position after a plain flush would move
+    past messages that were never published. It stores its position after this instead;
+    the error ends its role, which restarts from the stored position and publishes them
+    again (at least once)."""
+    producer.flush()
+    failed = [f for f in sent if f.failed()]
+    if failed:
+        raise PublishFailed(
+            f"{len(failed)} of {len(sent)} messages not acknowledged by the broker:"
+            f" {_said(failed[0].exception)}"
+        )
+
+
+def _said(exc: BaseException | None) -> str:
+    """What the broker (or the client) said: the message, not the class (kafka-python's
+    errors start theirs with their class name)."""
+    text = re.sub(r"^(?:[A-Z]\w*(?:Error|Exception): )+", "", " ".join(str(exc or "").split()))
+    return text or (type(exc).__name__ if exc is not None else "no detail given")
+
+
+class Refusals:
+    """Counts the sends the broker did not acknowledge, for a sender that keeps no list
+    of its futures (a long-running producer): ``watch`` each send's future, and ``check``
+    after a flush raises ``PublishFailed`` for those counted since the last check."""
+
+    def __init__(self, what: str = "messages") -> None:
+        self.what = what
+        self.count = 0  # written by the producer's I/O thread only
+        self._checked = 0
+        self._first: BaseException | None = None
+
+    def watch(self, future: Any) -> None:
+        future.add_errback(self._refused)
+
+    def _refused(self, exc: BaseException) -> None:
+        self.count += 1
+        if self._first is None:
+            self._first = exc
+
+    def check(self) -> None:
+        new, self._checked = self.count - self._checked, self.count
+        if new:
+            raise PublishFailed(
+                f"the broker did not acknowledge {new} {self.what} ({_said(self._first)}):"
+                " they were not delivered"
+            )
 
 
 def make_producer(bootstrap: str, **extra: Any) -> KafkaProducer:

@@ -11,10 +11,11 @@ so an alert waits for the crossing's commit and one poll, not for the events bef
 
 Each crossing goes out as its alert document (``adapters.alerts.messages``), keyed by
 customer id, with the document's type and id in headers. The position is stored after
-the broker acknowledged the batch's sends (at-least-once: after a crash the last batch
-may be published again, and a receiver deduplicates by the alert's id), and, when only
-other events went by, at most once a second (what it skips is read again after a crash,
-and holds no crossing).
+the broker acknowledged every send of the batch (``adapters.broker.flush_acknowledged``:
+one it did not ends the role, which restarts from the stored position; at least once:
+after a crash the last batch may be published again, and a receiver deduplicates by the
+alert's id), and, when only other events went by, at most once a second (what it skips
+is read again after a crash, and holds no crossing).
 
 Before this relay existed the events relay published the crossings with the events:
 migration 17 started this relay's position at that relay's, so no crossing is skipped
@@ -33,6 +34,7 @@ import psycopg
 from kafka import KafkaProducer
 
 from adapters.alerts.messages import ALERT_EVENT_TOPIC, alert_document
+from adapters.broker import flush_acknowledged
 from store.connections import Database
 from store.eventlog import (
     LogRow,
@@ -103,10 +105,9 @@ class AlertRelay:
             rows, position = read_topics_after(
                 conn, self._position, self.batch, [ALERT_EVENT_TOPIC]
             )
-            for row in rows:
-                self._publish(row)
-            if rows:
-                self.producer.flush()  # acknowledged before the position moves past them
+            sent = [f for f in (self._publish(row) for row in rows) if f is not None]
+            if rows:  # acknowledged before the position moves past them, else none stored
+                flush_acknowledged(self.producer, sent)
             self._position = position
             if rows or (
                 position != self._saved and time.monotonic() - self._saved_at >= self.save_every_s
@@ -118,16 +119,18 @@ class AlertRelay:
             raise
         return len(rows)
 
-    def _publish(self, row: LogRow) -> None:
+    def _publish(self, row: LogRow) -> Any:
+        """The send's future, or None for a row that is not a crossing."""
         alert = alert_document(row.json(), row.notification_id)
         if alert is None:  # not what AlertCrossed stores: say so, never stop on a row
             self.unreadable += 1
             log.warning("alert event %s unreadable, not published", row.notification_id)
-            return
-        self.producer.send(
+            return None
+        future = self.producer.send(
             self.topic,
             key=alert.customer_id.encode(),
             value=alert.body,
             headers=[("event", alert.type.encode()), ("event_id", alert.id.encode())],
         )
         self.published += 1
+        return future

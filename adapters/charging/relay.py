@@ -10,11 +10,13 @@ late always has an xid at or above that horizon, so it cannot be skipped.
 Each event goes to the ``billing.events`` topic keyed by customer id, with its
 notification id, event type and trace context in headers (a transaction's
 ``relay publish`` span is in the transaction's trace: ``adapters.observability.telemetry``).
-The position is stored in ``billing.relay_position`` after the broker acknowledged the
-batch: after a crash the relay resumes there and may publish the last batch again
-(at-least-once; consumers are idempotent). Spend alert crossings are events like the
-others here; their alert documents go to ``billing.alerts`` through a relay of their own
-(``adapters.alerts.relay``), which waits for none of these events.
+The position is stored in ``billing.relay_position`` after the broker acknowledged every
+message of the batch (``adapters.broker.flush_acknowledged``; one it did not ends the
+role, which restarts from the stored position): after a crash the relay resumes there
+and may publish the last batch again (at least once; consumers are idempotent). Spend
+alert crossings are events like the others here; their alert documents go to
+``billing.alerts`` through a relay of their own (``adapters.alerts.relay``), which waits
+for none of these events.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import psycopg
 from kafka import KafkaProducer
 from psycopg import sql
 
+from adapters.broker import flush_acknowledged
 from adapters.charging.messages import EventMessage
 from adapters.observability import telemetry
 from store.connections import Database
@@ -93,9 +96,8 @@ class Relay:
             if not rows:
                 return 0
             traced = telemetry.tracing_installed()
-            for row in rows:
-                self._publish(conn, row, traced=traced)
-            self.producer.flush()
+            sent = [self._publish(conn, row, traced=traced) for row in rows]
+            flush_acknowledged(self.producer, sent)  # else no position: published again
             store_relay_position(conn, self.name, rows[-1].position)
         except psycopg.OperationalError:
             self.close()  # reconnect on the next pump
@@ -103,7 +105,7 @@ class Relay:
         self.published += len(rows)
         return len(rows)
 
-    def _publish(self, conn: psycopg.Connection[Any], row: LogRow, *, traced: bool) -> None:
+    def _publish(self, conn: psycopg.Connection[Any], row: LogRow, *, traced: bool) -> Any:
         _, nid, originator_id, _, topic, _ = row
         # An aggregate's customer never changes: its state is read once.
         body = row.json() if originator_id not in self._customers else None
@@ -111,12 +113,13 @@ class Relay:
         message, headers = event_message(row)
         if traced:
             with _trace_publish(originator_id, topic, customer, message.event, nid):
-                self._send(customer, message, [*headers, *telemetry.inject_headers()])
-        else:  # no span would be recorded: the trace context it would carry, at no cost
-            self._send(customer, message, [*headers, *root_trace_headers(row)])
+                return self._send(customer, message, [*headers, *telemetry.inject_headers()])
+        # no span would be recorded: the trace context it would carry, at no cost
+        return self._send(customer, message, [*headers, *root_trace_headers(row)])
 
-    def _send(self, customer: str, message: EventMessage, headers: list[tuple[str, bytes]]) -> None:
-        self.producer.send(
+    def _send(self, customer: str, message: EventMessage, headers: list[tuple[str, bytes]]) -> Any:
+        """The send's future (``flush_acknowledged`` checks it)."""
+        return self.producer.send(
             self.topic, key=customer.encode(), value=message.to_json(), headers=headers
         )
 

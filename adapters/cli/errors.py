@@ -162,6 +162,7 @@ KNOWN: tuple[Known, ...] = (
     Known("store gave up", _named("ConcurrencyExhausted"), EXIT_FAILURE, _as_said),
     Known("rebuild could not swap", _named("RebuildLocked"), EXIT_FAILURE, _as_said),
     Known("worker gave up", _named("WorkerFailed"), EXIT_FAILURE, _gave_up),
+    Known("not acknowledged", _named("PublishFailed"), EXIT_FAILURE, _as_said),
     # The domain's refusals of a value a person typed (an amount, a currency, a limit).
     Known("bad argument", _named("ValueError", "BillingError"), EXIT_USAGE, _as_said),
 )

@@ -152,7 +152,13 @@ def _render_status(status: SchemaStatus) -> str:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from adapters.broker import check_reachable, ensure_topics, make_producer
+    from adapters.broker import (
+        PublishFailed,
+        Refusals,
+        check_reachable,
+        ensure_topics,
+        make_producer,
+    )
     from adapters.ingest.producer import send_usage
     from adapters.observability.telemetry import configure_tracing
     from adapters.settings import Settings
@@ -165,6 +171,7 @@ def _produce(args: argparse.Namespace) -> int:
     shutdown_tracing = configure_tracing(settings)
     check = _local_check(settings)
     sent, flagged = 0, 0
+    refusals = Refusals("of the records sent")
     try:
         for number, line in enumerate(stream, 1):
             value = line.rstrip(b"\r\n")
@@ -176,7 +183,7 @@ def _produce(args: argparse.Namespace) -> int:
                 if flagged <= MAX_WARNINGS:
                     print(f"line {number}: would be a dead letter ({problem}); sent anyway",
                           file=sys.stderr)  # fmt: skip
-            send_usage(producer, settings.usage_topic, _customer_key(value), value)
+            refusals.watch(send_usage(producer, settings.usage_topic, _customer_key(value), value))
             sent += 1
             if sent % 10_000 == 0:
                 print(f"sent {sent:,}...", file=sys.stderr, flush=True)
@@ -190,6 +197,12 @@ def _produce(args: argparse.Namespace) -> int:
         print(f"{flagged} of them would be dead letters by a local check (the ledger decides;"
               " `billing-ledger dead-letters list` shows what it set aside)",
               file=sys.stderr)  # fmt: skip
+    try:
+        refusals.check()
+    except PublishFailed as exc:
+        print(f"{exc}: send the file again (the ledger records each usage id once)",
+              file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

@@ -12,7 +12,11 @@ a price list, that its meter has a price): a record the ledger would set aside r
 ``InvalidUsage`` with the dead letter's reason, and nothing is sent. It is keyed by its
 customer, so one customer's records stay in order on one partition. Each send is a
 ``produce usage`` span in its transaction's trace, with the span's context in the
-headers (W3C ``traceparent``): ingest continues it.
+headers (W3C ``traceparent``): ingest continues it. ``flush`` (and leaving the ``with``)
+waits for the broker and raises ``adapters.broker.PublishFailed`` when it did not
+acknowledge some of the records sent (kafka-python gives up on a message after
+``delivery_timeout_ms``, two minutes): send them again, the ledger records each usage id
+once.
 """
 
 from __future__ import annotations
@@ -22,12 +26,12 @@ import json
 from datetime import UTC, datetime
 from decimal import Decimal
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 from uuid import UUID
 
 from kafka import KafkaProducer
 
-from adapters.broker import make_producer
+from adapters.broker import Refusals, make_producer
 from adapters.observability import telemetry
 from domain.ids import transaction_id
 from domain.price_book import PriceSchedule
@@ -79,6 +83,7 @@ class UsageProducer:
         # must not take the CPU the pipeline it measures needs); they are still keyed.
         self.check = check
         self.sent = 0
+        self.refusals = Refusals("usage records")  # counted as the broker answers
 
     def send(
         self,
@@ -99,8 +104,15 @@ class UsageProducer:
         if self.check:
             check_record(value, self.prices, self.max_record_bytes, self.usage_window)
         txn = transaction_id(record.customer_id, record.usage_id)
-        _send(
-            self.producer, self.topic, record.customer_id.encode(), value, txn, record.customer_id
+        self.refusals.watch(
+            _send(
+                self.producer,
+                self.topic,
+                record.customer_id.encode(),
+                value,
+                txn,
+                record.customer_id,
+            )
         )
         self.sent += 1
         return record
@@ -125,15 +137,20 @@ class UsageProducer:
 
     def send_raw(self, key: bytes | None, value: bytes) -> None:
         """Send bytes as they are, unchecked (a replay of a file, the demo's poison)."""
-        send_usage(self.producer, self.topic, key, value)
+        self.refusals.watch(send_usage(self.producer, self.topic, key, value))
         self.sent += 1
 
     def flush(self) -> None:
+        """Wait for the broker's answers; ``PublishFailed`` if it refused any record sent
+        since the last flush."""
         self.producer.flush()
+        self.refusals.check()
 
     def close(self) -> None:
-        self.producer.flush()
-        self.producer.close()
+        try:
+            self.flush()
+        finally:
+            self.producer.close()
 
     def __enter__(self) -> Self:
         return self
@@ -147,10 +164,11 @@ class UsageProducer:
         self.close()
 
 
-def send_usage(producer: KafkaProducer, topic: str, key: bytes | None, value: bytes) -> None:
+def send_usage(producer: KafkaProducer, topic: str, key: bytes | None, value: bytes) -> Any:
     """Send one usage record in a ``produce usage`` span of its transaction's trace, with
     the span's context in the headers (W3C ``traceparent``): ingest continues it. A
-    record without a string ``customer_id`` and ``usage_id`` gets a trace of its own."""
+    record without a string ``customer_id`` and ``usage_id`` gets a trace of its own. The
+    send's future is returned (``adapters.broker.Refusals`` watches it)."""
     txn_id, customer = None, None
     with contextlib.suppress(ValueError):
         doc = json.loads(value)
@@ -158,7 +176,9 @@ def send_usage(producer: KafkaProducer, topic: str, key: bytes | None, value: by
             customer, usage = doc.get("customer_id"), doc.get("usage_id")
             if isinstance(customer, str) and isinstance(usage, str):
                 txn_id = transaction_id(customer, usage)
-    _send(producer, topic, key, value, txn_id, customer if isinstance(customer, str) else None)
+    return _send(
+        producer, topic, key, value, txn_id, customer if isinstance(customer, str) else None
+    )
 
 
 def _send(  # noqa: PLR0917
@@ -168,11 +188,11 @@ def _send(  # noqa: PLR0917
     value: bytes,
     txn_id: UUID | None,
     customer: str | None,
-) -> None:
+) -> Any:
     with telemetry.span(
         "produce usage",
         telemetry.transaction_context(txn_id) if txn_id else None,
         billing__transaction_id=str(txn_id) if txn_id else None,
         billing__customer_id=customer,
     ):
-        producer.send(topic, key=key, value=value, headers=telemetry.inject_headers())
+        return producer.send(topic, key=key, value=value, headers=telemetry.inject_headers())

@@ -16,6 +16,9 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+from kafka.errors import KafkaTimeoutError
+from kafka.future import Future
+
 from adapters.settings import Settings
 from domain.invoice_states import StripeInvoiceView
 from domain.metering import Metering
@@ -604,6 +607,7 @@ class FakeProducer:
         default_factory=list
     )
     flushes: int = 0
+    refusing: str | None = None  # the broker's answer to every send from now on, if any
 
     def send(
         self,
@@ -611,8 +615,14 @@ class FakeProducer:
         key: bytes | None = None,
         value: bytes | None = None,
         headers: list[tuple[str, bytes]] | None = None,
-    ) -> None:
+    ) -> Future:
+        """Like ``KafkaProducer.send``: its future (failed when ``refusing``, and then
+        not sent)."""
+        future = Future()
+        if self.refusing is not None:
+            return future.failure(KafkaTimeoutError(self.refusing))
         self.sent.append((topic, key, value, list(headers or [])))
+        return future.success(None)
 
     def flush(self) -> None:
         self.flushes += 1

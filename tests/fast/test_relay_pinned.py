@@ -19,6 +19,7 @@ import pytest
 from psycopg import sql
 
 from adapters.alerts.messages import ALERT_EVENT_TOPIC
+from adapters.broker import PublishFailed
 from adapters.charging.messages import EventMessage, decode_event
 from adapters.charging.relay import Relay
 from adapters.observability import telemetry
@@ -376,3 +377,21 @@ def test_a_transactions_or_lines_event_carries_its_trace_to_the_consumer(
         roots = [dict(telemetry.root_headers(i))["traceparent"].decode() for i in (TXN, LINE)]
         assert carried == [*roots, ""]
     assert [dict(h)["event"] for *_, h in producer.sent] == [b"Reserved", b"Settled", b"Finalized"]
+
+
+def test_a_batch_the_broker_did_not_acknowledge_stores_no_position_and_goes_out_again() -> None:
+    # kafka-python's flush returns once every send completed, failed ones too (a message
+    # that outlived delivery_timeout_ms while the broker was away): the relay checks.
+    store = EventStore()
+    store.commit(1, TXN, 1, RESERVED, customer_id="acme")
+    store.commit(2, LINE, 1, SETTLED, customer_id="zed")
+    relay, producer = _relay(store)
+    producer.refusing = "expired after 120000 ms"
+    with pytest.raises(PublishFailed, match=r"2 of 2 messages not acknowledged.*expired"):
+        relay.pump()
+    assert store.positions == {} and producer.sent == []
+    producer.refusing = None  # the broker is back; the role restarts
+    again, producer = _relay(store)
+    assert again.pump() == 2
+    assert [m.notification_id for _, _, m in _sent(producer)] == [1, 2]
+    assert store.positions == {TOPIC: ("2", 2)}

@@ -14,12 +14,16 @@ from typing import Any
 import psycopg
 import pytest
 from kafka import KafkaConsumer
+from kafka.errors import KafkaTimeoutError
+from kafka.future import Future
 from psycopg import sql
 
 from adapters.alerts.messages import ALERT_EVENT_TOPIC
 from adapters.alerts.relay import POSITION_NAME, AlertRelay
 from adapters.bootstrap import build_alert_relay
+from adapters.broker import PublishFailed
 from adapters.settings import Settings
+from store.connections import Database
 from store.ledger import BillingLedger
 from store.schema import EVENTS_TABLE
 from tests.integration.support import ingest_until, produce_records, stored_states, usage
@@ -186,3 +190,39 @@ def test_migration_17_starts_the_alerts_position_where_the_events_relay_stood(
         )
         conn.execute(migration)
     assert _positions(settings) == {"billing.events": (812, 5000), POSITION_NAME: (812, 4711)}
+
+
+class _Refusing:
+    """A producer whose broker acknowledges nothing (as after delivery_timeout_ms)."""
+
+    def __init__(self) -> None:
+        self.flushes = 0
+
+    def send(self, *args: Any, **kwargs: Any) -> Future:
+        return Future().failure(KafkaTimeoutError("expired after 120000 ms"))
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+def test_crossings_the_broker_did_not_acknowledge_store_no_position_and_go_out_again(
+    settings: Settings, crossed: list[dict[str, Any]]
+) -> None:
+    refused = AlertRelay(
+        Database(settings.database_url, pool_size=0), _Refusing(), settings.alerts_topic
+    )  # type: ignore[arg-type]
+    try:
+        with pytest.raises(PublishFailed, match="3 of 3 messages not acknowledged"):
+            refused.pump()
+    finally:
+        refused.close()
+    assert POSITION_NAME not in _positions(settings)
+    relay = build_alert_relay(settings)  # the role restarted
+    try:
+        assert relay.pump() == 3
+    finally:
+        relay.close()
+        relay.producer.close()
+    assert [body["usage_id"] for _, body, _ in _published(settings)] == [
+        c["usage_id"] for c in crossed
+    ]

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka.errors import KafkaTimeoutError
+from kafka.future import Future
 
+from adapters import broker
+from adapters.broker import PublishFailed
+from adapters.cli.main import main
 from adapters.ingest.producer import UsageProducer, check_record
 from adapters.settings import Settings
 from domain.errors import InvalidUsage, UnknownMeter
@@ -21,17 +27,28 @@ AT = datetime(2026, 12, 4, 10, tzinfo=UTC)
 
 
 class _Kafka:
-    """What a KafkaProducer was asked to do."""
+    """What a KafkaProducer was asked to do; the broker answers each send at the next
+    flush (``refusing``: with that error)."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes | None, bytes]] = []
         self.flushed = self.closed = 0
+        self.refusing: str | None = None
+        self._waiting: list[Future] = []
 
-    def send(self, topic: str, key: bytes | None, value: bytes, headers: Any = None) -> None:
+    def send(self, topic: str, key: bytes | None, value: bytes, headers: Any = None) -> Future:
         self.sent.append((topic, key, value))
+        self._waiting.append(Future())
+        return self._waiting[-1]
 
     def flush(self) -> None:
         self.flushed += 1
+        for future in self._waiting:
+            if self.refusing is None:
+                future.success(None)
+            else:
+                future.failure(KafkaTimeoutError(self.refusing))
+        self._waiting = []
 
     def close(self) -> None:
         self.closed += 1
@@ -137,3 +154,53 @@ def test_unchecked_the_records_are_sent_as_made_keyed_by_their_customer() -> Non
     )  # fmt: skip
     assert usage.send(record) == record  # an unpriced meter: not looked at
     assert kafka.sent == [("usage", b"acme", record.to_json())]
+
+
+def test_records_the_broker_did_not_acknowledge_fail_the_flush_that_waited_for_them() -> None:
+    usage, kafka = _producer()
+    usage.send(customer_id="acme", usage_id="a", meter="m", quantity=1, occurred_at=AT)
+    usage.flush()  # acknowledged: nothing to say
+    kafka.refusing = "Batch for usage-0 containing 2 record(s) expired"
+    usage.send(customer_id="acme", usage_id="b", meter="m", quantity=1, occurred_at=AT)
+    usage.send_raw(b"acme", b"{}")
+    with pytest.raises(PublishFailed) as refused:
+        usage.flush()
+    assert str(refused.value) == (
+        "the broker did not acknowledge 2 usage records (Batch for usage-0 containing 2"
+        " record(s) expired): they were not delivered"
+    )
+    kafka.refusing = None
+    usage.send(customer_id="acme", usage_id="b", meter="m", quantity=1, occurred_at=AT)
+    usage.flush()  # sent again and acknowledged: the refusal was said once
+    assert usage.refusals.count == 2 and usage.sent == 4
+
+
+def test_leaving_the_with_block_says_what_was_not_acknowledged_and_still_closes() -> None:
+    kafka = _Kafka()
+    kafka.refusing = "expired"
+    with (
+        pytest.raises(PublishFailed, match="did not acknowledge 1 usage records"),
+        UsageProducer(kafka, "usage") as usage,  # type: ignore[arg-type]
+    ):
+        usage.send(customer_id="acme", usage_id="a", meter="m", quantity=1, occurred_at=AT)
+    assert kafka.closed == 1
+
+
+def test_the_produce_command_says_what_the_broker_did_not_acknowledge_and_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kafka = _Kafka()
+    kafka.refusing = "Batch for usage-2 containing 1 record(s) expired"
+    monkeypatch.setattr(broker, "check_reachable", lambda bootstrap: None)
+    monkeypatch.setattr(broker, "ensure_topics", lambda bootstrap, topics: None)
+    monkeypatch.setattr(broker, "make_producer", lambda bootstrap: kafka)
+    records = tmp_path / "usage.jsonl"
+    records.write_bytes(b'{"customer_id": "acme"}\n{"customer_id": "zed"}\n')
+    assert main(["produce", str(records)]) == 1
+    err = capsys.readouterr().err
+    assert "sent 2 record(s)" in err
+    assert (
+        "the broker did not acknowledge 2 of the records sent (Batch for usage-2 containing 1"
+        " record(s) expired): they were not delivered: send the file again" in err
+    )
+    assert kafka.closed == 1
