@@ -3,7 +3,8 @@ on the dead-letter topic.
 
 ``quarantine`` stores a batch's letters in ``billing.dead_letters`` (idempotent by
 source offset; a bounded prefix of the payload with its size and hash), then produces
-each to the dead-letter topic with the reason in headers and flushes. The topic gets
+each to the dead-letter topic with the reason in headers and flushes (a letter the broker
+did not acknowledge is logged, and stays in the table: billing goes on). The topic gets
 the whole payload up to ``dlq_max_message_bytes`` (its message limit), else the stored
 prefix, with headers saying it was truncated and the whole one's size and SHA-256."""
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from kafka import KafkaProducer
 
+from adapters.broker import PublishFailed, flush_acknowledged
 from adapters.observability.logs import step_fields
 from domain.ports import DeadLetter, DeadLetterSink
 from domain.transaction import Source
@@ -38,6 +40,7 @@ def quarantine(
     if not letters:
         return
     sink.record(letters)
+    sent = []
     for d in letters:
         log.warning(
             "usage record quarantined",
@@ -46,14 +49,20 @@ def quarantine(
                               usage_id=usage_id_of(d.payload),
                               customer_id=d.key.decode(errors="replace") if d.key else None),
         )  # fmt: skip
-        send_to_dlq(producer, topic, d, max_message_bytes)
-    producer.flush()
+        sent.append(send_to_dlq(producer, topic, d, max_message_bytes))
+    try:
+        flush_acknowledged(producer, sent)
+    except PublishFailed as exc:  # the table has them: billing goes on, and says so
+        log.warning(
+            "dead letters not on the dead-letter topic: %s", exc,
+            extra=step_fields("ingest", "dead_letter_topic_failed", topic=topic),
+        )  # fmt: skip
 
 
-def send_to_dlq(producer: KafkaProducer, topic: str, d: DeadLetter, max_message_bytes: int) -> None:
+def send_to_dlq(producer: KafkaProducer, topic: str, d: DeadLetter, max_message_bytes: int) -> Any:
     """The letter on the dead-letter topic: its bytes whole if the topic takes them,
     else the prefix the table keeps; headers say why, from where, and what the whole
-    payload was (size, SHA-256, whether this is all of it)."""
+    payload was (size, SHA-256, whether this is all of it). The send's future."""
     value = d.payload
     whole = bounded(value)
     truncated = value is not None and len(value) > max_message_bytes
@@ -71,7 +80,7 @@ def send_to_dlq(producer: KafkaProducer, topic: str, d: DeadLetter, max_message_
             ("dlq.payload.size", str(whole.size).encode()),
             ("dlq.payload.sha256", whole.sha256.encode()),
         ]
-    producer.send(
+    return producer.send(
         topic,
         key=d.key,
         # Kafka needs a key or a value; a keyless null becomes an empty value.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 from typing import Any
 
@@ -270,3 +271,21 @@ def test_a_commit_refused_while_the_group_rebalances_leaves_the_batch_recorded()
     worker.process([_keyed("acme", 0), _keyed("acme", 1)])
     assert worker.stats.commit_failures == 1
     assert worker.stats.transactions == 2
+
+
+def test_dead_letters_the_broker_refused_stay_in_the_table_and_billing_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    worker, letters = _worker([])
+    worker.producer.refusing = "expired after 120000 ms"  # type: ignore[attr-defined]
+    good = usage("r1").to_json()
+    with caplog.at_level(logging.WARNING, logger="adapters.ingest.letters"):
+        worker.process([_record(0, b"{not json"), _record(1, good)])
+    assert sorted(letters.letters) == [("usage", 0, 0)]  # kept where the ledger keeps them
+    assert worker.ledger.transaction(transaction_id("acme", "r1")).state is TxnState.RESERVED
+    [offsets] = worker.consumer.commits  # type: ignore[attr-defined]
+    assert [o.offset for o in offsets.values()] == [2]
+    assert (
+        "dead letters not on the dead-letter topic: 1 of 1 messages not acknowledged by the"
+        " broker: expired after 120000 ms" in caplog.text
+    )
