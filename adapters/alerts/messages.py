@@ -58,7 +58,13 @@ def alert_document(state: Any, notification_id: int) -> Alert | None:
     if not all(isinstance(state.get(k), str) for k in (*_TEXT_FIELDS, "transaction_id")):
         return None
     kind, _, value = state["threshold"].partition(":")
-    if not value.isdigit() or not isinstance(state.get("value"), str):
+    # ASCII digits only (str.isdigit() also takes "²", which int() refuses), and no more
+    # of them than int() reads (sys.get_int_max_str_digits): else no document, no stop.
+    if not (value.isascii() and value.isdigit()) or not isinstance(state.get("value"), str):
+        return None
+    try:
+        threshold = int(value)
+    except ValueError:
         return None
     limit = state.get("spend_limit")
     grant = state.get("grant_id")
@@ -70,7 +76,7 @@ def alert_document(state: Any, notification_id: int) -> Alert | None:
         "created_at": created if isinstance(created, str) else None,
         "customer_id": state["customer_id"],
         "currency": state["currency"],
-        "threshold": {"kind": kind, "value": int(value)},
+        "threshold": {"kind": kind, "value": threshold},
         "period": state["period"],
         "usage_id": state["usage_id"],
         "transaction_id": state["transaction_id"],
@@ -79,5 +85,8 @@ def alert_document(state: Any, notification_id: int) -> Alert | None:
         "grant_id": grant if isinstance(grant, str) else None,
         "notification_id": notification_id,
     }
-    body = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+    try:  # a lone surrogate (JSON's "\\ud800" escape) has no UTF-8: not a document either
+        body = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return None
     return Alert(state["alert_id"], ALERT_CROSSED, state["customer_id"], body)

@@ -175,6 +175,23 @@ def test_a_state_that_is_no_crossing_gives_no_document(state: object) -> None:
 
 
 @pytest.mark.parametrize(
+    "change",
+    [
+        {"threshold": "spend:\u00b2"},  # a digit to str.isdigit, not to int()
+        {"threshold": "spend:" + "1" * 5000},  # more digits than int() reads from text
+        {"customer_id": "\ud800"},  # JSON's escape of a lone surrogate: no UTF-8 for it
+    ],
+    ids=["superscript-threshold", "5000-digit-threshold", "lone-surrogate"],
+)
+def test_a_crossing_that_reads_as_json_but_makes_no_document_gives_none_not_an_error(
+    change: dict[str, str],
+) -> None:
+    # A hand's row or an old build's: the alerts relay would stop on it at every restart.
+    state = json.loads(json.dumps({**_stored_crossing(), **change}))
+    assert alert_document(state, 1) is None
+
+
+@pytest.mark.parametrize(
     "value",
     [None, b"", b"not json", b"[]", b'{"id": "x", "type": "alert.crossed", "customer_id": "a"}'],
 )
