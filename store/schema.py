@@ -71,5 +71,5 @@ CREDIT_BALANCES = "credit_balances"
 DEFAULT_USAGE_TOPIC = "usage"
 DEFAULT_DLQ_TOPIC = "usage.dlq"
 DEFAULT_EVENTS_TOPIC = "billing.events"
-# The relay publishes each spend alert crossing here too (``adapters.alerts.messages``).
+# The relay's alerts lane publishes each spend alert crossing here (``adapters.alerts.relay``).
 DEFAULT_ALERTS_TOPIC = "billing.alerts"
