@@ -3,14 +3,16 @@ spend alert at a webhook receiver.
 
 The embedded default (a private PostgreSQL and the Tansu broker), the roles in worker
 processes (``ingest``; ``relay``; ``alerts``), and a receiver on 127.0.0.1
-(``http.server``, verifying each signature). One record in ``--alert-every`` (every one
+(``http.server``, verifying each signature) in a process of its own, as a user's
+endpoint is. One record in ``--alert-every`` (every one
 by default) goes round ``ceil(rate * seconds / every / 20)`` alerting customers, 100
 minor units each, whose accounts have the 20 thresholds ``spend:100`` to ``spend:2000``,
 so each such record crosses one and is one alert; the others go to 100 customers
 without thresholds. Accounts, lines and invoices are reused, as with real traffic. Records
-are produced at ``--rate`` a second for ``--seconds``; a record's time starts when the
-broker acknowledged it (the producer's flush) and ends when the receiver has verified
-its alert. Printed: how many alerts arrived, and the latencies' p50, p90, p99 and max,
+are made before the clock starts and produced at ``--rate`` a second for ``--seconds``
+(``records``: how many were, fewer where the load generator lagged); a record's time
+starts when the broker acknowledged it (its send's callback) and ends when the receiver
+has verified its alert. Printed: how many alerts arrived, and the latencies' p50, p90, p99 and max,
 whole and by stage. Numbers, no verdict: the machine is shared.
 
 With ``--credits``, every account holds a prepaid credit grant (so every record burns
@@ -36,6 +38,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import queue
 import statistics
 import threading
 import time
@@ -66,35 +70,78 @@ ROLE_PROCESSES = (("ingest",), ("relay",), ("alerts",))
 
 
 class _Receiver:
-    """Verifies each alert and notes when it arrived, by usage id."""
+    """The webhook receiver, in a process of its own (as a user's endpoint is: not
+    sharing the load generator's interpreter lock): it verifies each alert and notes
+    when it arrived, by usage id; ``arrived`` and ``recorded`` read what it noted."""
 
     def __init__(self) -> None:
-        self.secret = ""
-        self.arrived: dict[str, float] = {}
-        self.recorded: dict[str, float] = {}  # the crossing's event time (the ingest save)
-        self.lock = threading.Lock()
-        receiver = self
+        context = multiprocessing.get_context("spawn")
+        self._notes: multiprocessing.Queue[tuple[str, float, float] | int] = context.Queue()
+        self._secret: multiprocessing.Queue[str] = context.Queue()
+        self.process = context.Process(
+            target=_serve, args=(self._notes, self._secret), name="receiver", daemon=True
+        )
+        self.process.start()
+        port = self._notes.get(timeout=60)
+        assert isinstance(port, int)
+        self.url = f"http://127.0.0.1:{port}/alerts"
+        self._arrived: dict[str, float] = {}
+        self._recorded: dict[str, float] = {}  # the crossing's event time (the ingest save)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.0"
+    def use(self, secret: str) -> None:
+        """Verify with ``secret`` (the endpoint's, shown once when it was added)."""
+        self._secret.put(secret)
 
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                event = verify(body, self.headers[SIGNATURE_HEADER], receiver.secret)
-                with receiver.lock:
-                    receiver.arrived.setdefault(event["usage_id"], time.time())
-                    recorded = datetime.fromisoformat(event["created_at"]).timestamp()
-                    receiver.recorded[event["usage_id"]] = recorded
-                self.send_response(204)
-                self.end_headers()
+    @property
+    def arrived(self) -> dict[str, float]:
+        self._drain()
+        return self._arrived
 
-            def log_message(self, *args: Any) -> None:
-                pass
+    @property
+    def recorded(self) -> dict[str, float]:
+        self._drain()
+        return self._recorded
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _drain(self) -> None:
+        while True:
+            try:
+                note = self._notes.get_nowait()
+            except queue.Empty:
+                return
+            assert not isinstance(note, int)
+            usage_id, arrived, recorded = note
+            self._arrived.setdefault(usage_id, arrived)
+            self._recorded[usage_id] = recorded
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.join(timeout=10)
+
+
+def _serve(
+    notes: multiprocessing.Queue[tuple[str, float, float] | int],
+    secret_queue: multiprocessing.Queue[str],
+) -> None:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            event = verify(body, self.headers[SIGNATURE_HEADER], secret)
+            arrived = time.time()
+            recorded = datetime.fromisoformat(event["created_at"]).timestamp()
+            notes.put((event["usage_id"], arrived, recorded))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    notes.put(int(server.server_address[1]))
+    secret = secret_queue.get()  # requests wait in the listen queue until it is known
+    server.serve_forever()
 
 
 THRESHOLDS = [f"spend:{100 * k}" for k in range(1, 21)]
@@ -142,25 +189,39 @@ def _accounts(settings: Settings, customers: int, credits: bool = False) -> None
 
 def _produce(
     settings: Settings, rate: float, seconds: float, customers: int, every: int
-) -> dict[str, float]:
-    """Records at ``rate`` a second; when the broker acknowledged each."""
+) -> tuple[dict[str, float], int]:
+    """Records at ``rate`` a second (as far as the loop keeps up); when the broker
+    acknowledged each alerting one, and how many records were sent.
+
+    Each alerting record's time is taken in its send's callback, when the producer read
+    the broker's answer for it: the record was on the topic by then. (The return of the
+    batch's ``flush`` is later, by as much as the loop took to send the batch, and would
+    make the latencies look shorter than they are.)"""
+    # The records' bytes are made before the clock starts, and sent as they are: the load
+    # generator shares the two cores with what it measures, so it must take little CPU.
+    records = [_record(i, customers, every) for i in range(int(rate * seconds))]
+    load = [
+        (r.usage_id if r.usage_id.startswith("a-") else None, r.customer_id.encode(), r.to_json())
+        for r in records
+    ]
     acked: dict[str, float] = {}
     usage = UsageProducer(settings.kafka_bootstrap, settings.usage_topic, check=False)
     start, i = time.monotonic(), 0
     while (elapsed := time.monotonic() - start) < seconds:
-        sent = []
-        while i < int(elapsed * rate):
-            record = _record(i, customers, every)
-            usage.send(record)
-            if record.usage_id.startswith("a-"):
-                sent.append(record.usage_id)
+        while i < min(int(elapsed * rate), len(load)):
+            alerting, key, value = load[i]
+            future = usage.producer.send(usage.topic, key=key, value=value)
+            if alerting is not None:
+                future.add_callback(_ack, acked, alerting)
             i += 1
         usage.flush()
-        now = time.time()
-        acked.update(dict.fromkeys(sent, now))
         time.sleep(0.005)
     usage.close()
-    return acked
+    return acked, i
+
+
+def _ack(acked: dict[str, float], usage_id: str, _metadata: Any) -> None:
+    acked[usage_id] = time.time()
 
 
 @contextmanager
@@ -179,10 +240,10 @@ def _stack(concurrency: int) -> Iterator[tuple[Settings, _Receiver]]:
         migrate(settings)
         prepare(settings)
         receiver = _Receiver()
-        stack.callback(receiver.server.server_close)  # after the shutdown (last in, first out)
-        stack.callback(receiver.server.shutdown)
+        stack.callback(receiver.close)
         with database(settings, pool_size=0).connection() as conn:
-            _, receiver.secret = deliveries.add_endpoint(conn, receiver.url, ["alert.crossed"])
+            _, secret = deliveries.add_endpoint(conn, receiver.url, ["alert.crossed"])
+        receiver.use(secret)
         yield settings, receiver
 
 
@@ -283,7 +344,7 @@ def run_alerts(
             balances.thread.start()
         with database(settings, pool_size=0).connection() as conn:
             start = conn.execute(_LAST_EVENT).fetchone()[0]  # type: ignore[index]
-        acked = _produce(settings, rate, seconds, customers, every)
+        acked, produced = _produce(settings, rate, seconds, customers, every)
         _await(lambda: len(receiver.arrived) > len(acked), 60 + seconds)
         if credits:
             last = _record(max(int(u[2:]) for u in acked), customers, every).customer_id
@@ -303,7 +364,7 @@ def run_alerts(
         "seconds": seconds,
         "credits": credits,
         "alerting_customers": customers,
-        "records": int(rate * seconds),
+        "records": produced,  # fewer than rate x seconds where the load generator lagged
         "alerting_records": len(acked),
         "alerts_received": len(got),
         "produced_to_received_ms": _percentiles([receiver.arrived[u] - acked[u] for u in got]),
