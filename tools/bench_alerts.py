@@ -3,8 +3,8 @@ spend alert at a webhook receiver.
 
 The embedded default (a private PostgreSQL and the Tansu broker), the roles in worker
 processes (``ingest``; ``relay``; ``alerts``), and a receiver on 127.0.0.1
-(``http.server``, verifying each signature) in a process of its own, as a user's
-endpoint is. One record in ``--alert-every`` (every one
+(``tools.loopback``: HTTP/1.1 keep-alive, verifying each signature) in a process of its
+own, as a user's endpoint is. One record in ``--alert-every`` (every one
 by default) goes round ``ceil(rate * seconds / every / 20)`` alerting customers, 100
 minor units each, whose accounts have the 20 thresholds ``spend:100`` to ``spend:2000``,
 so each such record crosses one and is one alert; the others go to 100 customers
@@ -47,7 +47,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from email.message import Message
 from typing import Any
 from uuid import UUID
 
@@ -63,6 +63,7 @@ from domain.account import CustomerAccount
 from domain.usage import UsageRecord
 from infra.embedded import EmbeddedPostgres, TansuBroker
 from tools.bench_charge import _worker
+from tools.loopback import serve_posts
 
 __all__ = ["main", "run_alerts"]
 
@@ -122,26 +123,22 @@ def _serve(
     notes: multiprocessing.Queue[tuple[str, float, float] | int],
     secret_queue: multiprocessing.Queue[str],
 ) -> None:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.0"
+    secret: list[str] = []
+    known = threading.Event()
 
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            event = verify(body, self.headers[SIGNATURE_HEADER], secret)
-            arrived = time.time()
-            recorded = datetime.fromisoformat(event["created_at"]).timestamp()
-            notes.put((event["usage_id"], arrived, recorded))
-            self.send_response(204)
-            self.end_headers()
+    def answer(body: bytes, headers: Message[str, str]) -> tuple[int, dict[str, str]]:
+        known.wait()  # the endpoint's secret, shown when it was added after this started
+        event = verify(body, headers[SIGNATURE_HEADER], secret[0])
+        arrived = time.time()
+        recorded = datetime.fromisoformat(event["created_at"]).timestamp()
+        notes.put((event["usage_id"], arrived, recorded))
+        return 204, {}
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
+    server, _ = serve_posts(answer, "/alerts")
     notes.put(int(server.server_address[1]))
-    secret = secret_queue.get()  # requests wait in the listen queue until it is known
-    server.serve_forever()
+    secret.append(secret_queue.get())
+    known.set()
+    threading.Event().wait()  # serving until terminated
 
 
 THRESHOLDS = [f"spend:{100 * k}" for k in range(1, 21)]

@@ -15,12 +15,18 @@ __all__ = ["Answer", "serve_posts"]
 Answer = Callable[[bytes, "Message[str, str]"], tuple[int, dict[str, str]]]
 
 
-def serve_posts(answer: Answer, path: str) -> tuple[ThreadingHTTPServer, str]:
+def serve_posts(
+    answer: Answer, path: str, *, keep_alive: bool = True
+) -> tuple[ThreadingHTTPServer, str]:
     """A server on a free loopback port, serving in a daemon thread, each POST answered
     by ``answer`` (in a thread of its own); the server (``shutdown`` and
-    ``server_close`` it) and the URL of ``path`` on it."""
+    ``server_close`` it) and the URL of ``path`` on it. It keeps connections open
+    (HTTP/1.1), as most receivers do, unless ``keep_alive`` is False (HTTP/1.0: closed
+    after each answer)."""
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             status, headers = answer(body, self.headers)

@@ -33,6 +33,7 @@ from adapters.alerts.messages import Alert
 from domain.ids import uuid5
 
 __all__ = [
+    "Attempted",
     "Delivery",
     "DueDelivery",
     "Endpoint",
@@ -211,37 +212,44 @@ def claim(
     return [d for d in found if d.delivery_id in taken]
 
 
-def record(  # noqa: PLR0917
-    conn: psycopg.Connection[Any],
-    delivery: DueDelivery,
-    status: str,
-    http_status: int | None,
-    error: str,
-    next_try: timedelta,
-) -> bool:
-    """Record an attempt's outcome under the claim (False: the claim was lost, another
-    worker's attempt stands). ``status``: delivered, pending (retry in ``next_try``) or
-    failed."""
+@dataclass(frozen=True)
+class Attempted:
+    """An attempt's outcome, to record under its claim: ``status`` delivered, pending
+    (retry in ``next_try``) or failed."""
+
+    delivery: DueDelivery
+    status: str
+    http_status: int | None
+    error: str
+    next_try: timedelta
+
+
+def record(conn: psycopg.Connection[Any], outcomes: Sequence[Attempted]) -> set[UUID]:
+    """Record attempts' outcomes, each only while the delivery's version is still its
+    claim, in one statement; the deliveries recorded (one left out lost its claim:
+    another worker's attempt stands)."""
+    if not outcomes:
+        return set()
     _relaxed(conn)
-    return (
-        conn.execute(
-            "UPDATE billing.webhook_deliveries SET status = %s, attempts = attempts + 1,"
-            " version = version + 1, last_status = %s, last_error = %s,"
-            " next_try_at = now() + %s,"
-            " delivered_at = CASE WHEN %s = 'delivered' THEN now() END"
-            " WHERE delivery_id = %s AND version = %s",
-            (
-                status,
-                http_status,
-                error or None,
-                next_try,
-                status,
-                delivery.delivery_id,
-                delivery.version + 1,
-            ),
-        ).rowcount
-        == 1
-    )
+    rows = conn.execute(
+        "UPDATE billing.webhook_deliveries d SET status = o.status,"
+        " attempts = d.attempts + 1, version = d.version + 1, last_status = o.http_status,"
+        " last_error = o.error, next_try_at = now() + o.next_try,"
+        " delivered_at = CASE WHEN o.status = 'delivered' THEN now() END"
+        " FROM unnest(%s::uuid[], %s::int[], %s::text[], %s::int[], %s::text[],"
+        " %s::interval[]) AS o (delivery_id, version, status, http_status, error, next_try)"
+        " WHERE d.delivery_id = o.delivery_id AND d.version = o.version"
+        " RETURNING d.delivery_id",
+        (
+            [o.delivery.delivery_id for o in outcomes],
+            [o.delivery.version + 1 for o in outcomes],
+            [o.status for o in outcomes],
+            [o.http_status for o in outcomes],
+            [o.error or None for o in outcomes],
+            [o.next_try for o in outcomes],
+        ),
+    ).fetchall()
+    return {row[0] for row in rows}
 
 
 def _relaxed(conn: psycopg.Connection[Any]) -> None:

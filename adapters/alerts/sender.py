@@ -11,6 +11,14 @@ read only up to 4 KiB (for the error recorded).
 The outcome is an ``Outcome``: delivered (2xx), or failed with the HTTP status (if any)
 and a one-line error; ``post`` never raises for anything the receiver or the network
 does.
+
+**Kept connections.** With a ``Kept``, a thread's connection stays open after an
+answer the receiver did not mark ``Connection: close`` (and whose body was read whole),
+and that thread's next request to the same checked address reuses it. A receiver may
+close an idle connection at any time: a reused connection that fails before any answer
+is read (reset, broken pipe, closed without a status line) is replaced and the request
+sent once more within the same deadline. The receiver may then get the request twice,
+as with any retry: it deduplicates by the event id.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from dataclasses import dataclass
 from adapters.alerts.endpoints import Target
 from billing_ledger_webhooks import EVENT_ID_HEADER, SIGNATURE_HEADER, signature_header
 
-__all__ = ["Outcome", "post"]
+__all__ = ["Kept", "Outcome", "post"]
 
 MAX_ANSWER_BYTES = 4096
 USER_AGENT = "billing-ledger-webhooks/1"
@@ -41,8 +49,63 @@ class Outcome:
     error: str  # "" when delivered
 
 
-def post(target: Target, body: bytes, secret: str, event_id: str, timeout_s: float) -> Outcome:
-    """Send ``body`` to ``target`` (see the module docstring)."""
+class Kept:
+    """Each thread's open connection to the address it last posted to, kept while the
+    receiver keeps it open (HTTP/1.1 keep-alive) and reused for that thread's next
+    request to the same checked address: a lane's attempts skip a connect (and a TLS
+    handshake) each. A connection is never shared between threads, idle connections are
+    not reused after ``KEEP_IDLE_S``, and an address checked again to something else is
+    a new connection. ``close`` closes every one kept."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[tuple[object, ...], float, http.client.HTTPConnection]] = {}
+        self._guard = threading.Lock()
+
+    def take(self, target: Target) -> http.client.HTTPConnection | None:
+        with self._guard:
+            kept = self._kept.pop(threading.get_ident(), None)
+        if kept is None:
+            return None
+        key, since, conn = kept
+        if key == _key(target) and time.monotonic() - since < KEEP_IDLE_S:
+            return conn
+        conn.close()
+        return None
+
+    def keep(self, target: Target, conn: http.client.HTTPConnection) -> None:
+        with self._guard:
+            old = self._kept.pop(threading.get_ident(), None)
+            self._kept[threading.get_ident()] = (_key(target), time.monotonic(), conn)
+        if old is not None:
+            old[2].close()
+
+    def close(self) -> None:
+        with self._guard:
+            kept, self._kept = list(self._kept.values()), {}
+        for _, _, conn in kept:
+            conn.close()
+
+
+KEEP_IDLE_S = 15.0  # under the idle timeouts of common servers (nginx 75 s, Node.js 5 s+)
+# What a kept connection the receiver closed meanwhile answers (nothing was read yet):
+# the request is sent once more on a new connection.
+_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+
+
+def _key(target: Target) -> tuple[object, ...]:
+    return (target.scheme, target.host, target.address, target.port)
+
+
+def post(  # noqa: PLR0917
+    target: Target,
+    body: bytes,
+    secret: str,
+    event_id: str,
+    timeout_s: float,
+    kept: Kept | None = None,
+) -> Outcome:
+    """Send ``body`` to ``target`` (see the module docstring), on the connection
+    ``kept`` holds for this thread and address if there is one."""
     deadline = time.monotonic() + timeout_s
     headers = {
         "Content-Type": "application/json",
@@ -50,26 +113,57 @@ def post(target: Target, body: bytes, secret: str, event_id: str, timeout_s: flo
         SIGNATURE_HEADER: signature_header(body, secret, int(time.time())),
         EVENT_ID_HEADER: event_id,
     }
-    conn = _connection(target, timeout_s)
+    reused = kept.take(target) if kept is not None else None
+    try:
+        return _exchange(reused, target, body, headers, deadline, timeout_s, kept)
+    except _Stale:  # the receiver had closed the kept connection: once more, on a new one
+        return _exchange(None, target, body, headers, deadline, timeout_s, kept)
+
+
+class _Stale(Exception):
+    """Raised when a reused connection turns out closed before any answer was read."""
+
+
+def _exchange(  # noqa: PLR0917
+    reused: http.client.HTTPConnection | None,
+    target: Target,
+    body: bytes,
+    headers: dict[str, str],
+    deadline: float,
+    timeout_s: float,
+    kept: Kept | None,
+) -> Outcome:
+    conn = reused or _connection(target, timeout_s)
     # A receiver trickling its answer a byte at a time would reset each read's timeout:
     # the watchdog shuts the socket at the deadline, whatever is being read then.
-    watchdog = threading.Timer(timeout_s, _shut, (conn,))
+    fired = threading.Event()
+    watchdog = threading.Timer(deadline - time.monotonic(), _shut, (conn, fired))
     watchdog.daemon = True
     watchdog.start()
+    keep = False
     try:
+        if conn.sock is not None:
+            _limit(conn, deadline)
         conn.request("POST", target.path, body=body, headers=headers)
         _limit(conn, deadline)
         answer = conn.getresponse()
         _limit(conn, deadline)
         text = answer.read(MAX_ANSWER_BYTES)
+        keep = kept is not None and not answer.will_close and answer.isclosed()
     except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
+        if reused is not None and isinstance(exc, _STALE) and not fired.is_set():
+            raise _Stale from exc
         if isinstance(exc, TimeoutError) or time.monotonic() >= deadline:
             return Outcome(False, None, f"timed out after {timeout_s:g} s")
         return Outcome(False, None, f"{type(exc).__name__}: {exc}"[:500])
     finally:
         watchdog.cancel()
-        conn.close()
-    if time.monotonic() >= deadline:  # the watchdog cut an answer short
+        watchdog.join()
+        if keep and not fired.is_set() and kept is not None:
+            kept.keep(target, conn)
+        else:
+            conn.close()
+    if fired.is_set() or time.monotonic() >= deadline:  # the watchdog cut an answer short
         return Outcome(False, None, f"timed out after {timeout_s:g} s")
     status = answer.status
     if 200 <= status < 300:
@@ -80,7 +174,8 @@ def post(target: Target, body: bytes, secret: str, event_id: str, timeout_s: flo
     return Outcome(False, status, f"HTTP {status}: {text[:200].decode(errors='replace')}")
 
 
-def _shut(conn: http.client.HTTPConnection) -> None:
+def _shut(conn: http.client.HTTPConnection, fired: threading.Event) -> None:
+    fired.set()
     sock = conn.sock
     if sock is not None:
         with contextlib.suppress(OSError):

@@ -16,12 +16,17 @@ before handing it to its endpoint's lane: a pool of ``ALERT_WEBHOOK_CONCURRENCY`
 threads per endpoint. A lane that is full is skipped (its deliveries stay pending in
 the table, not queued in memory), so a slow or dead endpoint delays only its own
 deliveries. Each attempt resolves and checks the URL again (``endpoints``), posts it
-signed within ``ALERT_WEBHOOK_TIMEOUT_S`` (``sender``), and records the outcome under
-its claim: delivered; or pending again after a jittered exponential backoff
+signed within ``ALERT_WEBHOOK_TIMEOUT_S`` (``sender``: each lane thread keeps its
+connection to the checked address open while the receiver allows), and records the
+outcome under its claim (the dispatcher writes the outcomes of the attempts that ended
+since its last round in one statement, before it takes more): delivered; or pending
+again after a jittered exponential backoff
 (``domain.saga.backoff``: ``ALERT_WEBHOOK_RETRY_BASE_S`` doubling up to
 ``ALERT_WEBHOOK_RETRY_MAX_DELAY_S``); or failed once ``ALERT_WEBHOOK_RETRY_HORIZON_S``
 (3 days) has passed since it was created or replayed. Delivery is at least once:
-receivers deduplicate by the event id.
+receivers deduplicate by the event id (an outcome not yet written when the process
+ends, like an attempt cut short, leaves the claim to lapse and the delivery to be sent
+again).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from adapters.alerts.deliveries import DueDelivery
 from adapters.alerts.endpoints import Resolver, UnsafeUrl, resolve_target, system_resolver
 from adapters.alerts.messages import Alert
 from adapters.alerts.policy import DeliveryPolicy
-from adapters.alerts.sender import Outcome, post
+from adapters.alerts.sender import Kept, Outcome, post
 from domain.saga import backoff
 from store.connections import Database
 
@@ -109,6 +114,8 @@ class AlertWebhooks:
         self.read = self.unreadable = self.fanned_out = 0
         self.delivered = self.failed_attempts = self.gave_up = 0
         self._lanes: dict[UUID, _Lane] = {}
+        self._ended: list[deliveries.Attempted] = []  # outcomes not yet written
+        self._kept = Kept()  # each lane thread's open connection
         self._guard = threading.Lock()
         self._wake = threading.Event()
         self._random = random.Random()
@@ -134,6 +141,11 @@ class AlertWebhooks:
     def close(self) -> None:
         for lane in self._lanes.values():
             lane.pool.shutdown(wait=True, cancel_futures=True)
+        self._kept.close()
+        try:
+            self.write_outcomes()
+        except psycopg.Error as exc:  # their claims lapse: those deliveries are sent again
+            log.warning("webhook outcomes not recorded at close: %s", exc)
         if self.consumer is not None:
             self.consumer.close()
 
@@ -182,11 +194,18 @@ class AlertWebhooks:
                 self._wake.clear()
 
     def dispatch_once(self) -> int:
-        """Claim the due deliveries whose lanes have room and start them; how many."""
+        """Write the outcomes of the attempts that ended, then claim the due deliveries
+        whose lanes have room and start them; how many were started."""
+        self.write_outcomes()
         with self._guard:
             busy = [e for e, lane in self._lanes.items() if lane.full]
+            free = sum(lane.size - len(lane.inflight) for lane in self._lanes.values())
+        # As many as the lanes have room for, and a lane's worth for an endpoint without
+        # one yet: an attempt ends with a round, and a round that read a whole batch of
+        # rows (with their payloads) to start one attempt cost more than the attempt.
+        limit = min(self.policy.batch, max(free, 0) + self.policy.concurrency)
         with self.db.connection() as conn:
-            found = deliveries.due(conn, limit=self.policy.batch, busy=busy)
+            found = deliveries.due(conn, limit=limit, busy=busy)
         room: dict[UUID, int] = {}
         chosen = []
         for delivery in found:
@@ -215,7 +234,7 @@ class AlertWebhooks:
 
     def _attempt(self, lane: _Lane, delivery: DueDelivery) -> None:
         try:
-            self._record(delivery, self._send(delivery))
+            self._ended_with(delivery, self._send(delivery))
         except Exception:  # a lane thread never dies: the claim lapses, it is sent again
             log.exception(
                 "webhook attempt not recorded", extra={"delivery": str(delivery.delivery_id)}
@@ -233,19 +252,23 @@ class AlertWebhooks:
         except UnsafeUrl as exc:  # DNS changed since registration, or a name gone
             return Outcome(False, None, f"refused: {exc}"[:500])
         return self.send(
-            target, delivery.payload, delivery.secret, str(delivery.event_id), self.policy.timeout_s
+            target,
+            delivery.payload,
+            delivery.secret,
+            str(delivery.event_id),
+            self.policy.timeout_s,
+            self._kept,
         )
 
-    def _record(self, delivery: DueDelivery, outcome: Outcome) -> None:
+    def _ended_with(self, delivery: DueDelivery, outcome: Outcome) -> None:
+        """The attempt's outcome, to be written by the dispatcher's next round (its
+        claim still holds the delivery: no one else takes it meanwhile)."""
         if outcome.delivered:
             status, wait = "delivered", timedelta(0)
-            self.delivered += 1
         else:
             wait = backoff(delivery.attempts + 1, self.policy.retry, self._random.random())
             over = datetime.now(UTC) + wait > delivery.retry_from + self.policy.retry.horizon
             status = "failed" if over else "pending"
-            self.failed_attempts += 1
-            self.gave_up += over
             log.info(
                 "webhook attempt failed",
                 extra={
@@ -255,11 +278,33 @@ class AlertWebhooks:
                     "gave_up": over,
                 },
             )
-        with self.db.connection() as conn:
-            deliveries.record(conn, delivery, status, outcome.status, outcome.error, wait)
+        ended = deliveries.Attempted(delivery, status, outcome.status, outcome.error, wait)
+        with self._guard:
+            self._ended.append(ended)
+
+    def write_outcomes(self) -> int:
+        """Write the outcomes of the attempts that ended, in one statement; how many.
+        If the database refuses, they are kept for the next round."""
+        with self._guard:
+            ended, self._ended = self._ended, []
+        if not ended:
+            return 0
+        try:
+            with self.db.connection() as conn:
+                deliveries.record(conn, ended)
+        except BaseException:
+            with self._guard:
+                self._ended[:0] = ended
+            raise
+        self.delivered += sum(e.status == "delivered" for e in ended)
+        self.failed_attempts += sum(e.status != "delivered" for e in ended)
+        self.gave_up += sum(e.status == "failed" for e in ended)
+        return len(ended)
 
     def stats(self) -> dict[str, Any]:
+        with self._guard:
+            unwritten = len(self._ended)
         return {
             k: getattr(self, k)
             for k in ("read", "unreadable", "fanned_out", "delivered", "failed_attempts")
-        } | {"gave_up": self.gave_up}
+        } | {"gave_up": self.gave_up, "outcomes_unwritten": unwritten}

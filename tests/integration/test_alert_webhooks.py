@@ -8,11 +8,13 @@ import json
 import re
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from email.message import Message
 from typing import Any
 from uuid import UUID, uuid4
 
+import psycopg
 import pytest
 
 from adapters.alerts import deliveries
@@ -198,8 +200,13 @@ def test_alerts_reach_a_live_endpoint_signed_once_each_beside_dead_and_hanging_o
         assert live.refused == 0
         assert sorted(live.event_ids) == sorted(expected)  # each sent once: no needless resend
         assert {e["customer_id"] for e in live.verified} == {"acme"}
-        rows = _delivery_rows(db, live_id)
-        assert [(r.status, r.attempts) for r in rows] == [("delivered", 1)] * 3
+        wait_for(  # the outcomes are written by the dispatcher's next round
+            lambda: (
+                [(r.status, r.attempts) for r in _delivery_rows(db, live_id)]
+                == [("delivered", 1)] * 3
+            ),
+            what="the live deliveries recorded",
+        )
         # The dead endpoint's failures are retried with backoff, and recorded.
         wait_for(
             lambda: all(r.attempts >= 3 for r in _delivery_rows(db, dead_id)),
@@ -300,6 +307,52 @@ def test_two_workers_send_each_delivery_once(
         for halt in halts:
             halt()
     assert sorted(live.event_ids) == sorted(a.id for a in alerts)  # none sent twice
+
+
+class _Refusing(Database):
+    """The test database, refusing every connection while ``down`` is set."""
+
+    down = False
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        if self.down:
+            raise psycopg.OperationalError("the database is away")
+        with super().connection() as conn:
+            yield conn
+
+
+def test_outcomes_the_database_refused_are_kept_and_written_on_a_later_round(
+    alert_settings: Settings, ingest_ledger: BillingLedger, receivers: Callable[..., Receiver]
+) -> None:
+    live = receivers("ok")
+    db = _Refusing(alert_settings.database_url, pool_size=0)
+    alerts = [_alert() for _ in range(3)]
+    with db.connection() as conn:
+        endpoint, live.secret = deliveries.add_endpoint(conn, live.url, ["alert.crossed"])
+        deliveries.fan_out(conn, alerts)
+    policy = alert_settings.alert_delivery_policy()
+    policy = type(policy)(timeout_s=5, concurrency=3, retry=policy.retry, allow_private=True)
+    worker = AlertWebhooks(db, None, policy)
+    try:
+        assert worker.dispatch_once() == 3  # claimed and sent; outcomes written later
+        wait_for(lambda: worker.stats()["outcomes_unwritten"] == 3, what="three answers")
+        assert len(live.distinct()) == 3
+        db.down = True
+        with pytest.raises(psycopg.OperationalError):
+            worker.dispatch_once()
+        assert worker.stats()["outcomes_unwritten"] == 3  # kept, not dropped
+        assert worker.stats()["delivered"] == 0
+        db.down = False
+        with db.connection() as conn:  # still claimed: nobody sends them again meanwhile
+            assert deliveries.due(conn, limit=10) == []
+        assert worker.write_outcomes() == 3
+    finally:
+        worker.close()
+    rows = _delivery_rows(db, endpoint)
+    assert [(r.status, r.attempts) for r in rows] == [("delivered", 1)] * 3
+    assert worker.stats()["delivered"] == 3
+    assert sorted(live.event_ids) == sorted(a.id for a in alerts)  # each sent once
 
 
 class _InProcess:
