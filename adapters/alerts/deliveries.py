@@ -245,11 +245,17 @@ def record(conn: psycopg.Connection[Any], outcomes: Sequence[Attempted]) -> set[
             [o.delivery.version + 1 for o in outcomes],
             [o.status for o in outcomes],
             [o.http_status for o in outcomes],
-            [o.error or None for o in outcomes],
+            [_storable(o.error) or None for o in outcomes],
             [o.next_try for o in outcomes],
         ),
     ).fetchall()
     return {row[0] for row in rows}
+
+
+def _storable(text: str) -> str:
+    """``text`` as PostgreSQL can store it: a NUL (which a receiver's answer may hold)
+    becomes U+FFFD."""
+    return text.replace("\x00", "\ufffd")
 
 
 def _relaxed(conn: psycopg.Connection[Any]) -> None:

@@ -12,12 +12,15 @@ The outcome is an ``Outcome``: delivered (2xx), or failed with the HTTP status (
 and a one-line error; ``post`` never raises for anything the receiver or the network
 does.
 
-**Kept connections.** With a ``Kept``, a thread's connection stays open after an
-answer the receiver did not mark ``Connection: close`` (and whose body was read whole),
-and that thread's next request to the same checked address reuses it. A receiver may
-close an idle connection at any time: a reused connection that fails before any answer
-is read (reset, broken pipe, closed without a status line) is replaced and the request
-sent once more within the same deadline. The receiver may then get the request twice,
+**Kept connections.** With a ``Kept``, a thread's connection stays open after a final
+answer (not a 1xx) the receiver did not mark ``Connection: close`` (and whose body was
+read whole), and that thread's next request to the same checked address reuses it,
+unless it has something to read by then (the receiver closed it, or sent what no
+request asked for, as a 408 before closing): that would be read as the next answer. A
+receiver may close an idle connection at any time: a reused connection that fails
+before any answer is read (reset, broken pipe, closed without a status line) is
+replaced and the request sent once more within the same deadline (the new connect
+too; nothing is sent once it has passed). The receiver may then get the request twice,
 as with any retry: it deduplicates by the event id.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import select
 import socket
 import ssl
 import threading
@@ -67,7 +71,8 @@ class Kept:
         if kept is None:
             return None
         key, since, conn = kept
-        if key == _key(target) and time.monotonic() - since < KEEP_IDLE_S:
+        fresh = time.monotonic() - since < KEEP_IDLE_S
+        if key == _key(target) and fresh and not _readable(conn):
             return conn
         conn.close()
         return None
@@ -96,6 +101,22 @@ def _key(target: Target) -> tuple[object, ...]:
     return (target.scheme, target.host, target.address, target.port)
 
 
+def _readable(conn: http.client.HTTPConnection) -> bool:
+    """Whether an idle kept connection has something to read: the receiver closed it
+    (end of file, a reset) or sent what no request asked for (a 408 before closing, the
+    rest of an answer). Either way it is not reused: what it holds would be read as
+    the next request's answer."""
+    sock = conn.sock
+    if sock is None:
+        return True
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return True
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
+
+
 def post(  # noqa: PLR0917
     target: Target,
     body: bytes,
@@ -117,6 +138,8 @@ def post(  # noqa: PLR0917
     try:
         return _exchange(reused, target, body, headers, deadline, timeout_s, kept)
     except _Stale:  # the receiver had closed the kept connection: once more, on a new one
+        if time.monotonic() >= deadline:
+            return Outcome(False, None, f"timed out after {timeout_s:g} s")
         return _exchange(None, target, body, headers, deadline, timeout_s, kept)
 
 
@@ -133,25 +156,37 @@ def _exchange(  # noqa: PLR0917
     timeout_s: float,
     kept: Kept | None,
 ) -> Outcome:
-    conn = reused or _connection(target, timeout_s)
+    # A new connection's connect gets what is left of the deadline (the watchdog cannot
+    # cut a connect short: there is no socket to shut until it returns).
+    conn = reused or _connection(target, max(deadline - time.monotonic(), 0.001))
     # A receiver trickling its answer a byte at a time would reset each read's timeout:
     # the watchdog shuts the socket at the deadline, whatever is being read then.
     fired = threading.Event()
     watchdog = threading.Timer(deadline - time.monotonic(), _shut, (conn, fired))
     watchdog.daemon = True
     watchdog.start()
-    keep = False
+    keep = answered = False
     try:
-        if conn.sock is not None:
-            _limit(conn, deadline)
+        if conn.sock is None:
+            conn.connect()
+        _limit(conn, deadline)  # nothing is sent once the deadline has passed
         conn.request("POST", target.path, body=body, headers=headers)
         _limit(conn, deadline)
         answer = conn.getresponse()
+        answered = True
         _limit(conn, deadline)
         text = answer.read(MAX_ANSWER_BYTES)
-        keep = kept is not None and not answer.will_close and answer.isclosed()
+        # An interim answer (1xx other than 100) is not the answer: the final one is
+        # still to come on this connection, and must not be read as the next request's.
+        keep = (
+            kept is not None
+            and answer.status >= 200
+            and not answer.will_close
+            and answer.isclosed()
+        )
     except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
-        if reused is not None and isinstance(exc, _STALE) and not fired.is_set():
+        stale = reused is not None and not answered and isinstance(exc, _STALE)
+        if stale and not fired.is_set() and time.monotonic() < deadline:
             raise _Stale from exc
         if isinstance(exc, TimeoutError) or time.monotonic() >= deadline:
             return Outcome(False, None, f"timed out after {timeout_s:g} s")

@@ -284,22 +284,57 @@ class AlertWebhooks:
 
     def write_outcomes(self) -> int:
         """Write the outcomes of the attempts that ended, in one statement; how many.
-        If the database refuses, they are kept for the next round."""
+        If the database refuses, they are kept for the next round; one it cannot take
+        (a value it refuses) is left out, not kept: it must not hold the others back."""
         with self._guard:
             ended, self._ended = self._ended, []
         if not ended:
             return 0
         try:
             with self.db.connection() as conn:
-                deliveries.record(conn, ended)
+                recorded = deliveries.record(conn, ended)
+            self._lapsed(ended, recorded)
+        except psycopg.DataError:
+            self._write_each(ended)
         except BaseException:
             with self._guard:
                 self._ended[:0] = ended
             raise
-        self.delivered += sum(e.status == "delivered" for e in ended)
-        self.failed_attempts += sum(e.status != "delivered" for e in ended)
-        self.gave_up += sum(e.status == "failed" for e in ended)
+        with self._guard:  # close() may write beside a dispatcher still running
+            self.delivered += sum(e.status == "delivered" for e in ended)
+            self.failed_attempts += sum(e.status != "delivered" for e in ended)
+            self.gave_up += sum(e.status == "failed" for e in ended)
         return len(ended)
+
+    @staticmethod
+    def _lapsed(ended: list[deliveries.Attempted], recorded: set[UUID]) -> None:
+        """Say which outcomes found their claim gone (the lease passed before they were
+        written, and another attempt stands in their place)."""
+        for outcome in ended:
+            if outcome.delivery.delivery_id not in recorded:
+                log.warning(
+                    "webhook outcome not recorded: its claim had lapsed",
+                    extra={"delivery": str(outcome.delivery.delivery_id)},
+                )
+
+    def _write_each(self, ended: list[deliveries.Attempted]) -> None:
+        """One statement per outcome, after one of them made the database refuse them
+        all: that one is dropped (its claim lapses and it is sent again); the others are
+        written, or kept for the next round if the database goes away meanwhile."""
+        for i, outcome in enumerate(ended):
+            try:
+                with self.db.connection() as conn:
+                    self._lapsed([outcome], deliveries.record(conn, [outcome]))
+            except psycopg.DataError as exc:
+                log.error(
+                    "webhook outcome refused by the database, dropped: %s",
+                    exc,
+                    extra={"delivery": str(outcome.delivery.delivery_id)},
+                )
+            except BaseException:
+                with self._guard:
+                    self._ended[:0] = ended[i:]
+                raise
 
     def stats(self) -> dict[str, Any]:
         with self._guard:

@@ -5,12 +5,14 @@ HTTP receivers (``http.server`` in threads), beside dead, hanging and redirectin
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -355,6 +357,34 @@ def test_outcomes_the_database_refused_are_kept_and_written_on_a_later_round(
     assert sorted(live.event_ids) == sorted(a.id for a in alerts)  # each sent once
 
 
+def test_an_outcome_whose_claim_lapsed_is_not_written_and_is_said(
+    alert_settings: Settings,
+    ingest_ledger: BillingLedger,
+    receivers: Callable[..., Receiver],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    live = receivers("ok")
+    db = Database(alert_settings.database_url, pool_size=0)
+    with db.connection() as conn:
+        endpoint, live.secret = deliveries.add_endpoint(conn, live.url, ["alert.crossed"])
+        deliveries.fan_out(conn, [_alert()])
+    policy = alert_settings.alert_delivery_policy()
+    policy = type(policy)(timeout_s=5, concurrency=1, retry=policy.retry, allow_private=True)
+    worker = AlertWebhooks(db, None, policy)
+    try:
+        assert worker.dispatch_once() == 1
+        wait_for(lambda: worker.stats()["outcomes_unwritten"] == 1, what="the answer")
+        with db.connection() as conn:  # another worker's claim, once this one's lapsed
+            conn.execute("UPDATE billing.webhook_deliveries SET version = version + 1")
+        with caplog.at_level(logging.WARNING, logger="adapters.alerts.worker"):
+            assert worker.write_outcomes() == 1
+        assert "claim had lapsed" in caplog.text
+    finally:
+        worker.close()
+    (row,) = _delivery_rows(db, endpoint)
+    assert (row.status, row.attempts) == ("pending", 0)  # the other worker's attempt stands
+
+
 class _InProcess:
     """``billing-ledger`` run in this process (faster than a child), with ``settings``
     in the environment; each call gives (exit status, stdout, stderr)."""
@@ -450,3 +480,74 @@ def test_credit_alerts_reach_a_live_endpoint_once_each_naming_the_grant(
     assert by_kind["percent_of_grant"]["grant_id"] == "welcome"
     assert (by_kind["balance"]["value"], by_kind["balance"]["grant_id"]) == ("300", None)
     assert live.refused == 0
+
+
+def _nul_answering_server() -> tuple[Any, str]:
+    """A receiver that fails every request with a body holding a NUL byte (as a binary
+    error page or a C string does): text PostgreSQL cannot store."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b"oops\x00"
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/hooks"
+
+
+@pytest.mark.parametrize("cleaned", [True, False], ids=["nul-replaced", "outcome-dropped"])
+def test_one_endpoints_unstorable_answer_does_not_stop_the_others(
+    alert_settings: Settings,
+    ingest_ledger: BillingLedger,
+    receivers: Callable[..., Receiver],
+    monkeypatch: pytest.MonkeyPatch,
+    cleaned: bool,
+) -> None:
+    if not cleaned:  # a value the database refuses, whatever it is: written without it
+        monkeypatch.setattr(deliveries, "_storable", lambda text: text)
+    live = receivers("ok")
+    bad, bad_url = _nul_answering_server()
+    db = Database(alert_settings.database_url, pool_size=0)
+    first, later = _alert(), _alert()
+    with db.connection() as conn:
+        live_id, live.secret = deliveries.add_endpoint(conn, live.url, ["alert.crossed"])
+        bad_id, _ = deliveries.add_endpoint(conn, bad_url, ["alert.crossed"])
+        deliveries.fan_out(conn, [first])
+    policy = alert_settings.alert_delivery_policy()
+    policy = type(policy)(timeout_s=5, concurrency=2, retry=policy.retry, allow_private=True)
+    halt = _run(AlertWebhooks(db, None, policy))
+    try:
+        wait_for(lambda: live.distinct() == {first.id}, timeout=10, what="the first alert")
+        with db.connection() as conn:
+            deliveries.fan_out(conn, [later])
+        # The live endpoint still gets the next alert, and its outcomes are written.
+        wait_for(
+            lambda: live.distinct() == {first.id, later.id}, timeout=10, what="the later alert"
+        )
+        wait_for(
+            lambda: [r.status for r in _delivery_rows(db, live_id)] == ["delivered"] * 2,
+            timeout=10,
+            what="the live deliveries recorded",
+        )
+        if cleaned:  # the failure is recorded, the NUL replaced
+            wait_for(
+                lambda: all(r.attempts >= 1 for r in _delivery_rows(db, bad_id)),
+                what="the failures recorded",
+            )
+            for failed in _delivery_rows(db, bad_id):
+                assert (failed.last_status, failed.last_error) == (500, "HTTP 500: oops\ufffd")
+    finally:
+        halt()
+        bad.shutdown()
+        bad.server_close()
