@@ -35,7 +35,7 @@ import json
 import logging
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -295,16 +295,21 @@ class AlertWebhooks:
                 recorded = deliveries.record(conn, ended)
             self._lapsed(ended, recorded)
         except psycopg.DataError:
-            self._write_each(ended)
+            return self._write_each(ended)
         except BaseException:
             with self._guard:
                 self._ended[:0] = ended
             raise
-        with self._guard:  # close() may write beside a dispatcher still running
-            self.delivered += sum(e.status == "delivered" for e in ended)
-            self.failed_attempts += sum(e.status != "delivered" for e in ended)
-            self.gave_up += sum(e.status == "failed" for e in ended)
+        self._count(ended)
         return len(ended)
+
+    def _count(self, written: Sequence[deliveries.Attempted]) -> None:
+        """Count outcomes written (``close()`` may write beside a dispatcher still
+        running)."""
+        with self._guard:
+            self.delivered += sum(e.status == "delivered" for e in written)
+            self.failed_attempts += sum(e.status != "delivered" for e in written)
+            self.gave_up += sum(e.status == "failed" for e in written)
 
     @staticmethod
     def _lapsed(ended: list[deliveries.Attempted], recorded: set[UUID]) -> None:
@@ -317,24 +322,31 @@ class AlertWebhooks:
                     extra={"delivery": str(outcome.delivery.delivery_id)},
                 )
 
-    def _write_each(self, ended: list[deliveries.Attempted]) -> None:
+    def _write_each(self, ended: list[deliveries.Attempted]) -> int:
         """One statement per outcome, after one of them made the database refuse them
         all: that one is dropped (its claim lapses and it is sent again); the others are
-        written, or kept for the next round if the database goes away meanwhile."""
-        for i, outcome in enumerate(ended):
-            try:
-                with self.db.connection() as conn:
-                    self._lapsed([outcome], deliveries.record(conn, [outcome]))
-            except psycopg.DataError as exc:
-                log.error(
-                    "webhook outcome refused by the database, dropped: %s",
-                    exc,
-                    extra={"delivery": str(outcome.delivery.delivery_id)},
-                )
-            except BaseException:
-                with self._guard:
-                    self._ended[:0] = ended[i:]
-                raise
+        written, or kept for the next round if the database goes away meanwhile. Those
+        written are counted, even when a later one stops the round; how many."""
+        written: list[deliveries.Attempted] = []
+        try:
+            for i, outcome in enumerate(ended):
+                try:
+                    with self.db.connection() as conn:
+                        self._lapsed([outcome], deliveries.record(conn, [outcome]))
+                    written.append(outcome)
+                except psycopg.DataError as exc:
+                    log.error(
+                        "webhook outcome refused by the database, dropped: %s",
+                        exc,
+                        extra={"delivery": str(outcome.delivery.delivery_id)},
+                    )
+                except BaseException:
+                    with self._guard:
+                        self._ended[:0] = ended[i:]
+                    raise
+        finally:
+            self._count(written)
+        return len(written)
 
     def stats(self) -> dict[str, Any]:
         with self._guard:

@@ -76,6 +76,11 @@ def add_commands(sub: Any) -> None:
         " customer (beside none, before and after)",
     )
     b_ingest.add_argument(
+        "--rounds", type=positive_int, default=1,
+        help="with --credits: alternate credit and none this many times and report the"
+        " median ratio (one pair is within the shared cores' drift)",
+    )  # fmt: skip
+    b_ingest.add_argument(
         "--customers", type=positive_int, default=50, help="customers the records are spread over"
     )
     b_ingest.add_argument("--json", action="store_true")
@@ -213,6 +218,7 @@ def _bench_ingest(args: argparse.Namespace) -> int:
         prices=args.prices,
         credits=args.credits,
         customers=args.customers,
+        rounds=args.rounds,
     )
     print(json.dumps(result, indent=2) if args.json else bench.render(result))
     return 0

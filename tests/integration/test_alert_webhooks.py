@@ -357,6 +357,46 @@ def test_outcomes_the_database_refused_are_kept_and_written_on_a_later_round(
     assert sorted(live.event_ids) == sorted(a.id for a in alerts)  # each sent once
 
 
+def test_outcomes_written_one_by_one_are_counted_when_the_database_goes_away_between(
+    alert_settings: Settings,
+    ingest_ledger: BillingLedger,
+    receivers: Callable[..., Receiver],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    live = receivers("ok")
+    db = _Refusing(alert_settings.database_url, pool_size=0)
+    with db.connection() as conn:
+        endpoint, live.secret = deliveries.add_endpoint(conn, live.url, ["alert.crossed"])
+        deliveries.fan_out(conn, [_alert() for _ in range(3)])
+    record = deliveries.record
+
+    def one_at_a_time(conn: Any, outcomes: Any) -> Any:
+        if len(outcomes) > 1:  # the batch is refused: each is written on its own
+            raise psycopg.DataError("a value the database refuses")
+        written = record(conn, outcomes)
+        db.down = True  # and the database goes away after the first
+        return written
+
+    monkeypatch.setattr(deliveries, "record", one_at_a_time)
+    policy = alert_settings.alert_delivery_policy()
+    policy = type(policy)(timeout_s=5, concurrency=3, retry=policy.retry, allow_private=True)
+    worker = AlertWebhooks(db, None, policy)
+    try:
+        assert worker.dispatch_once() == 3
+        wait_for(lambda: worker.stats()["outcomes_unwritten"] == 3, what="three answers")
+        with pytest.raises(psycopg.OperationalError):
+            worker.write_outcomes()
+        assert worker.stats()["delivered"] == 1  # the one written, and only it
+        assert worker.stats()["outcomes_unwritten"] == 2  # kept for the next round
+        db.down = False
+        monkeypatch.setattr(deliveries, "record", record)
+        assert worker.write_outcomes() == 2
+    finally:
+        worker.close()
+    assert [r.status for r in _delivery_rows(db, endpoint)] == ["delivered"] * 3
+    assert worker.stats()["delivered"] == 3
+
+
 def test_an_outcome_whose_claim_lapsed_is_not_written_and_is_said(
     alert_settings: Settings,
     ingest_ledger: BillingLedger,

@@ -111,8 +111,13 @@ def test_a_stalled_store_append_is_reported_and_the_benchmark_goes_on(
 
 
 def test_bench_ingest_with_credits_burns_credit_and_checks_alerts_in_as_many_processes() -> None:
-    result = json.loads(_bench("--end-to-end-only", "--credits", "--workers", "2", "--json").stdout)
+    result = json.loads(
+        _bench("--end-to-end-only", "--credits", "--workers", "2", "--rounds", "2", "--json").stdout
+    )
     credited, after = result["end_to_end_credits"], result["end_to_end_after_credits"]
+    rounds = result["credit_rounds"]
+    assert len(rounds) == 2 and rounds[0]["credits_records_per_s"] == credited["records_per_s"]
+    assert all(r["credits_records_per_s"] > 0 and r["none_after_records_per_s"] > 0 for r in rounds)
     assert credited["workers"] == after["workers"] == 2
     assert credited["alerts"] and all(":" in key for key in credited["alerts"])
     # The same records, plus what credit and alerts add to each save: a CreditsConsumed
