@@ -41,7 +41,15 @@ from adapters.settings import Settings
 from domain.ids import transaction_id
 from domain.usage import UsageRecord
 from infra.stripe_emulator import StripeEmulator
-from tools.bench_charge import METERS, Load, Pipeline, charged_count, money, pipeline, produce
+from tools.bench_charge import (
+    METERS,
+    EventCount,
+    Load,
+    Pipeline,
+    money,
+    pipeline,
+    produce,
+)
 from tools.fairness_report import Txn, render_fairness, window
 from tools.measure import cores
 
@@ -136,8 +144,18 @@ class _Run:
         self.positions: list[tuple[float, tuple[int, int], tuple[int, int]]] = []
         self._last_progress = 0.0
         self._last_burst_check = 0.0
+        self._charged: EventCount | None = None
+        self._compensated: EventCount | None = None
 
-    def drive(
+    def drive(self, steady_rate: float, **phases: float) -> _Clock:
+        """The run (``_drive``), its polls counting the log as it grows (``EventCount``)."""
+        with (
+            EventCount(self.settings) as self._charged,
+            EventCount(self.settings, _TXN + "Compensated") as self._compensated,
+        ):
+            return self._drive(steady_rate, **phases)
+
+    def _drive(
         self,
         steady_rate: float,
         *,
@@ -232,7 +250,7 @@ class _Run:
             ).fetchone()
         others, burst = row or (0, 0)
         step(f"{phase}: produced {self.load.produced:,} steady + {self.burst_produced:,}"
-             f" burst; charged {charged_count(self.settings):,} (burst {self._burst_charged():,});"
+             f" burst; charged {self._charged_now():,} (burst {self._burst_charged():,});"
              f" projected {others:,} + {burst:,}")  # fmt: skip
 
     def _burst_charged(self) -> int:
@@ -256,12 +274,17 @@ class _Run:
         self._last_burst_check = time.monotonic()
         return self._burst_charged() >= self.burst
 
+    def _charged_now(self) -> int:
+        assert self._charged is not None  # driving
+        return self._charged()
+
     def _steady_owed(self) -> int:
-        return self.load.produced - charged_count(self.settings)
+        return self.load.produced - self._charged_now()
 
     def _all_settled(self) -> bool:
         """Every record produced is charged or compensated (from the events)."""
-        return charged_count(self.settings) + _compensated(self.settings) >= self.produced
+        assert self._compensated is not None  # driving
+        return self._charged_now() + self._compensated() >= self.produced
 
 
 def _burst_record(i: int) -> UsageRecord:
