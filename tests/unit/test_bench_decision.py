@@ -1,0 +1,51 @@
+"""``python -m tools.bench_decision``: each kind of account decides what its name says
+(the figures themselves are never asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from domain.account import CustomerAccount
+from domain.credit_line import CreditLine
+from tools.bench_decision import _Decider, run_decision
+
+
+def _event_names(kind: str) -> set[str]:
+    decider = _Decider(kind, customers=3, batches=1)
+    touched = decider._decide(decider.batches[0])
+    names = {type(e).__name__ for a in touched for e in a.collect_events()}
+    if any(isinstance(a, CreditLine) for a in touched):
+        names.add("credit line")
+    return names
+
+
+def test_each_kind_burns_credit_and_checks_alerts_as_named() -> None:
+    none, grant = _event_names("none"), _event_names("grant")
+    alerts, credits = _event_names("alerts"), _event_names("credits")
+    assert "AmountsReserved" in none and not none & {"CreditsConsumed", "AlertPeriodSpent"}
+    assert {"CreditsConsumed", "credit line"} <= grant and "AlertPeriodSpent" not in grant
+    assert "AlertPeriodSpent" in alerts and "CreditsConsumed" not in alerts
+    assert {"CreditsConsumed", "credit line", "AlertPeriodSpent"} <= credits
+
+
+def test_a_run_reports_each_kind_against_none() -> None:
+    result = run_decision(("none", "credits"), customers=3, batches=1, repeat=1)
+    assert set(result["us_per_record"]) == {"none", "credits"}
+    assert set(result["more_than_none"]) == {"credits"}
+
+
+def test_the_accounts_are_as_the_first_batch_left_them() -> None:
+    decider = _Decider("grant", customers=3, batches=1)
+    account = decider.accounts[("c0", "USD")]
+    assert isinstance(account, CustomerAccount) and account.reserved > 0
+    assert not account.pending_events  # stored, as the ingest's reads hand them out
+
+
+def test_the_command_prints_each_kind() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.bench_decision", "--kinds", "none", "grant",
+         "--customers", "3", "--batches", "1", "--repeat", "1"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert "none" in proc.stdout and "grant" in proc.stdout and "µs a record" in proc.stdout
