@@ -283,9 +283,10 @@ class AlertWebhooks:
             self._ended.append(ended)
 
     def write_outcomes(self) -> int:
-        """Write the outcomes of the attempts that ended, in one statement; how many.
-        If the database refuses, they are kept for the next round; one it cannot take
-        (a value it refuses) is left out, not kept: it must not hold the others back."""
+        """Write the outcomes of the attempts that ended, in one statement; how many were
+        written (one whose claim lapsed is not: another attempt stands in its place). If
+        the database refuses, they are kept for the next round; one it cannot take (a
+        value it refuses) is left out, not kept: it must not hold the others back."""
         with self._guard:
             ended, self._ended = self._ended, []
         if not ended:
@@ -293,15 +294,15 @@ class AlertWebhooks:
         try:
             with self.db.connection() as conn:
                 recorded = deliveries.record(conn, ended)
-            self._lapsed(ended, recorded)
         except psycopg.DataError:
             return self._write_each(ended)
         except BaseException:
             with self._guard:
                 self._ended[:0] = ended
             raise
-        self._count(ended)
-        return len(ended)
+        written = self._written(ended, recorded)
+        self._count(written)
+        return len(written)
 
     def _count(self, written: Sequence[deliveries.Attempted]) -> None:
         """Count outcomes written (``close()`` may write beside a dispatcher still
@@ -312,15 +313,21 @@ class AlertWebhooks:
             self.gave_up += sum(e.status == "failed" for e in written)
 
     @staticmethod
-    def _lapsed(ended: list[deliveries.Attempted], recorded: set[UUID]) -> None:
-        """Say which outcomes found their claim gone (the lease passed before they were
-        written, and another attempt stands in their place)."""
+    def _written(
+        ended: list[deliveries.Attempted], recorded: set[UUID]
+    ) -> list[deliveries.Attempted]:
+        """The outcomes written; those whose claim was gone are said (the lease passed
+        before they were written, and another attempt stands in their place)."""
+        written = []
         for outcome in ended:
-            if outcome.delivery.delivery_id not in recorded:
+            if outcome.delivery.delivery_id in recorded:
+                written.append(outcome)
+            else:
                 log.warning(
                     "webhook outcome not recorded: its claim had lapsed",
                     extra={"delivery": str(outcome.delivery.delivery_id)},
                 )
+        return written
 
     def _write_each(self, ended: list[deliveries.Attempted]) -> int:
         """One statement per outcome, after one of them made the database refuse them
@@ -332,8 +339,8 @@ class AlertWebhooks:
             for i, outcome in enumerate(ended):
                 try:
                     with self.db.connection() as conn:
-                        self._lapsed([outcome], deliveries.record(conn, [outcome]))
-                    written.append(outcome)
+                        recorded = deliveries.record(conn, [outcome])
+                    written += self._written([outcome], recorded)
                 except psycopg.DataError as exc:
                     log.error(
                         "webhook outcome refused by the database, dropped: %s",

@@ -417,8 +417,9 @@ def test_an_outcome_whose_claim_lapsed_is_not_written_and_is_said(
         with db.connection() as conn:  # another worker's claim, once this one's lapsed
             conn.execute("UPDATE billing.webhook_deliveries SET version = version + 1")
         with caplog.at_level(logging.WARNING, logger="adapters.alerts.worker"):
-            assert worker.write_outcomes() == 1
+            assert worker.write_outcomes() == 0  # not written
         assert "claim had lapsed" in caplog.text
+        assert worker.stats()["delivered"] == 0  # it is sent again: counted then, once
     finally:
         worker.close()
     (row,) = _delivery_rows(db, endpoint)
@@ -547,11 +548,12 @@ def _nul_answering_server() -> tuple[Any, str]:
 
 
 @pytest.mark.parametrize("cleaned", [True, False], ids=["nul-replaced", "outcome-dropped"])
-def test_one_endpoints_unstorable_answer_does_not_stop_the_others(
+def test_one_endpoints_unstorable_answer_does_not_stop_the_others(  # noqa: PLR0917
     alert_settings: Settings,
     ingest_ledger: BillingLedger,
     receivers: Callable[..., Receiver],
     monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
     cleaned: bool,
 ) -> None:
     if not cleaned:  # a value the database refuses, whatever it is: written without it
@@ -566,7 +568,8 @@ def test_one_endpoints_unstorable_answer_does_not_stop_the_others(
         deliveries.fan_out(conn, [first])
     policy = alert_settings.alert_delivery_policy()
     policy = type(policy)(timeout_s=5, concurrency=2, retry=policy.retry, allow_private=True)
-    halt = _run(AlertWebhooks(db, None, policy))
+    worker = AlertWebhooks(db, None, policy)
+    halt = _run(worker)
     try:
         wait_for(lambda: live.distinct() == {first.id}, timeout=10, what="the first alert")
         with db.connection() as conn:
@@ -587,7 +590,11 @@ def test_one_endpoints_unstorable_answer_does_not_stop_the_others(
             )
             for failed in _delivery_rows(db, bad_id):
                 assert (failed.last_status, failed.last_error) == (500, "HTTP 500: oops\ufffd")
+        else:  # dropped, not written: nor counted (it is sent again)
+            wait_for(lambda: "refused by the database, dropped" in caplog.text, what="a drop")
     finally:
         halt()
         bad.shutdown()
         bad.server_close()
+    assert worker.stats()["delivered"] == 2
+    assert (worker.stats()["failed_attempts"] > 0) is cleaned
