@@ -11,8 +11,12 @@ from typing import Any
 
 __all__ = ["Answer", "serve_posts"]
 
-# What a POST gets: from its body and headers, the status and any headers to send.
-Answer = Callable[[bytes, "Message[str, str]"], tuple[int, dict[str, str]]]
+# What a POST gets: from its body and headers, the status and any headers to send, and
+# optionally a body (none when left out).
+Answer = Callable[
+    [bytes, "Message[str, str]"],
+    tuple[int, dict[str, str]] | tuple[int, dict[str, str], bytes],
+]
 
 
 def serve_posts(
@@ -29,12 +33,14 @@ def serve_posts(
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
-            status, headers = answer(body, self.headers)
+            status, headers, *rest = answer(body, self.headers)
+            reply = rest[0] if rest else b""
             self.send_response(status)
             for name, value in headers.items():
                 self.send_header(name, value)
-            self.send_header("Content-Length", "0")
+            self.send_header("Content-Length", str(len(reply)))
             self.end_headers()
+            self.wfile.write(reply)
 
         def log_message(self, *args: Any) -> None:
             pass

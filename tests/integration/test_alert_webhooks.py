@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -526,25 +525,7 @@ def test_credit_alerts_reach_a_live_endpoint_once_each_naming_the_grant(
 def _nul_answering_server() -> tuple[Any, str]:
     """A receiver that fails every request with a body holding a NUL byte (as a binary
     error page or a C string does): text PostgreSQL cannot store."""
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            body = b"oops\x00"
-            self.send_response(500)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}/hooks"
+    return serve_posts(lambda body, headers: (500, {}, b"oops\x00"), "/hooks")
 
 
 @pytest.mark.parametrize("cleaned", [True, False], ids=["nul-replaced", "outcome-dropped"])
