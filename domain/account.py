@@ -108,6 +108,19 @@ class Burn(NamedTuple):
 
 _NO_GRANTS: dict[str, Grant] = {}
 _NO_REQUESTS: dict[str, list[int]] = {}
+
+
+class _Reserved(NamedTuple):
+    """What ``CustomerAccount._reserve_all`` decided: per request whether it was reserved,
+    and the reserved ones' ids, amounts as recorded (text) and amounts."""
+
+    granted: list[bool]
+    ids: list[str]
+    texts: list[str]
+    amounts: list[Decimal]
+
+
+_new_tuple = tuple.__new__
 _NOT_BURNT = Burn(reserved=True)
 _REFUSED = Burn(reserved=False)
 _BLOCKED = Burn(reserved=False, blocked=True)
@@ -351,16 +364,17 @@ class CustomerAccount(Aggregate):
 
         Returns, per request, whether it was reserved. One event for the accepted.
         """
-        return self._reserve_all(requests, [str(txn_id) for txn_id, _ in requests])
+        return self._reserve_all(requests, [str(txn_id) for txn_id, _ in requests]).granted
 
     def _reserve_all(
         self, requests: Sequence[tuple[UUID, Decimal]], keys: Sequence[str]
-    ) -> list[bool]:
+    ) -> _Reserved:
         """``reserve_all``, given each request's transaction id as text (``keys``: the
-        caller's, who needs the same text for the credit it burns)."""
+        caller's, who needs the same text for the credit it burns); what it reserved."""
         granted: list[bool] = []
         ids: list[str] = []
-        amounts: list[str] = []
+        texts: list[str] = []
+        amounts: list[Decimal] = []
         headroom = self.available
         for (_, amount), key in zip(requests, keys, strict=True):
             _check_amount(amount)
@@ -368,12 +382,13 @@ class CustomerAccount(Aggregate):
             granted.append(ok)
             if ok:
                 ids.append(key)
-                amounts.append(f"{canonical(amount):f}")
+                texts.append(f"{canonical(amount):f}")
+                amounts.append(amount)
                 if headroom is not None:
                     headroom = add_exact(headroom, -amount)
         if ids:
-            self._amounts_reserved(ids, amounts)
-        return granted
+            self._amounts_reserved(ids, texts)
+        return _Reserved(granted, ids, texts, amounts)
 
     def hold(self) -> Hold:
         """Reserve amounts one at a time (``Hold.take``), decided in order against the
@@ -714,9 +729,16 @@ class CustomerAccount(Aggregate):
             blocked = [False] * len(requests)
         if any(blocked):
             wanted = [(r, k) for r, k, b in zip(requests, keys, blocked, strict=True) if not b]
-            reserved = iter(self._reserve_all([r for r, _ in wanted], [k for _, k in wanted]))
+            done = self._reserve_all([r for r, _ in wanted], [k for _, k in wanted])
         else:
-            reserved = iter(self._reserve_all(requests, keys))
+            done = self._reserve_all(requests, keys)
+            if burner.burn_all(done.ids, done.texts, done.amounts):  # the usual batch
+                burner.record()
+                return [
+                    _new_tuple(Burn, (True, False, amount)) if ok else _REFUSED
+                    for (_, amount), ok in zip(requests, done.granted, strict=True)
+                ]
+        reserved = iter(done.granted)
         burns: list[Burn] = []
         for (txn_id, amount), key, was_blocked in zip(requests, keys, blocked, strict=True):
             if was_blocked:
@@ -740,6 +762,10 @@ class CustomerAccount(Aggregate):
     def _credits_consumed(
         self, transaction_ids: list[str], grant_ids: list[str], amounts: list[str], at: datetime
     ) -> None:
+        if grant_ids and grant_ids.count(grant_ids[0]) == len(grant_ids) == len(amounts):
+            grant = self.grants[grant_ids[0]]  # one grant (the usual batch): one sum
+            grant.consumed = add_exact(grant.consumed, sum_exact(map(Decimal, amounts)))
+            return
         by_grant: dict[str, list[Decimal]] = {}
         for grant_id, amount in zip(grant_ids, amounts, strict=True):
             by_grant.setdefault(grant_id, []).append(Decimal(amount))
@@ -1098,6 +1124,29 @@ class Burner:
             if owed <= 0:
                 break
         return credit
+
+    def burn_all(
+        self, keys: Sequence[str], texts: Sequence[str], amounts: Sequence[Decimal]
+    ) -> bool:
+        """Burn every one of ``amounts`` (reserved records, in order; ``keys`` their ids and
+        ``texts`` their amounts as text) whole from the first grant with something left,
+        when that grant covers their sum and each is positive (the usual batch), in one
+        step: what ``burn`` decides for each in turn then. False, nothing burnt, otherwise."""
+        live, left = self._live, self._left
+        k = self._k
+        while k < len(live) and left[k] <= 0:
+            k += 1
+        self._k = k
+        if k == len(live) or not amounts or min(amounts) <= 0:
+            return False
+        total = sum_exact(amounts)
+        if total > left[k]:
+            return False
+        left[k] = running_difference(left[k], total)
+        self._ids += keys
+        self._grant_ids += [live[k].grant_id] * len(keys)
+        self._amounts += texts
+        return True
 
     def record(self) -> None:
         """Record what was consumed, as one event (nothing when nothing was)."""

@@ -162,7 +162,9 @@ class Grant:
     @property
     def remaining(self) -> Decimal:
         """What is left: ``amount - consumed - expired - voided`` (I11)."""
-        used = add_exact(add_exact(self.consumed, self.expired), self.voided)
+        used = self.consumed
+        if self.expired or self.voided:  # closed: the usual grant is neither
+            used = add_exact(add_exact(used, self.expired), self.voided)
         return add_exact(Decimal(self.amount), -used)
 
     @property

@@ -35,6 +35,7 @@ from decimal import (
     Overflow,
     localcontext,
 )
+from functools import reduce
 
 from domain.errors import InvalidUsage
 
@@ -79,6 +80,7 @@ _EXACT = Context(prec=AMOUNT_DIGITS, rounding=ROUND_HALF_UP, traps=_TRAPS)
 # Sums of a line's amounts: wide enough for any sum below MAX_LINE_MINOR of amounts
 # with up to AMOUNT_DIGITS digits each (their exponents differ, so digits add up).
 _SUM = Context(prec=60, rounding=ROUND_HALF_UP, traps=_TRAPS)
+_ZERO = Decimal(0)
 # The one rounding (to whole minor units), which is inexact by design.
 _ROUND = Context(prec=60, rounding=ROUND_HALF_UP, traps=[InvalidOperation])
 
@@ -268,10 +270,7 @@ def running_sum(total: Decimal, amount: Decimal) -> Decimal:
 
 def sum_exact(amounts: Iterable[Decimal]) -> Decimal:
     """The exact sum of ``amounts`` (``add_exact`` of each, its checks once at the end)."""
-    add = _SUM.add
-    total = Decimal(0)
-    for amount in amounts:
-        total = add(total, amount)
+    total = reduce(_SUM.add, amounts, _ZERO)
     if abs(total) >= MAX_LINE_MINOR:
         raise ValueError(f"a line total of {total} minor units is beyond {MAX_LINE_MINOR:f}")
     return canonical(total)

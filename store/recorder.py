@@ -71,6 +71,9 @@ __all__ = [
 
 _JSON_NATIVE = frozenset({str, int, bool, type(None)})
 _BY_VERSION = attrgetter("originator_version")
+# How many aggregates' newest committed events a recorder keeps (``_remember_heads``):
+# an ingest batch touches a few hundred accounts and lines.
+MAX_HEADS = 50_000
 _STORED_COLUMNS = "originator_id, originator_version, topic, state"
 
 
@@ -88,6 +91,8 @@ class LedgerRecorder(PostgresApplicationRecorder):
 
     def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events"):
         super().__init__(datastore, events_table_name=events_table_name)
+        # Each aggregate's newest event this process committed: version, hash (``_chain``).
+        self._heads: dict[Any, tuple[int, bytes]] = {}
         self._table = table = SQL("{0}.{1}").format(
             Identifier(self.datastore.schema), Identifier(self.events_table_name)
         )
@@ -171,6 +176,7 @@ class LedgerRecorder(PostgresApplicationRecorder):
         """
         if rows and notification_ids:
             raise ProgrammingError("ready rows are copied: save them with notification_ids=False")
+        ids: list[int] | None = None
         with self.datastore.get_connection() as conn, conn.transaction(), conn.cursor() as curs:
             self._insert_events(curs, stored_events, **kwargs)  # e.g. a process's tracking row
             if not stored_events and not rows:
@@ -180,23 +186,56 @@ class LedgerRecorder(PostgresApplicationRecorder):
                 self._copy(curs, stored_events, chained, rows)
                 if balances:
                     upsert_balances(curs, list(balances.values()))
-                return None
-            curs.execute(
-                self._insert_arrays,
-                (
-                    [e.originator_id for e in stored_events],
-                    [e.originator_version for e in stored_events],
-                    [e.topic for e in stored_events],
-                    [e.state for e in stored_events],
-                    [prev for prev, _ in chained],
-                    [digest for _, digest in chained],
-                ),
-                binary=True,
-            )
-            ids = [row["notification_id"] for row in curs.fetchall()]
-            if balances:
-                upsert_balances(curs, list(balances.values()))
-            return ids
+            else:
+                ids = self._insert_returning(curs, stored_events, chained, balances)
+        self._remember_heads(stored_events, chained)  # committed: they are history now
+        return ids
+
+    def _insert_returning(
+        self,
+        curs: Cursor[DictRow],
+        stored_events: Sequence[StoredEvent],
+        chained: Sequence[tuple[bytes, bytes]],
+        balances: Mapping[UUID, BalanceRow] | None,
+    ) -> list[int]:
+        """Insert the events and return their notification ids (then the balances)."""
+        curs.execute(
+            self._insert_arrays,
+            (
+                [e.originator_id for e in stored_events],
+                [e.originator_version for e in stored_events],
+                [e.topic for e in stored_events],
+                [e.state for e in stored_events],
+                [prev for prev, _ in chained],
+                [digest for _, digest in chained],
+            ),
+            binary=True,
+        )
+        ids = [row["notification_id"] for row in curs.fetchall()]
+        if balances:
+            upsert_balances(curs, list(balances.values()))
+        return ids
+
+    def _remember_heads(
+        self, stored_events: Sequence[StoredEvent], chained: Sequence[tuple[bytes, bytes]]
+    ) -> None:
+        """Keep each aggregate's newest event this process has committed (its version and
+        hash), so that its next append chains to it without reading it back (``_chain``).
+        The table is append-only, so a committed row is the same forever: what is kept is
+        never wrong, only perhaps not the newest (another process appended since), and
+        then the version does not match and the hash is read as before. Bounded: past
+        ``MAX_HEADS`` aggregates the oldest kept go first."""
+        heads = self._heads
+        for e, (_, digest) in zip(stored_events, chained, strict=True):
+            head = heads.get(e.originator_id)
+            if head is None or head[0] < e.originator_version:
+                heads.pop(e.originator_id, None)  # to the end: the newest kept last
+                heads[e.originator_id] = (e.originator_version, digest)
+        while len(heads) > MAX_HEADS:
+            try:
+                del heads[next(iter(heads))]
+            except (KeyError, RuntimeError, StopIteration):  # another thread's change
+                break
 
     def _copy(
         self,
@@ -228,13 +267,20 @@ class LedgerRecorder(PostgresApplicationRecorder):
         in one query, inside the append's transaction.
         """
         in_batch = {(e.originator_id, e.originator_version) for e in stored_events}
-        wanted = [
-            (e.originator_id, e.originator_version - 1)
-            for e in stored_events
-            if e.originator_version > 1
-            and (e.originator_id, e.originator_version - 1) not in in_batch
-        ]
+        heads = self._heads
+        known: dict[tuple[Any, int], bytes | None] = {}
+        wanted: list[tuple[Any, int]] = []
+        for e in stored_events:
+            before = (e.originator_id, e.originator_version - 1)
+            if e.originator_version == 1 or before in in_batch:
+                continue
+            head = heads.get(e.originator_id)
+            if head is not None and head[0] == before[1]:
+                known[before] = head[1]  # this process committed it (``_remember_heads``)
+            else:
+                wanted.append(before)
         hashes = self._stored_hashes(curs, wanted)
+        hashes.update(known)
         chained: dict[tuple[Any, int], tuple[bytes, bytes]] = {}
         for e in sorted(stored_events, key=_BY_VERSION):  # a predecessor before its successor
             key = (e.originator_id, e.originator_version)

@@ -85,7 +85,7 @@ from tools.bench_store import (
     single_appends,
     store_append,
 )
-from tools.measure import cores, percentile
+from tools.measure import ServerCpu, cores, percentile
 from tools.synthetic import bench_usage
 
 __all__ = ["PRICES", "credit_ratios", "render", "run_ingest_bench", "tiered_prices"]
@@ -183,7 +183,10 @@ def run_ingest_bench(
             result["end_to_end_credits"], result["end_to_end_after_credits"] = runs[0]
             result["credit_rounds"] = [
                 {"credits_records_per_s": c["records_per_s"],
-                 "none_after_records_per_s": a["records_per_s"]}
+                 "none_after_records_per_s": a["records_per_s"],
+                 "cpu_us_per_record": {kind: [run["ingest_cpu_us_per_record"],
+                                              run["server_cpu_us_per_record"]]
+                                       for kind, run in (("credits", c), ("none", a))}}
                 for c, a in runs
             ]  # fmt: skip
         if end_to_end_only:
@@ -429,6 +432,8 @@ def _end_to_end(settings: Settings, records: int, workers: int) -> dict[str, Any
         proc.start()
     try:
         _wait_settled(group.assigned, settings.usage_partitions, workers)
+        server = ServerCpu(settings.database_url)
+        server_before = server.read()
         progress = Progress(records, "ingested")
         started = time.monotonic()
         group.start.set()
@@ -437,6 +442,7 @@ def _end_to_end(settings: Settings, records: int, workers: int) -> dict[str, Any
                 raise RuntimeError("an ingest worker process died")
             progress.update(group.done.value)
             time.sleep(0.05)
+        server_after = server.read()  # before the workers stop and their backends end
         progress.update(group.done.value)
         progress.done()
     finally:
@@ -447,6 +453,11 @@ def _end_to_end(settings: Settings, records: int, workers: int) -> dict[str, Any
     elapsed = max(st["finished"] for st in stats) - started
     events = count_events(settings.database_url)
     lat = sorted(sec for st in stats for sec in st["batch_seconds"])
+    done = sum(st["records"] for st in stats)
+    ingest_cpu = sum(st["cpu_seconds"] for st in stats)
+    server_cpu = (
+        None if server_before is None or server_after is None else server_after - server_before
+    )
     return {
         "workers": workers,
         "seconds": round(elapsed, 3),
@@ -456,6 +467,10 @@ def _end_to_end(settings: Settings, records: int, workers: int) -> dict[str, Any
         "batches": len(lat),
         "batch_commit_ms_p50": round(percentile(lat, 50) * 1000, 1),
         "batch_commit_ms_p99": round(percentile(lat, 99) * 1000, 1),
+        "ingest_cpu_us_per_record": round(ingest_cpu / done * 1e6, 1) if done else None,
+        "server_cpu_us_per_record": (
+            round(server_cpu / done * 1e6, 1) if done and server_cpu is not None else None
+        ),
     }
 
 
@@ -515,8 +530,10 @@ def _ingest_process(settings_data: dict[str, Any], index: int, group: _Group) ->
         if settings.ingest_overlap_saves:
             tune_switching()  # as its ingest role does
         counted = [0, time.monotonic()]
+        cpu = [time.process_time(), time.process_time()]  # at the start, at the last batch
 
         def on_batch(stats: Any) -> None:
+            cpu[1] = time.process_time()
             with done.get_lock():
                 done.value += stats.records - counted[0]
             counted[0], counted[1] = stats.records, time.monotonic()
@@ -530,6 +547,7 @@ def _ingest_process(settings_data: dict[str, Any], index: int, group: _Group) ->
                 "records": worker.stats.records,
                 "finished": counted[1],
                 "batch_seconds": worker.stats.batch_seconds,
+                "cpu_seconds": cpu[1] - cpu[0],
             }
         )
 
@@ -648,7 +666,7 @@ def _credit_round_rows(
     each round's ratio and their median."""
     ratio = f"{ratios['end_to_end_credits_vs_none']:>10}"
     if len(rounds) <= 1:
-        return [("  with credit and alerts / none", ratio)]
+        return [("  with credit and alerts / none", ratio), *_cpu_rows(rounds)]
     rows: list[tuple[str, str]] = []
     for i, later in enumerate(rounds[1:], start=2):
         rows += [
@@ -657,7 +675,32 @@ def _credit_round_rows(
             (f"round {i}: none again", _RATE(later["none_after_records_per_s"], "records/s")),
         ]  # fmt: skip
     each = ", ".join(f"{x['vs_none']:.2f}" for x in rounds)
-    return [*rows, (f"  with credit and alerts / none: median of {each}", ratio)]
+    return [
+        *rows,
+        (f"  with credit and alerts / none: median of {each}", ratio),
+        *_cpu_rows(rounds),
+    ]
+
+
+def _cpu_rows(rounds: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """CPU a record, the ingest processes' and the database server's, with credit and
+    without (the median of the rounds): where what credit costs is spent."""
+    rows: list[tuple[str, str]] = []
+    for kind, label in (("credits", "with credit"), ("none", "none")):
+        ingest, server = (
+            [x["cpu_us_per_record"][kind][i] for x in rounds if "cpu_us_per_record" in x]
+            for i in (0, 1)
+        )
+        rows.append((
+            f"  CPU a record, {label}: ingest / PostgreSQL",
+            f"{_median_us(ingest)} / {_median_us(server)} µs",
+        ))  # fmt: skip
+    return rows
+
+
+def _median_us(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    return f"{statistics.median(known):,.1f}" if known else "-"
 
 
 def _appends(label: str, figures: dict[str, Any]) -> list[tuple[str, str]]:

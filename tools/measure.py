@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from pathlib import Path
 
-__all__ = ["cores", "percentile", "terminate"]
+import psycopg
+
+__all__ = ["ServerCpu", "cores", "percentile", "terminate"]
 
 
 def cores() -> int:
@@ -30,3 +33,42 @@ def terminate(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+class ServerCpu:
+    """CPU seconds a PostgreSQL server on this machine spends, read from ``/proc``: its
+    postmaster's own and its reaped children's (``cutime``, ``cstime``), and its live
+    children's. ``read()`` is the total so far; two reads bracket a run. ``None`` where
+    ``/proc`` is not there or the server is not this machine's."""
+
+    def __init__(self, database_url: str) -> None:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            found = _stat(int(row[0])) if row else None  # while the backend is there
+        self.postmaster = found[1] if found is not None else None
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def read(self) -> float | None:
+        """CPU seconds the server has used so far (None: cannot be read here)."""
+        if self.postmaster is None:
+            return None
+        own = _stat(self.postmaster)
+        if own is None:
+            return None
+        ticks = sum(own[2:6])  # utime, stime, cutime, cstime
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                child = _stat(int(entry.name))
+                if child is not None and child[1] == self.postmaster:
+                    ticks += child[2] + child[3]
+        return ticks / self._tick
+
+
+def _stat(pid: int) -> tuple[int, int, int, int, int, int] | None:
+    """(pid, ppid, utime, stime, cutime, cstime) of ``pid``, or None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # after the command, which may hold spaces
+    return (pid, int(fields[1]), int(fields[11]), int(fields[12]), int(fields[13]), int(fields[14]))

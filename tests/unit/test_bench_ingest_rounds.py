@@ -45,3 +45,15 @@ def test_one_round_reports_its_ratio_as_before() -> None:
     result["ratios"] = _ratios(result, 0)
     assert result["ratios"]["end_to_end_credits_vs_none"] == 0.9
     assert "median" not in render(result)
+
+
+def test_the_cpu_a_record_is_shown_with_credit_and_without_as_the_rounds_median() -> None:
+    rounds = [_round(90, 100), _round(95, 100), _round(92, 100)]
+    for r, (credit, none) in zip(rounds, [(30, 20), (34, 21), (31, 40)], strict=True):
+        r["cpu_us_per_record"] = {"credits": [credit, credit / 2], "none": [none, None]}
+    result = _result(rounds)
+    result["ratios"] = _ratios(result, 0)
+    text = render(result)
+    assert "CPU a record, with credit: ingest / PostgreSQL" in text
+    assert "31.0 / 15.5 µs" in text  # medians of 30, 34, 31 and 15, 17, 15.5
+    assert "21.0 / - µs" in text  # a server whose CPU could not be read: a dash

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
-from domain.account import CustomerAccount
+from domain.account import Burner, CustomerAccount
 from domain.credits import MAX_GRANT_MINOR
+from domain.money import canonical
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 NOW = T0 + timedelta(days=3)
@@ -184,3 +188,58 @@ def test_a_grant_is_live_from_its_effective_moment_until_its_expiry_while_it_hol
     account.reserve_and_burn(_usage("10"), NOW)  # used up: nothing left to take
     assert grant.remaining == 0
     assert not grant.live(NOW)
+
+
+_AMOUNTS = st.lists(
+    st.decimals(min_value=Decimal(0), max_value=Decimal(40), places=3, allow_nan=False),
+    min_size=1, max_size=12,
+)  # fmt: skip
+
+
+@given(
+    grants=st.lists(st.integers(min_value=1, max_value=60), min_size=1, max_size=3),
+    amounts=_AMOUNTS,
+    limit=st.one_of(st.none(), st.integers(min_value=0, max_value=150)),
+    policy=st.sampled_from(["overage", "block"]),
+)
+@example(grants=[10, 5], amounts=[Decimal(6), Decimal("4.5")], limit=None, policy="overage")
+def test_a_batch_burnt_in_one_step_is_decided_and_recorded_as_record_by_record(
+    grants: list[int], amounts: list[Decimal], limit: int | None, policy: str
+) -> None:
+    """``Burner.burn_all`` (a batch the first grant covers, every amount positive: the
+    usual one) decides what ``burn`` decides for each record in turn, and records the
+    same ``CreditsConsumed``; any other batch is left to ``burn``."""
+    requests = [(UUID(int=i + 1), canonical(amount)) for i, amount in enumerate(amounts)]
+    decided = []
+    for one_step in (True, False):
+        account = _account(policy)
+        account.set_limit(limit)
+        for i, amount in enumerate(grants):
+            _grant(account, f"g{i}", amount, priority=i % 2)
+        account.collect_events()
+        if not one_step:  # the reference: every record burnt on its own
+            account.burner = _record_by_record(account.burner)  # type: ignore[method-assign]
+        burns = account.reserve_and_burn(requests, NOW)
+        consumed = [e for e in account.collect_events() if type(e).__name__ == "CreditsConsumed"]
+        decided.append((
+            burns,
+            [(e.transaction_ids, e.grant_ids, e.amounts) for e in consumed],
+            {g: account.grants[g].consumed for g in account.grants},
+        ))  # fmt: skip
+    assert decided[0] == decided[1]
+
+
+class _RecordByRecord(Burner):
+    __slots__ = ()
+
+    def burn_all(self, *_: Any) -> bool:
+        return False
+
+
+def _record_by_record(burner: Any) -> Any:
+    def made(now: datetime) -> Burner:
+        found = burner(now)
+        found.__class__ = _RecordByRecord
+        return found  # type: ignore[no-any-return]
+
+    return made
