@@ -1108,7 +1108,7 @@ class Burner:
             left[k] = running_difference(left[k], amount)
             self._ids.append(key)
             self._grant_ids.append(live[k].grant_id)
-            self._amounts.append(f"{amount:f}")  # canonical: a transaction's exact amount
+            self._amounts.append(f"{canonical(amount):f}")  # as ``AmountsReserved`` has it
             return amount
         credit, owed = Decimal(0), amount
         for i in range(k, len(live)):
@@ -1131,7 +1131,9 @@ class Burner:
         """Burn every one of ``amounts`` (reserved records, in order; ``keys`` their ids and
         ``texts`` their amounts as text) whole from the first grant with something left,
         when that grant covers their sum and each is positive (the usual batch), in one
-        step: what ``burn`` decides for each in turn then. False, nothing burnt, otherwise."""
+        step: what ``burn`` decides for each in turn then (and where an amount has so many
+        digits that ``burn``'s running balance could not be kept exactly, the exact sum
+        instead of ``Inexact``). False, nothing burnt, otherwise."""
         live, left = self._live, self._left
         k = self._k
         while k < len(live) and left[k] <= 0:

@@ -31,7 +31,9 @@ batch nor stored (decided on a state that was never saved: a gap the key cannot 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import suppress
 from operator import attrgetter
 from typing import Any, NamedTuple, cast
 from uuid import UUID
@@ -71,6 +73,12 @@ __all__ = [
 
 _JSON_NATIVE = frozenset({str, int, bool, type(None)})
 _BY_VERSION = attrgetter("originator_version")
+# Where a connection is: the server's start and the database's oid (a database made again
+# under the same name has another).
+_SERVER_IDENTITY = (
+    "SELECT pg_postmaster_start_time() AS started,"
+    " (SELECT oid FROM pg_database WHERE datname = current_database()) AS database"
+)
 # How many aggregates' newest committed events a recorder keeps (``_remember_heads``):
 # an ingest batch touches a few hundred accounts and lines.
 MAX_HEADS = 50_000
@@ -92,7 +100,8 @@ class LedgerRecorder(PostgresApplicationRecorder):
     def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events"):
         super().__init__(datastore, events_table_name=events_table_name)
         # Each aggregate's newest event this process committed: version, hash (``_chain``).
-        self._heads: dict[Any, tuple[int, bytes]] = {}
+        self._heads: OrderedDict[Any, tuple[int, bytes]] = OrderedDict()
+        self._heads_server: tuple[Any, ...] | None = None  # the database they were kept in
         self._table = table = SQL("{0}.{1}").format(
             Identifier(self.datastore.schema), Identifier(self.events_table_name)
         )
@@ -188,7 +197,8 @@ class LedgerRecorder(PostgresApplicationRecorder):
                     upsert_balances(curs, list(balances.values()))
             else:
                 ids = self._insert_returning(curs, stored_events, chained, balances)
-        self._remember_heads(stored_events, chained)  # committed: they are history now
+        if getattr(conn, "_ledger_server", None) == self._heads_server:
+            self._remember_heads(stored_events, chained)  # committed: history now
         return ids
 
     def _insert_returning(
@@ -221,21 +231,41 @@ class LedgerRecorder(PostgresApplicationRecorder):
     ) -> None:
         """Keep each aggregate's newest event this process has committed (its version and
         hash), so that its next append chains to it without reading it back (``_chain``).
-        The table is append-only, so a committed row is the same forever: what is kept is
-        never wrong, only perhaps not the newest (another process appended since), and
-        then the version does not match and the hash is read as before. Bounded: past
-        ``MAX_HEADS`` aggregates the oldest kept go first."""
+        The table is append-only, so a committed row stays as it is: what is kept is not
+        wrong, only perhaps not the newest (another process appended since), and then the
+        version does not match and the hash is read as before. A database that lost
+        committed rows (a failover to a replica behind, a restore, the database made
+        again) is another server start or another database: what was kept is forgotten
+        when a connection first finds either (``_check_server``), so the read finds the
+        gap as it always did. At most ``MAX_HEADS`` aggregates, the least
+        recently appended to going first."""
         heads = self._heads
         for e, (_, digest) in zip(stored_events, chained, strict=True):
             head = heads.get(e.originator_id)
             if head is None or head[0] < e.originator_version:
-                heads.pop(e.originator_id, None)  # to the end: the newest kept last
                 heads[e.originator_id] = (e.originator_version, digest)
+                with suppress(KeyError):  # cleared by another thread meanwhile
+                    heads.move_to_end(e.originator_id)
         while len(heads) > MAX_HEADS:
             try:
-                del heads[next(iter(heads))]
-            except (KeyError, RuntimeError, StopIteration):  # another thread's change
+                heads.popitem(last=False)
+            except KeyError:  # emptied by another thread meanwhile
                 break
+
+    def _check_server(self, curs: Cursor[DictRow]) -> None:
+        """On a connection not seen before, which server start and database it reaches;
+        the hashes kept (``_remember_heads``) are forgotten when that is not where they
+        were kept. One query per connection, not per append."""
+        conn: Any = curs.connection
+        if getattr(conn, "_ledger_server", None) is not None:
+            return
+        curs.execute(_SERVER_IDENTITY)
+        row = curs.fetchone()
+        identity = (row["started"], row["database"]) if row else ("unknown",)
+        if identity != self._heads_server:
+            self._heads.clear()
+            self._heads_server = identity
+        conn._ledger_server = identity
 
     def _copy(
         self,
@@ -268,6 +298,7 @@ class LedgerRecorder(PostgresApplicationRecorder):
         """
         in_batch = {(e.originator_id, e.originator_version) for e in stored_events}
         heads = self._heads
+        self._check_server(curs)
         known: dict[tuple[Any, int], bytes | None] = {}
         wanted: list[tuple[Any, int]] = []
         for e in stored_events:

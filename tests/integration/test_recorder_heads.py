@@ -12,6 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 from eventsourcing.persistence import IntegrityError, StoredEvent
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.sql import SQL, Identifier
 
 from adapters.bootstrap import migrate, open_ledger
 from adapters.settings import Settings
@@ -102,3 +104,40 @@ def test_an_append_that_was_refused_is_not_kept_as_the_aggregate_s_newest(
     a.insert_events([_event(aggregate, 3, "a3")])  # chained to b's v2, read from the store
     assert spy.read["a"] == [(aggregate, 2)]  # (v1 was its own)
     assert _chain_holds(settings.database_url, aggregate) == [1, 2, 3]
+
+
+def test_a_database_made_again_under_the_process_is_read_not_trusted(
+    recorders: tuple[LedgerRecorder, LedgerRecorder, _Recorders], settings: Settings
+) -> None:
+    """A database that lost committed rows (made again here: as a restore or a failover to
+    a replica behind would leave it) is another database to the recorder: the hash it
+    kept is forgotten, the predecessor is read, and its absence refuses the append (a
+    decision on a state the store no longer holds), as before anything was kept."""
+    a, _, spy = recorders
+    aggregate = uuid.uuid4()
+    a.insert_events([_event(aggregate, 1, "a1")])
+    a.insert_events([_event(aggregate, 2, "a2")])
+    name = conninfo_to_dict(settings.database_url)["dbname"]
+    server = make_conninfo(settings.database_url, dbname="postgres")
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(SQL("DROP DATABASE {} WITH (FORCE)").format(Identifier(name)))
+        conn.execute(SQL("CREATE DATABASE {}").format(Identifier(name)))
+    migrate(settings)
+    with pytest.raises(IntegrityError, match="version 2 is not stored"):
+        a.insert_events([_event(aggregate, 3, "a3")])
+    assert (aggregate, 2) in spy.read["a"]
+
+
+def test_the_hashes_kept_are_bounded_the_least_recently_appended_to_going_first(
+    recorders: tuple[LedgerRecorder, LedgerRecorder, _Recorders],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, _, _ = recorders
+    monkeypatch.setattr("store.recorder.MAX_HEADS", 3)
+    first, *others = [uuid.uuid4() for _ in range(5)]
+    a.insert_events([_event(first, 1, "x")])
+    for aggregate in others:
+        a.insert_events([_event(aggregate, 1, "x")])
+    assert list(a._heads) == others[1:]  # the first two went
+    a.insert_events([_event(first, 2, "again")])  # read back, then kept as the newest
+    assert list(a._heads) == [*others[2:], first]

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from domain.account import Burner, CustomerAccount
 from domain.credits import MAX_GRANT_MINOR
-from domain.money import canonical
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 NOW = T0 + timedelta(days=3)
@@ -191,7 +190,8 @@ def test_a_grant_is_live_from_its_effective_moment_until_its_expiry_while_it_hol
 
 
 _AMOUNTS = st.lists(
-    st.decimals(min_value=Decimal(0), max_value=Decimal(40), places=3, allow_nan=False),
+    st.decimals(min_value=Decimal(0), max_value=Decimal(40), places=3, allow_nan=False)
+    | st.sampled_from([Decimal("2.50"), Decimal("1.0"), Decimal("0.000100")]),
     min_size=1, max_size=12,
 )  # fmt: skip
 
@@ -203,13 +203,14 @@ _AMOUNTS = st.lists(
     policy=st.sampled_from(["overage", "block"]),
 )
 @example(grants=[10, 5], amounts=[Decimal(6), Decimal("4.5")], limit=None, policy="overage")
+@example(grants=[10], amounts=[Decimal("2.50"), Decimal("1.0")], limit=None, policy="overage")
 def test_a_batch_burnt_in_one_step_is_decided_and_recorded_as_record_by_record(
     grants: list[int], amounts: list[Decimal], limit: int | None, policy: str
 ) -> None:
     """``Burner.burn_all`` (a batch the first grant covers, every amount positive: the
     usual one) decides what ``burn`` decides for each record in turn, and records the
     same ``CreditsConsumed``; any other batch is left to ``burn``."""
-    requests = [(UUID(int=i + 1), canonical(amount)) for i, amount in enumerate(amounts)]
+    requests = [(UUID(int=i + 1), amount) for i, amount in enumerate(amounts)]
     decided = []
     for one_step in (True, False):
         account = _account(policy)
