@@ -45,7 +45,9 @@ class ServerCpu:
         with psycopg.connect(database_url, autocommit=True) as conn:
             row = conn.execute("SELECT pg_backend_pid()").fetchone()
             found = _stat(int(row[0])) if row else None  # while the backend is there
-        self.postmaster = found[1] if found is not None else None
+        # A server on another machine has its own process ids: one here may be anything.
+        ours = found is not None and _is_postgres(found[0]) and _is_postgres(found[1])
+        self.postmaster = found[1] if found is not None and ours else None
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
     def read(self) -> float | None:
@@ -62,6 +64,13 @@ class ServerCpu:
                 if child is not None and child[1] == self.postmaster:
                     ticks += child[2] + child[3]
         return ticks / self._tick
+
+
+def _is_postgres(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() in ("postgres", "postmaster")
+    except OSError:
+        return False
 
 
 def _stat(pid: int) -> tuple[int, int, int, int, int, int] | None:

@@ -4,6 +4,7 @@ Work done by a backend counts while it runs, and still counts after it has ended
 
 from __future__ import annotations
 
+import os
 import time
 
 import psycopg
@@ -38,3 +39,14 @@ def test_a_backend_s_work_counts_while_it_runs_and_after_it_has_ended(database_u
         total = cpu.read()
     assert total is not None
     assert total >= live + work / 2
+
+
+def test_a_backend_id_that_is_not_a_local_postgres_process_is_not_read(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server on another machine: the backend's id names some other process here (this
+    test's own, say), whose CPU must not be taken for the server's."""
+    monkeypatch.setattr("tools.measure._stat", lambda pid: (pid, os.getpid(), 1, 1, 1, 1))
+    monkeypatch.setattr("tools.measure._is_postgres", lambda pid: pid != os.getpid())
+    cpu = ServerCpu(database_url)
+    assert cpu.postmaster is None and cpu.read() is None
