@@ -47,7 +47,7 @@ that remainder): what usage consumed stays consumed, and is on its invoices.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from decimal import Decimal
 from itertools import compress
@@ -138,13 +138,21 @@ class CustomerAccount(Aggregate):
         spend_limit: int | None
 
     class AmountsReserved(Aggregate.Event):
-        class_version = 2
+        class_version = 3
         transaction_ids: list[str]
         amounts: list[str]  # exact minor units, canonical decimal text (v1: integers)
+        # The alerts' period every one of these counts in (their spend in it grows by
+        # their sum, a later one starting afresh), so that the save records no
+        # ``AlertPeriodSpent`` for them; None: they do not move it (v2 and before).
+        alert_period: str | None
 
         @staticmethod
         def upcast_v1_v2(state: dict[str, Any]) -> None:
             state["amounts"] = [str(a) for a in state["amounts"]]
+
+        @staticmethod
+        def upcast_v2_v3(state: dict[str, Any]) -> None:
+            state["alert_period"] = None
 
     class AmountsRepriced(Aggregate.Event):
         transaction_ids: list[str]
@@ -359,15 +367,23 @@ class CustomerAccount(Aggregate):
     def _limit_set(self, spend_limit: int | None) -> None:
         self.spend_limit = spend_limit
 
-    def reserve_all(self, requests: Sequence[tuple[UUID, Decimal]]) -> list[bool]:
+    def reserve_all(
+        self, requests: Sequence[tuple[UUID, Decimal]], alert_period: str | None = None
+    ) -> list[bool]:
         """Reserve each (transaction, exact amount) in order while the limit allows.
 
-        Returns, per request, whether it was reserved. One event for the accepted.
+        Returns, per request, whether it was reserved. One event for the accepted, which
+        carries ``alert_period`` (``alert_period_of``: the alerts' period they all count
+        in, or None) for ``check_alerts`` to find the period's spend moved already.
         """
-        return self._reserve_all(requests, [str(txn_id) for txn_id, _ in requests]).granted
+        keys = [str(txn_id) for txn_id, _ in requests]
+        return self._reserve_all(requests, keys, alert_period).granted
 
     def _reserve_all(
-        self, requests: Sequence[tuple[UUID, Decimal]], keys: Sequence[str]
+        self,
+        requests: Sequence[tuple[UUID, Decimal]],
+        keys: Sequence[str],
+        alert_period: str | None = None,
     ) -> _Reserved:
         """``reserve_all``, given each request's transaction id as text (``keys``: the
         caller's, who needs the same text for the credit it burns); what it reserved."""
@@ -387,7 +403,7 @@ class CustomerAccount(Aggregate):
                 if headroom is not None:
                     headroom = add_exact(headroom, -amount)
         if ids:
-            self._amounts_reserved(ids, texts)
+            self._amounts_reserved(ids, texts, alert_period)
         return _Reserved(granted, ids, texts, amounts)
 
     def hold(self) -> Hold:
@@ -397,11 +413,37 @@ class CustomerAccount(Aggregate):
         return Hold(self)
 
     @event(AmountsReserved)
-    def _amounts_reserved(self, transaction_ids: list[str], amounts: list[str]) -> None:
+    def _amounts_reserved(
+        self, transaction_ids: list[str], amounts: list[str], alert_period: str | None = None
+    ) -> None:
         total = self.reserved
         for amount in amounts:
             total = add_exact(total, Decimal(amount))
         self.reserved = total
+        if alert_period is not None:  # as ``Watch.enter`` then its spend, for each of them
+            if self.alert_period is None or alert_period > self.alert_period:
+                self.alert_period, self.alert_period_spend = alert_period, Decimal(0)
+                self.alerts_crossed = ()
+            spend = sum_exact(map(Decimal, amounts))
+            self.alert_period_spend = add_exact(self.alert_period_spend, spend)
+
+    def alert_period_of(self, periods: Collection[str]) -> str | None:
+        """The alerts' period a batch's records (of ``periods``, their period keys) all
+        count in, when there is one: the watched period when none is later, or their
+        one period when it is later (it starts afresh); None without thresholds, or when
+        the batch spans a later period and another (then ``check_alerts`` walks them and
+        records ``AlertPeriodSpent``)."""
+        if not self.alert_thresholds or not periods:
+            return None
+        watched, latest = self.alert_period, max(periods)
+        if watched is not None and latest <= watched:
+            return watched
+        return latest if len(periods) == 1 else None
+
+    def alert_watch(self) -> tuple[str | None, Decimal, Sequence[str]]:
+        """What the alerts watch now (period, its spend, the thresholds crossed in it):
+        taken before a reservation that carries ``alert_period``, for ``check_alerts``."""
+        return self.alert_period, self.alert_period_spend, self.alerts_crossed
 
     def reprice(self, entries: Sequence[tuple[UUID, Decimal, Decimal]]) -> None:
         """Hold each transaction's new exact amount instead of its old one (id, old, new),
@@ -484,16 +526,23 @@ class CustomerAccount(Aggregate):
         self.alert_thresholds = tuple(thresholds)
 
     def check_alerts(
-        self, records: Sequence[Spend], granted: Sequence[bool], now: datetime | None = None
+        self,
+        records: Sequence[Spend],
+        granted: Sequence[bool],
+        now: datetime | None = None,
+        watched: tuple[str | None, Decimal, Sequence[str]] | None = None,
     ) -> None:
         """Record the thresholds ``records`` cross: called once, right after
         ``reserve_all`` or ``reserve_and_burn`` decided them (``granted``: which were
         reserved), with the same records in the same order, in the same save (its
         moment ``now`` decides which grants count in the balance). Nothing when no
-        threshold is set."""
+        threshold is set. ``watched``: ``alert_watch`` from before a reservation that
+        carried ``alert_period`` (the period's spend is then moved already, and no
+        ``AlertPeriodSpent`` is recorded for it)."""
         if not self.alert_thresholds or not records:
             return
-        watch = Watch(self.alert_period, self.alert_period_spend, set(self.alerts_crossed))
+        period, spent, crossed = watched if watched is not None else self.alert_watch()
+        watch = Watch(period, spent, set(crossed))
         thresholds = [Threshold.parse(k) for k in self.alert_thresholds]
         # The usual batch crosses nothing, which its end shows (``quiet_spend``).
         balance = self._live_balance(now) if self.grants else None
@@ -712,7 +761,10 @@ class CustomerAccount(Aggregate):
         grant.expired = add_exact(grant.expired, amount)
 
     def reserve_and_burn(
-        self, requests: Sequence[tuple[UUID, Decimal]], now: datetime
+        self,
+        requests: Sequence[tuple[UUID, Decimal]],
+        now: datetime,
+        alert_period: str | None = None,
     ) -> list[Burn]:
         """The ingest's decision for a batch of this account's records: expire what is
         due, refuse under ``block`` what the live grants cannot cover, reserve the rest
@@ -720,7 +772,8 @@ class CustomerAccount(Aggregate):
         in order. Per request, what was decided (see ``Burn``). The same decisions, one
         record at a time, are ``burner`` with ``hold`` (records priced by line quantity)."""
         if not self.grants:  # no credit, ever: only the limit decides
-            return [_NOT_BURNT if ok else _REFUSED for ok in self.reserve_all(requests)]
+            granted = self.reserve_all(requests, alert_period)
+            return [_NOT_BURNT if ok else _REFUSED for ok in granted]
         burner = self.burner(now)
         keys = [str(txn_id) for txn_id, _ in requests]  # each id's text, made once
         if burner.may_block:
@@ -729,9 +782,9 @@ class CustomerAccount(Aggregate):
             blocked = [False] * len(requests)
         if any(blocked):
             wanted = [(r, k) for r, k, b in zip(requests, keys, blocked, strict=True) if not b]
-            done = self._reserve_all([r for r, _ in wanted], [k for _, k in wanted])
+            done = self._reserve_all([r for r, _ in wanted], [k for _, k in wanted], alert_period)
         else:
-            done = self._reserve_all(requests, keys)
+            done = self._reserve_all(requests, keys, alert_period)
             if burner.burn_all(done.ids, done.texts, done.amounts):  # the usual batch
                 burner.record()
                 return [

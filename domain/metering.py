@@ -233,9 +233,13 @@ def settle_account(
     credited: list[tuple[UUID, InvoiceLine, Decimal]] = []
     topping = account.top_up_below is not None  # an automatic top-up rule: its balance
     before = account.live_credit(book.now) if topping else Decimal(0)
+    watched = None  # the alerts' watch before the reservation, when it moves the spend
     if not by_line:
+        alert_period, watched = _carried_period(account, items)
         burns = account.reserve_and_burn(
-            [(i.metering.transaction_id, i.fields["amount"]) for i in items], book.now
+            [(i.metering.transaction_id, i.fields["amount"]) for i in items],
+            book.now,
+            alert_period,
         )
         for item, burn in zip(items, burns, strict=True):
             if burn.reserved:
@@ -259,7 +263,7 @@ def settle_account(
             for i in decided
             for fields in (i.fields,)
         ]  # fmt: skip
-        account.check_alerts(spends, [i.refused is None for i in decided], book.now)
+        account.check_alerts(spends, [i.refused is None for i in decided], book.now, watched)
     for settled in lines.values():
         line, members, price = settled.line, settled.members, settled.price
         entries = [(m.metering.transaction_id, m.fields["amount"]) for m in members]
@@ -272,6 +276,18 @@ def settle_account(
 
 
 _new_tuple = tuple.__new__
+
+
+def _carried_period(
+    account: CustomerAccount, items: Sequence[Pending]
+) -> tuple[str | None, tuple[str | None, Decimal, Sequence[str]] | None]:
+    """The alerts' period a batch's records all count in, which their reservation then
+    carries (``CustomerAccount.alert_period_of``: no ``AlertPeriodSpent`` in the save),
+    and the alerts' watch before it; (None, None) for an account without thresholds."""
+    if not account.alert_thresholds:
+        return None, None
+    alert_period = account.alert_period_of({i.period.key for i in items})
+    return alert_period, account.alert_watch() if alert_period is not None else None
 
 
 def _join(lines: dict[UUID, SettledLine], line: InvoiceLine, item: Pending) -> SettledLine:

@@ -159,3 +159,85 @@ def test_a_grant_carried_exactly_to_its_mark_is_walked_and_fires() -> None:
 
 def _batch_of(*records: tuple[str, str]) -> list[Spend]:
     return [Spend(u, transaction_id("acme", u), Decimal(a), PERIODS[1]) for u, a in records]
+
+
+def _reserve_then_check(
+    account: CustomerAccount, records: list[Spend], now: datetime, *, carried: bool
+) -> tuple[list[Any], tuple[Any, ...], list[Any]]:
+    """The ingest's usual batch (``settle_account``): reserve and burn at once, then the
+    alerts; with ``carried``, the reservation carries the alerts' period as the ingest's
+    does (``alert_period_of``). The crossings, the alerts' state after, and the events."""
+    alert_period = account.alert_period_of({r.period for r in records}) if carried else None
+    watched = account.alert_watch() if alert_period is not None else None
+    burns = account.reserve_and_burn([(r.transaction_id, r.amount) for r in records], now,
+                                     alert_period)  # fmt: skip
+    account.check_alerts(records, [b.reserved for b in burns], now, watched)
+    events = account.collect_events()
+    crossed = [
+        {k: v for k, v in vars(e).items() if k not in ("timestamp", "originator_version")}
+        for e in events
+        if isinstance(e, CustomerAccount.AlertCrossed)
+    ]
+    return crossed, _alert_state(account), events
+
+
+def _alert_state(account: CustomerAccount) -> tuple[Any, ...]:
+    return account.alert_period, account.alert_period_spend, tuple(account.alerts_crossed)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_reservation_that_carries_the_alerts_period_decides_as_the_spend_event(
+    seed: int,
+) -> None:
+    """Carrying the alerts' period on ``AmountsReserved`` (the period's spend moved with
+    the reservation, no ``AlertPeriodSpent``) crosses the same thresholds, with the same
+    records, and leaves the same period, spend and crossed as recording the spend on its
+    own; and the account rebuilt from its events has them too."""
+    rng = random.Random(seed)
+    carried, alone = _account(rng), _account(random.Random(seed))
+    history = carried.collect_events()
+    alone.collect_events()
+    for b in range(12):
+        records = [
+            r._replace(amount=abs(r.amount)) for r in _batch(rng, rng.randint(1, 12), b * 100)
+        ]
+        now = T0 + timedelta(hours=rng.randint(1, 24 * 10))
+        fast = _reserve_then_check(carried, records, now, carried=True)
+        slow = _reserve_then_check(alone, records, now, carried=False)
+        assert fast[:2] == slow[:2], f"batch {b}"
+        history += fast[2]
+    rebuilt = None
+    for e in history:
+        rebuilt = e.mutate(rebuilt)
+    assert isinstance(rebuilt, CustomerAccount)
+    assert _alert_state(rebuilt) == _alert_state(carried)
+
+
+def test_a_quiet_batch_moves_the_period_spend_with_its_reservation_alone() -> None:
+    account = CustomerAccount.open("acme", "USD")
+    account.set_alerts(["spend:1000"])
+    account.collect_events()
+    for n, amount in enumerate((Decimal(30), Decimal("12.5"))):
+        records = [Spend(f"u{n}", transaction_id("acme", f"u{n}"), amount, PERIODS[1])]
+        _, state, events = _reserve_then_check(account, records, T0, carried=True)
+        names = [type(e).__name__ for e in events]
+        assert names == ["AmountsReserved"] and events[0].alert_period == PERIODS[1]
+    assert state == (PERIODS[1], Decimal("42.5"), ())
+    # A batch over two periods, one later than the watched: walked, its spend recorded.
+    later = [Spend(f"v{p}", transaction_id("acme", f"v{p}"), Decimal(5), p) for p in PERIODS]
+    _, state, events = _reserve_then_check(account, later, T0, carried=True)
+    assert [type(e).__name__ for e in events] == ["AmountsReserved", "AlertPeriodSpent"]
+    assert events[0].alert_period is None and state == (PERIODS[2], Decimal(5), ())
+
+
+def test_a_batch_of_a_later_period_starts_its_watch_afresh_in_its_reservation() -> None:
+    account = CustomerAccount.open("acme", "USD")
+    account.set_alerts(["spend:40"])
+    account.collect_events()
+    dec = [Spend("u1", transaction_id("acme", "u1"), Decimal(50), PERIODS[1])]
+    crossed, state, _ = _reserve_then_check(account, dec, T0, carried=True)
+    assert len(crossed) == 1 and state == (PERIODS[1], Decimal(50), ("spend:40",))
+    jan = [Spend("u2", transaction_id("acme", "u2"), Decimal(5), PERIODS[2])]
+    crossed, state, events = _reserve_then_check(account, jan, T0, carried=True)
+    assert events[0].alert_period == PERIODS[2] and len(events) == 1
+    assert crossed == [] and state == (PERIODS[2], Decimal(5), ())  # nothing crossed in it

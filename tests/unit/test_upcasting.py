@@ -128,6 +128,29 @@ def test_a_version_1_account_loads_its_integer_reservations_exactly() -> None:
     reserved = ledger.history(account_id)[1]
     assert isinstance(reserved, CustomerAccount.AmountsReserved)
     assert reserved.amounts == ["25", "100"]
+    assert reserved.alert_period is None  # version 3's field: it moved no alerts' spend
+
+
+def test_a_version_2_reservation_moves_no_alerts_spend() -> None:
+    """Before version 3 a save recorded the alerts' period spend as ``AlertPeriodSpent``;
+    its reservations load without an alerts' period and leave that spend alone."""
+    ledger = memory_ledger()
+    account_id = CustomerAccount.create_id("acme", "USD")
+    opened = {"originator_topic": ACCOUNT.rstrip("."), "customer_id": "acme",
+              "currency": "USD", "spend_limit": None}  # fmt: skip
+    period = "2026-12-01T00:00:00Z"
+    ledger.recorder.insert_events([
+        _stored(account_id, 1, ACCOUNT + "Opened", opened),
+        _stored(account_id, 2, ACCOUNT + "AlertsSet", {"thresholds": ["spend:1000"]}),
+        _stored(account_id, 3, ACCOUNT + "AmountsReserved",
+                {"transaction_ids": ["a"], "amounts": ["30"], "class_version": 2}),
+        _stored(account_id, 4, ACCOUNT + "AlertPeriodSpent", {"period": period, "spend": "30"}),
+    ])  # fmt: skip
+    account = ledger.account("acme", "USD")
+    assert account is not None
+    assert (account.reserved, account.alert_period, account.alert_period_spend) == (
+        Decimal(30), period, Decimal(30),
+    )  # fmt: skip
 
 
 def _v2_metered(txn_id: object) -> StoredEvent:
