@@ -45,8 +45,8 @@ class ServerCpu:
         with psycopg.connect(database_url, autocommit=True) as conn:
             row = conn.execute("SELECT pg_backend_pid()").fetchone()
             found = _stat(int(row[0])) if row else None  # while the backend is there
-        # A server on another machine has its own process ids: one here may be anything.
-        ours = found is not None and _is_postgres(found[0]) and _is_postgres(found[1])
+            # A server on another machine has its own process ids: one here may be anything.
+            ours = found is not None and _is_postgres(found[0]) and _is_postgres(found[1])
         self.postmaster = found[1] if found is not None and ours else None
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
