@@ -356,9 +356,13 @@ class AlertWebhooks:
         return len(written)
 
     def stats(self) -> dict[str, Any]:
+        """The counters, the outcomes' three read together (``_count`` moves them under
+        the same guard, so one reading never mixes two writes)."""
         with self._guard:
-            unwritten = len(self._ended)
-        return {
-            k: getattr(self, k)
-            for k in ("read", "unreadable", "fanned_out", "delivered", "failed_attempts")
-        } | {"gave_up": self.gave_up, "outcomes_unwritten": unwritten}
+            outcomes = {
+                "delivered": self.delivered,
+                "failed_attempts": self.failed_attempts,
+                "gave_up": self.gave_up,
+                "outcomes_unwritten": len(self._ended),
+            }
+        return {k: getattr(self, k) for k in ("read", "unreadable", "fanned_out")} | outcomes
