@@ -66,6 +66,7 @@ from domain.alerts import (
     crossings,
     grant_mark,
     parse_thresholds,
+    quiet_at,
     quiet_spend,
 )
 from domain.credits import (
@@ -416,15 +417,14 @@ class CustomerAccount(Aggregate):
     def _amounts_reserved(
         self, transaction_ids: list[str], amounts: list[str], alert_period: str | None = None
     ) -> None:
-        total = self.reserved
-        for amount in amounts:
-            total = add_exact(total, Decimal(amount))
-        self.reserved = total
+        # Summed once, exactly, then added: the same total as adding each in turn (the
+        # sum is exact, and a stored batch's running totals were all within the bound).
+        spend = sum_exact(map(Decimal, amounts))
+        self.reserved = add_exact(self.reserved, spend)
         if alert_period is not None:  # as ``Watch.enter`` then its spend, for each of them
             if self.alert_period is None or alert_period > self.alert_period:
                 self.alert_period, self.alert_period_spend = alert_period, Decimal(0)
                 self.alerts_crossed = ()
-            spend = sum_exact(map(Decimal, amounts))
             self.alert_period_spend = add_exact(self.alert_period_spend, spend)
 
     def alert_period_of(self, periods: Collection[str]) -> str | None:
@@ -579,6 +579,26 @@ class CustomerAccount(Aggregate):
         assert watch.period is not None  # records is not empty
         if (watch.period, watch.spend) != (self.alert_period, self.alert_period_spend):
             self._alert_period_spent(watch.period, f"{canonical(watch.spend):f}")
+
+    def quiet_after(
+        self, watched: tuple[str | None, Decimal, Sequence[str]], now: datetime | None = None
+    ) -> bool:
+        """Whether ``check_alerts`` would record nothing for a batch every record of was
+        reserved (``reserve_all``: none negative) by a reservation that carried the period
+        the alerts watched before it (``watched``: that watch). The reservation moved the
+        period's spend already and every measure moved one way (``quiet_spend``'s case),
+        so the batch's end decides, here, before its records are made into ``Spend``, and
+        its grants passed no mark. False otherwise: the caller calls ``check_alerts``,
+        which decides the same."""
+        period, _, crossed = watched
+        if period is None or period != self.alert_period:
+            return False
+        thresholds = [Threshold.parse(k) for k in self.alert_thresholds]
+        balance = self._live_balance(now) if self.grants else None
+        spend, limit = self.alert_period_spend, self.spend_limit
+        return quiet_at(
+            thresholds, crossed, self.committed, spend, limit, balance
+        ) and not self._grant_marks_passed(thresholds)
 
     def _live_balance(self, now: datetime | None) -> Decimal:
         """What the grants live at ``now`` hold (all of them when ``now`` is None): the

@@ -38,7 +38,7 @@ it, with an id derived from the account, the threshold and the period, or the gr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import NamedTuple
@@ -65,6 +65,7 @@ __all__ = [
     "crossings",
     "grant_mark",
     "parse_thresholds",
+    "quiet_at",
     "quiet_spend",
 ]
 
@@ -290,12 +291,27 @@ def quiet_spend(  # noqa: PLR0917
             return None
         total = running_sum(total, record.amount)
     spend = running_sum(watch.spend, total)
+    return spend if quiet_at(thresholds, watch.crossed, committed, spend, limit, balance) else None
+
+
+def quiet_at(  # noqa: PLR0917
+    thresholds: Sequence[Threshold],
+    crossed: Collection[str],
+    committed: Decimal,
+    spend: Decimal,
+    limit: int | None,
+    balance: Decimal | None,
+) -> bool:
+    """Whether a batch's end (the committed spend, the period's spend and the live
+    balance after it) reaches no threshold not ``crossed`` yet (``percent_of_grant``
+    aside: the account checks its grants): ``quiet_spend``'s test, for a batch known to
+    move every measure one way."""
     for threshold in thresholds:
-        if threshold.kind == PERCENT_OF_GRANT or threshold.key in watch.crossed:
+        if threshold.kind == PERCENT_OF_GRANT or threshold.key in crossed:
             continue
         if _measure(threshold, committed, spend, limit, balance) is not None:
-            return None
-    return spend
+            return False
+    return True
 
 
 def _measure(

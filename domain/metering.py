@@ -31,7 +31,7 @@ Two forms of the same decision:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -204,6 +204,7 @@ class SettledLine:
     members: list[Pending] = field(default_factory=list)
     price: Price | None = None
     quantity: Decimal = Decimal(0)
+    credits: list[Decimal] = field(default_factory=list)  # the prepaid credit they consumed
 
 
 def settle_account(
@@ -230,30 +231,30 @@ def settle_account(
     fall below its threshold records the purchase's start in the same save
     (``CustomerAccount.check_top_up``)."""
     lines: dict[UUID, SettledLine] = {}
-    credited: list[tuple[UUID, InvoiceLine, Decimal]] = []
     topping = account.top_up_below is not None  # an automatic top-up rule: its balance
     before = account.live_credit(book.now) if topping else Decimal(0)
     watched = None  # the alerts' watch before the reservation, when it moves the spend
+    joined = False  # every record reserved (the alerts' quiet batch may be)
     if not by_line:
         alert_period, watched = _carried_period(account, items)
-        burns = account.reserve_and_burn(
-            [(i.metering.transaction_id, i.fields["amount"]) for i in items],
-            book.now,
-            alert_period,
-        )
+        requests = [(i.metering.transaction_id, i.fields["amount"]) for i in items]
+        burns = account.reserve_and_burn(requests, book.now, alert_period)
         for item, burn in zip(items, burns, strict=True):
             if burn.reserved:
-                line = book.line_for(item.fields["meter"], item.period)
-                _join(lines, line, item)
+                settled = _join(lines, book.line_for(item.fields["meter"], item.period), item)
                 if burn.credit:
-                    credited.append((item.metering.transaction_id, line, burn.credit))
+                    settled.credits.append(burn.credit)
             else:
                 item.refused = refusal(account, item.fields["amount"], burn)
+        joined = all(burn.reserved for burn in burns)
     else:
-        _settle_by_line(account, book, items, lines, credited)
+        _settle_by_line(account, book, items, lines)
     if topping:  # a fall below the rule's threshold starts one purchase, in this save
         account.check_top_up(before, book.now)
-    if account.alert_thresholds:  # spend alerts: one call, right after the reservation
+    # Spend alerts, right after the reservation; the usual batch, whose end reaches no
+    # threshold, is decided without making its records into ``Spend`` (``quiet_after``).
+    quiet = joined and watched is not None and account.quiet_after(watched, book.now)
+    if account.alert_thresholds and not quiet:
         decided = [i for i in items if i.rejected is None]
         # Each record as the alerts see it (``Spend``), made as the tuple it is: one per
         # record of every batch of an account with alerts.
@@ -272,7 +273,7 @@ def settle_account(
         else:
             tier = price.tier_reached(settled.quantity)
             line.settle(entries, [m.fields["quantity"] for m in members], tier)
-    return list(lines.values()), book.apply_credits(credited) if credited else []
+    return list(lines.values()), book.apply_credits(lines.values())
 
 
 _new_tuple = tuple.__new__
@@ -303,7 +304,6 @@ def _settle_by_line(
     book: LineBook,
     items: Sequence[Pending],
     lines: dict[UUID, SettledLine],
-    credited: list[tuple[UUID, InvoiceLine, Decimal]],
 ) -> None:
     """``settle_account`` for a batch holding records priced by line quantity: the
     same decisions as ``reserve_and_burn``, one record at a time (``Hold``, ``Burner``)."""
@@ -334,8 +334,7 @@ def _settle_by_line(
             item.refused = refusal(account, amount)
             continue
         if price is None or after is None:
-            line = book.line_for(fields["meter"], item.period)
-            _join(lines, line, item)
+            settled = _join(lines, book.line_for(fields["meter"], item.period), item)
         else:
             line = book.line_for(fields["meter"], item.period, version, price.model)
             running[line.id] = after
@@ -344,7 +343,7 @@ def _settle_by_line(
         if burner is not None:
             credit = burner.burn(txn_id, canonical(amount))
             if credit:
-                credited.append((txn_id, line, credit))
+                settled.credits.append(credit)
     hold.record()
     if burner is not None:
         burner.record()
@@ -429,23 +428,19 @@ class LineBook:
             f"no open invoice within {MAX_LATE_HOPS} periods after {occurred.key}"
         )
 
-    def apply_credits(
-        self, credited: Sequence[tuple[UUID, InvoiceLine, Decimal]]
-    ) -> list[CreditLine]:
-        """Record each (transaction, its usage line, credit it consumed) on the credit line
-        of the usage line's invoice (``domain.credit_line``), one event per credit line;
-        the credit lines changed."""
-        of_line: dict[UUID, tuple[InvoiceLine, list[Decimal]]] = {}  # first seen first
-        for _, line, credit in credited:
-            found = of_line.get(line.id)
-            if found is None:
-                of_line[line.id] = (line, [credit])
-            else:
-                found[1].append(credit)
+    def apply_credits(self, settled: Iterable[SettledLine]) -> list[CreditLine]:
+        """Record the credit each usage line's records consumed (``SettledLine.credits``)
+        on the credit line of that line's invoice (``domain.credit_line``), one event per
+        credit line; the credit lines changed."""
         by_credit_line: dict[UUID, tuple[CreditLine, dict[str, list[Decimal]]]] = {}
-        for line_id, (line, credits) in of_line.items():
-            credit_line = self._credit_line(line.period)
-            by_credit_line.setdefault(credit_line.id, (credit_line, {}))[1][str(line_id)] = credits
+        for one in settled:
+            if one.credits:
+                line = one.line
+                credit_line = self._credit_line(line.period)
+                found = by_credit_line.get(credit_line.id)
+                if found is None:
+                    found = by_credit_line[credit_line.id] = (credit_line, {})
+                found[1][str(line.id)] = one.credits
         for credit_line, per_line in by_credit_line.values():
             credit_line.apply_per_line(per_line)
         return [credit_line for credit_line, _ in by_credit_line.values()]

@@ -241,3 +241,54 @@ def test_a_batch_of_a_later_period_starts_its_watch_afresh_in_its_reservation() 
     crossed, state, events = _reserve_then_check(account, jan, T0, carried=True)
     assert events[0].alert_period == PERIODS[2] and len(events) == 1
     assert crossed == [] and state == (PERIODS[2], Decimal(5), ())  # nothing crossed in it
+
+
+def test_a_batch_the_account_finds_quiet_records_nothing_when_walked() -> None:
+    """``quiet_after`` (the ingest's way past ``check_alerts`` for a batch every record of
+    was reserved): when it finds the batch's end quiet, ``check_alerts`` records nothing
+    for it either; over 40 seeded accounts it finds batches quiet, and it leaves others
+    (which then cross a threshold or move the period) to ``check_alerts``."""
+    quiet_ones = walked = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        account = _account(rng)
+        account.collect_events()
+        for b in range(16):
+            records = [
+                r._replace(amount=abs(r.amount)) for r in _batch(rng, rng.randint(1, 12), b * 100)
+            ]
+            now = T0 + timedelta(hours=rng.randint(1, 24 * 10))
+            alert_period = account.alert_period_of({r.period for r in records})
+            watched = account.alert_watch() if alert_period is not None else None
+            burns = account.reserve_and_burn(
+                [(r.transaction_id, r.amount) for r in records], now, alert_period
+            )
+            granted = [b.reserved for b in burns]
+            quiet = watched is not None and all(granted) and account.quiet_after(watched, now)
+            before = len(account.pending_events)
+            account.check_alerts(records, granted, now, watched)
+            recorded = len(account.pending_events) > before
+            assert not (quiet and recorded), f"seed {seed}, batch {b}"
+            quiet_ones += quiet
+            walked += recorded
+            account.collect_events()
+    assert quiet_ones and walked
+
+
+def test_a_batch_of_a_later_period_is_not_quiet_for_what_the_period_before_crossed() -> None:
+    """A threshold crossed in December is crossed again by January's first batch: the
+    account does not find that batch quiet from December's watch."""
+    account = CustomerAccount.open("acme", "USD")
+    account.set_alerts(["spend:40"])
+    account.collect_events()
+    dec = [Spend("u1", transaction_id("acme", "u1"), Decimal(50), PERIODS[1])]
+    crossed, _, _ = _reserve_then_check(account, dec, T0, carried=True)
+    assert len(crossed) == 1
+    jan = [Spend("u2", transaction_id("acme", "u2"), Decimal(45), PERIODS[2])]
+    watched = account.alert_watch()
+    account.reserve_and_burn([(jan[0].transaction_id, jan[0].amount)], T0, PERIODS[2])
+    assert not account.quiet_after(watched, T0)
+    account.check_alerts(jan, [True], T0, watched)
+    assert [
+        e.period for e in account.collect_events() if e.__class__.__name__ == "AlertCrossed"
+    ] == [PERIODS[2]]

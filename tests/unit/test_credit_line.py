@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 from uuid import uuid4
 
 import pytest
@@ -57,3 +58,79 @@ def test_a_credit_line_takes_no_usage_and_no_credit_once_frozen() -> None:
         line.apply([(uuid4(), uuid4(), Decimal(1))])
     line.apply([(uuid4(), uuid4(), Decimal(0))])  # nothing to apply: nothing recorded
     assert line.billed == 0
+
+
+@pytest.mark.parametrize("tiered", [False, True], ids=["flat", "graduated"])
+@pytest.mark.parametrize("grant", [10**9, 5_000])
+def test_an_ingest_batch_credits_each_usage_line_what_its_records_consumed(
+    grant: int, tiered: bool
+) -> None:
+    """Through the ingest's decision (``meter_batch_events``), over two meters and two
+    batches, priced flat or by line quantity (graduated tiers: decided one record at a
+    time): the credit line holds, per usage line, exactly the credit its records
+    consumed (every record's whole amount while the grant lasts; the last one it reaches
+    in part; none after), and the grant's consumption is their sum."""
+    from datetime import timedelta
+
+    from domain.account import CustomerAccount
+    from domain.metering import Metering
+    from domain.metering_events import meter_batch_events
+    from domain.pricing import Price, PriceList, Tier
+    from domain.transaction import Source
+    from domain.usage import UsageRecord
+
+    prices = PriceList({
+        "api.requests": Price(Decimal("0.01"), "USD"),
+        "gpt.tokens": Price(Decimal("2.50"), "USD", per=1_000_000),
+    })  # fmt: skip
+    if tiered:  # its own rate up to 100,000 units, 90% of it above
+        prices = PriceList({
+            name: Price(p.unit_price, p.currency, p.per, "graduated",
+                        (Tier(100_000, p.unit_price), Tier(None, p.unit_price * Decimal("0.9"))))
+            for name, p in prices.prices.items()
+        })  # fmt: skip
+    now = datetime(2026, 12, 15, tzinfo=UTC)
+    account = CustomerAccount.open("acme", "USD", None)
+    account.grant_credit(
+        "g", grant, effective_at=now - timedelta(days=1), source="promotional", reason="r"
+    )
+    account.collect_events()
+    stored: dict[object, Any] = {account.id: account}
+    rng = random.Random(7)
+    expected: dict[str, Decimal] = {}
+    left = Decimal(grant)
+    for b in range(2):
+        usage = [
+            Metering(
+                UsageRecord(
+                    usage_id=f"u-{b}-{n}", customer_id="acme",
+                    meter=rng.choice(("api.requests", "gpt.tokens")),
+                    quantity=Decimal(rng.randint(1, 90_000)), occurred_at=now - timedelta(hours=1),
+                ),
+                Source("usage", 0, b * 100 + n),
+            )
+            for n in range(30)
+        ]  # fmt: skip
+        decision = meter_batch_events(
+            usage, prices, load_account=lambda c, cur: stored[account.id],
+            load_line=stored.get, load_invoice=stored.get, periods=PeriodPolicy(), now=now,
+        )  # fmt: skip
+        joined: dict[str, tuple[str, Decimal]] = {}  # transaction: its usage line, amount
+        for aggregate in decision.touched:
+            for event in aggregate.collect_events():
+                if isinstance(event, InvoiceLine.Settled) and not isinstance(aggregate, CreditLine):
+                    for txn, text in zip(event.transaction_ids, event.amounts, strict=True):
+                        joined[txn] = (str(aggregate.id), Decimal(text))
+            stored[aggregate.id] = aggregate
+        for metering in usage:  # burnt in the batch's order, across its lines
+            line_id, amount = joined[str(metering.transaction_id)]
+            take = min(amount, left)
+            left -= take
+            if take:
+                expected[line_id] = expected.get(line_id, Decimal(0)) + take
+    credit_lines = [a for a in stored.values() if isinstance(a, CreditLine)]
+    assert len(credit_lines) == 1 and len(expected) == 2
+    credit_line = credit_lines[0]
+    assert credit_line.per_line == expected
+    assert credit_line.billed == -sum(round_minor(c) for c in expected.values())
+    assert account.grants["g"].consumed == sum(expected.values())
