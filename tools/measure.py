@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 
-__all__ = ["ServerCpu", "cores", "percentile", "terminate"]
+__all__ = ["ServerCpu", "cores", "percentile", "quiet_server", "terminate"]
 
 
 def cores() -> int:
@@ -33,6 +33,23 @@ def terminate(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def quiet_server(url: str, *, vacuum: bool = False) -> bool:
+    """Leave the PostgreSQL server at ``url`` owing nothing for writes already made, so
+    that the next run measured there does not pay for them: with ``vacuum``, the
+    database's tables vacuumed and analysed now (else autovacuum would do it during a
+    later run), then a checkpoint (else the next one, timed or by WAL size, could fall in
+    it). False, nothing done, when the role may not (a checkpoint needs a superuser or
+    ``pg_checkpoint``)."""
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            if vacuum:
+                conn.execute("VACUUM (ANALYZE)")
+            conn.execute("CHECKPOINT")
+    except psycopg.errors.InsufficientPrivilege:
+        return False
+    return True
 
 
 class ServerCpu:

@@ -10,7 +10,7 @@ import time
 import psycopg
 import pytest
 
-from tools.measure import ServerCpu
+from tools.measure import ServerCpu, quiet_server
 
 pytestmark = pytest.mark.integration
 
@@ -52,3 +52,40 @@ def test_a_backend_id_that_is_not_a_local_postgres_process_is_not_read(
     monkeypatch.setattr("tools.measure._is_postgres", lambda pid: pid != os.getpid())
     cpu = ServerCpu(database_url)
     assert cpu.postmaster is None and cpu.read() is None
+
+
+def _checkpoints(conn: psycopg.Connection[tuple[int]]) -> int:
+    """Checkpoints requested so far (the view moved in PostgreSQL 17)."""
+    if conn.info.server_version >= 170000:
+        row = conn.execute("SELECT num_requested FROM pg_stat_checkpointer").fetchone()
+    else:
+        row = conn.execute("SELECT checkpoints_req FROM pg_stat_bgwriter").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_quiet_server_owes_no_vacuum_and_no_checkpoint_for_earlier_writes(
+    database_url: str,
+) -> None:
+    """``tools.measure.quiet_server``, which ``bench ingest`` runs between its runs: the
+    database's tables vacuumed and analysed, and a checkpoint taken."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE written (n int)")
+        conn.execute("INSERT INTO written SELECT generate_series(1, 20000)")
+        conn.execute("DELETE FROM written WHERE n % 2 = 0")
+        before = _checkpoints(conn)
+    assert quiet_server(database_url, vacuum=True)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        deadline = time.monotonic() + 10
+        while True:  # the statistics are reported as the vacuum's backend goes on
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute(
+                "SELECT last_vacuum IS NOT NULL AND last_analyze IS NOT NULL, n_dead_tup"
+                " FROM pg_stat_user_tables WHERE relname = 'written'"
+            ).fetchone()
+            assert row is not None
+            if (row[0] and _checkpoints(conn) > before) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert row == (True, 0)
+        assert _checkpoints(conn) > before
