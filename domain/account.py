@@ -417,14 +417,21 @@ class CustomerAccount(Aggregate):
     def _amounts_reserved(
         self, transaction_ids: list[str], amounts: list[str], alert_period: str | None = None
     ) -> None:
-        # Summed once, exactly, then added: the same total as adding each in turn (the
-        # sum is exact, and a stored batch's running totals were all within the bound).
-        spend = sum_exact(map(Decimal, amounts))
-        self.reserved = add_exact(self.reserved, spend)
+        values = [Decimal(amount) for amount in amounts]
+        spend = _sum_onto(values)
+        if spend is None:  # a negative amount, or a sum that is not exact on its own
+            total = self.reserved
+            for value in values:
+                total = add_exact(total, value)
+            self.reserved = total
+        else:
+            self.reserved = add_exact(self.reserved, spend)
         if alert_period is not None:  # as ``Watch.enter`` then its spend, for each of them
             if self.alert_period is None or alert_period > self.alert_period:
                 self.alert_period, self.alert_period_spend = alert_period, Decimal(0)
                 self.alerts_crossed = ()
+            if spend is None:
+                spend = sum_exact(values)
             self.alert_period_spend = add_exact(self.alert_period_spend, spend)
 
     def alert_period_of(self, periods: Collection[str]) -> str | None:
@@ -1078,6 +1085,21 @@ CREDIT_EVENTS: frozenset[type[CustomerAccount.Event]] = frozenset({
 
 def _check_limit(spend_limit: int | None, currency: str) -> None:
     check_spend_limit(spend_limit, currency)
+
+
+def _sum_onto(values: Sequence[Decimal]) -> Decimal | None:
+    """The exact sum of ``values`` when adding it at once gives what adding each in turn
+    gives (``AmountsReserved``'s mutator, on every load of every stored event): when none
+    is negative, the running totals only rise, so the bound is passed by the last or by
+    none, and the same total comes out. None (add each in turn) when one is negative, or
+    when the sum alone is beyond the bound or not exact in 60 digits (a running total
+    can be, where the sum is not: -10^10 + 10^10 + 10^-50)."""
+    if not values or min(values) < 0:
+        return None
+    try:
+        return sum_exact(values)
+    except (ArithmeticError, ValueError):
+        return None
 
 
 def _check_amount(amount: Decimal) -> None:

@@ -323,3 +323,35 @@ def test_an_account_cannot_be_opened_with_a_limit_out_of_range(limit: int) -> No
     assert CustomerAccount.open("acme", "USD", MAX_SPEND_LIMIT_MINOR).spend_limit == (
         MAX_SPEND_LIMIT_MINOR
     )
+
+
+@pytest.mark.parametrize(
+    "amounts",
+    [
+        # A tier's drop, then a tiny record: each running total is exact in 60 digits,
+        # their sum alone is not (from 10^10 down to 10^-50).
+        ["-99999999998.99999999999999999999999999", "1E-50"],
+        ["12.5", "0.000001", "7"],  # the usual batch: summed once
+        [],
+    ],
+)
+def test_a_stored_reservation_replays_to_each_amount_added_in_turn(amounts: list[str]) -> None:
+    """``AmountsReserved``'s mutator, which every load of a stored event runs: what it
+    reserves is ``reserved`` plus each amount in turn, and an event that was stored
+    replays, whatever the sizes and signs of its amounts."""
+    from datetime import UTC, datetime
+    from decimal import localcontext
+    from uuid import uuid4
+
+    account = CustomerAccount.open("acme", "USD")
+    account.reserve_all([(uuid4(), Decimal(10) ** 11 - 1)])
+    account.collect_events()
+    with localcontext(prec=100):  # exact here (the default context keeps 28 digits)
+        expected = account.reserved + sum((Decimal(a) for a in amounts), Decimal(0))
+    stored = CustomerAccount.AmountsReserved(
+        originator_id=account.id, originator_version=account.version + 1,
+        timestamp=datetime.now(UTC), transaction_ids=[str(uuid4()) for _ in amounts],
+        amounts=amounts, alert_period=None,
+    )  # fmt: skip
+    stored.mutate(account)
+    assert account.reserved == expected
