@@ -5,9 +5,10 @@ One record can never stop a batch. Decoding is total (``decode_usage`` raises on
 ``InvalidUsage``), and as a last resort anything else a record raises while it is
 decoded or priced makes that record a dead letter with reason ``internal: <type>``
 (logged with its traceback) while the rest of the batch is recorded. Pricing runs
-inside the batch's save, so a batch whose save raises something unexpected is probed
-record by record, with the same pure decision and event encoding but no write; the
-records that raise alone are set aside and the others saved. An error no single record
+inside the batch's save, so a batch whose save raises is probed record by record, with
+the same pure decision and event encoding but no write; the records that raise alone
+are set aside (an ``InvalidUsage`` raised past the decision's own rejections, as when a
+line's total would not be exact, with its reason) and the others saved. An error no single record
 causes (the database went away) still fails the batch, uncommitted, to be delivered
 again.
 
@@ -128,8 +129,9 @@ def decode(
 def record(
     ledger: BillingLedger, valid: list[Metering]
 ) -> tuple[MeteredBatch, list[tuple[Metering, str]]]:
-    """``record_usage``; when it raises something no rule explains, the records that
-    raise on their own are set aside (``internal: <type>``) and the rest saved."""
+    """``record_usage``; when it raises, the records that raise on their own are set
+    aside (a refusal with its reason, anything else ``internal: <type>``) and the rest
+    saved."""
     culprits: list[tuple[Metering, str]] = []
     while True:
         try:
@@ -159,8 +161,11 @@ def _culprits(ledger: BillingLedger, valid: Sequence[Metering]) -> list[tuple[Me
             events = [e for a in touched for e in a.collect_events()]
             for event in [*decision.transaction_events, *events]:
                 ledger.mapper.to_stored_event(event)
-        except InvalidUsage:
-            continue  # a reason of its own: record_usage rejects it, it does not raise
+        except InvalidUsage as exc:
+            # Pricing's refusals the decision rejects itself; one raised past it (a rule
+            # met while the record's line is settled, in the save) is still this
+            # record's, with a reason of its own: set aside, not the batch failed again.
+            found.append((metering, str(exc)))
         except DATABASE_ERRORS:
             raise  # loading the account failed: not this record's fault
         except Exception as exc:

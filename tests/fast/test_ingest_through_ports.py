@@ -289,3 +289,40 @@ def test_dead_letters_the_broker_refused_stay_in_the_table_and_billing_goes_on(
         "dead letters not on the dead-letter topic: 1 of 1 messages not acknowledged by the"
         " broker: expired after 120000 ms" in caplog.text
     )
+
+
+@pytest.mark.parametrize("path", ["process", "write-behind"])
+def test_a_record_whose_settling_refuses_it_is_set_aside_with_the_reason(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rule that refuses one record after it was priced (``InvalidUsage`` raised while
+    its line is settled, inside the save) sets that record aside with the rule's reason;
+    the rest of the batch is recorded and its offsets committed, instead of the batch
+    failing and coming back for ever."""
+    from domain.errors import InvalidUsage
+    from domain.invoice_line import InvoiceLine
+
+    refused = str(transaction_id("acme", "r1"))
+    settle = InvoiceLine.settle
+
+    def refusing(self: InvoiceLine, entries: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(str(txn) == refused for txn, _ in entries):
+            raise InvalidUsage("amount_not_exact: the line's total would need 61 digits")
+        return settle(self, entries, *args, **kwargs)
+
+    monkeypatch.setattr(InvoiceLine, "settle", refusing)
+    batch = [_record(n, usage(f"r{n}").to_json()) for n in range(3)]
+    worker, letters = _worker([batch] if path == "write-behind" else [])
+    if path == "process":
+        worker.process(batch)
+    else:
+        _run(worker)
+
+    for usage_id in ("r0", "r2"):
+        txn = worker.ledger.transaction(transaction_id("acme", usage_id))
+        assert txn.state is TxnState.RESERVED
+    assert {k[2]: d.reason for k, d in letters.letters.items()} == {
+        1: "amount_not_exact: the line's total would need 61 digits"
+    }
+    offsets = worker.consumer.commits[-1]  # type: ignore[attr-defined]
+    assert [o.offset for o in offsets.values()] == [3]
