@@ -246,7 +246,7 @@ def settle_account(
                     settled.credits.append(burn.credit)
             else:
                 item.refused = refusal(account, item.fields["amount"], burn)
-        joined = all(burn.reserved for burn in burns)
+        joined = watched is not None and all(burn.reserved for burn in burns)
     else:
         _settle_by_line(account, book, items, lines)
     if topping:  # a fall below the rule's threshold starts one purchase, in this save

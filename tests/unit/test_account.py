@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import re
-from decimal import Decimal
+from datetime import UTC, datetime
+from decimal import Decimal, localcontext
+from uuid import uuid4
 
 import pytest
 
@@ -339,10 +341,6 @@ def test_a_stored_reservation_replays_to_each_amount_added_in_turn(amounts: list
     """``AmountsReserved``'s mutator, which every load of a stored event runs: what it
     reserves is ``reserved`` plus each amount in turn, and an event that was stored
     replays, whatever the sizes and signs of its amounts."""
-    from datetime import UTC, datetime
-    from decimal import localcontext
-    from uuid import uuid4
-
     account = CustomerAccount.open("acme", "USD")
     account.reserve_all([(uuid4(), Decimal(10) ** 11 - 1)])
     account.collect_events()

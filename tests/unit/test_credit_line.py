@@ -4,18 +4,24 @@ than the usage it pays for; and the usage lines it names are on its invoice."""
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 from uuid import uuid4
 
 import pytest
 
+from domain.account import CustomerAccount
 from domain.credit_line import CREDIT_METER, CreditLine
 from domain.errors import IllegalTransition
 from domain.invoice_line import InvoiceLine
+from domain.metering import Metering
+from domain.metering_events import meter_batch_events
 from domain.money import round_minor
 from domain.periods import PeriodPolicy
+from domain.pricing import Price, PriceList, Tier
+from domain.transaction import Source
+from domain.usage import UsageRecord
 
 PERIOD = PeriodPolicy().period_of(datetime(2026, 12, 1, tzinfo=UTC))
 
@@ -70,15 +76,6 @@ def test_an_ingest_batch_credits_each_usage_line_what_its_records_consumed(
     time): the credit line holds, per usage line, exactly the credit its records
     consumed (every record's whole amount while the grant lasts; the last one it reaches
     in part; none after), and the grant's consumption is their sum."""
-    from datetime import timedelta
-
-    from domain.account import CustomerAccount
-    from domain.metering import Metering
-    from domain.metering_events import meter_batch_events
-    from domain.pricing import Price, PriceList, Tier
-    from domain.transaction import Source
-    from domain.usage import UsageRecord
-
     prices = PriceList({
         "api.requests": Price(Decimal("0.01"), "USD"),
         "gpt.tokens": Price(Decimal("2.50"), "USD", per=1_000_000),
