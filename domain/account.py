@@ -38,19 +38,22 @@ lock (a process that loses the race reloads the account and decides again). The
 account is already loaded and written by every ingest batch, so the grants cost no
 extra read or write there. ``reserve_and_burn`` is the ingest's one call: it expires
 grants past their expiry (``CreditExpired``), reserves against the limit, and burns
-the reserved usage down the live grants (one ``CreditsConsumed`` per batch, like
-``AmountsReserved``); under the ``block`` policy a record the grants cannot cover is
-not reserved at all. ``grant_credit``, ``void_credit`` and ``set_credit_policy`` are the
+the reserved usage down the live grants. The usual batch, every record burnt whole
+from one grant, records that on its ``AmountsReserved`` (``burnt_from``, ``burnt_at``:
+one event per account and save, as the alerts' period spend is carried); any other
+burn is one ``CreditsConsumed`` per batch, listing each (transaction, grant, amount).
+``consumption`` reads either. Under the ``block`` policy a record the grants cannot
+cover is not reserved at all. ``grant_credit``, ``void_credit`` and ``set_credit_policy`` are the
 operator's commands. A void takes only what is left of a grant (``CreditVoided`` with
 that remainder): what usage consumed stays consumed, and is on its invoices.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 from decimal import Decimal
-from itertools import compress
+from itertools import compress, repeat
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -94,7 +97,15 @@ from domain.money import (
     sum_exact,
 )
 
-__all__ = ["CREDIT_EVENTS", "Burn", "Burner", "CustomerAccount", "Hold"]
+__all__ = [
+    "CREDIT_EVENTS",
+    "Burn",
+    "Burner",
+    "CustomerAccount",
+    "Hold",
+    "consumption",
+    "moves_credit",
+]
 
 
 class Burn(NamedTuple):
@@ -139,13 +150,18 @@ class CustomerAccount(Aggregate):
         spend_limit: int | None
 
     class AmountsReserved(Aggregate.Event):
-        class_version = 3
+        class_version = 4
         transaction_ids: list[str]
         amounts: list[str]  # exact minor units, canonical decimal text (v1: integers)
         # The alerts' period every one of these counts in (their spend in it grows by
         # their sum, a later one starting afresh), so that the save records no
         # ``AlertPeriodSpent`` for them; None: they do not move it (v2 and before).
         alert_period: str | None
+        # The grant every one of these amounts was burnt from, whole, at the save's moment
+        # ``burnt_at`` (the usual batch of an account with credit), so that the save
+        # records no ``CreditsConsumed`` for them; None: no credit (v3 and before).
+        burnt_from: str | None
+        burnt_at: datetime | None
 
         @staticmethod
         def upcast_v1_v2(state: dict[str, Any]) -> None:
@@ -154,6 +170,10 @@ class CustomerAccount(Aggregate):
         @staticmethod
         def upcast_v2_v3(state: dict[str, Any]) -> None:
             state["alert_period"] = None
+
+        @staticmethod
+        def upcast_v3_v4(state: dict[str, Any]) -> None:
+            state["burnt_from"] = state["burnt_at"] = None
 
     class AmountsRepriced(Aggregate.Event):
         transaction_ids: list[str]
@@ -388,6 +408,15 @@ class CustomerAccount(Aggregate):
     ) -> _Reserved:
         """``reserve_all``, given each request's transaction id as text (``keys``: the
         caller's, who needs the same text for the credit it burns); what it reserved."""
+        done = self._decide_reserve(requests, keys)
+        if done.ids:
+            self._amounts_reserved(done.ids, done.texts, alert_period)
+        return done
+
+    def _decide_reserve(
+        self, requests: Sequence[tuple[UUID, Decimal]], keys: Sequence[str]
+    ) -> _Reserved:
+        """What ``_reserve_all`` reserves, decided and not recorded."""
         granted: list[bool] = []
         ids: list[str] = []
         texts: list[str] = []
@@ -403,8 +432,6 @@ class CustomerAccount(Aggregate):
                 amounts.append(amount)
                 if headroom is not None:
                     headroom = add_exact(headroom, -amount)
-        if ids:
-            self._amounts_reserved(ids, texts, alert_period)
         return _Reserved(granted, ids, texts, amounts)
 
     def hold(self) -> Hold:
@@ -415,7 +442,12 @@ class CustomerAccount(Aggregate):
 
     @event(AmountsReserved)
     def _amounts_reserved(
-        self, transaction_ids: list[str], amounts: list[str], alert_period: str | None = None
+        self,
+        transaction_ids: list[str],
+        amounts: list[str],
+        alert_period: str | None = None,
+        burnt_from: str | None = None,
+        burnt_at: datetime | None = None,
     ) -> None:
         values = [Decimal(amount) for amount in amounts]
         spend = _sum_onto(values)
@@ -426,6 +458,11 @@ class CustomerAccount(Aggregate):
             self.reserved = total
         else:
             self.reserved = add_exact(self.reserved, spend)
+        if burnt_from is not None:  # as ``CreditsConsumed`` of each of them from the grant
+            if spend is None:
+                spend = sum_exact(values)
+            grant = self.grants[burnt_from]
+            grant.consumed = add_exact(grant.consumed, spend)
         if alert_period is not None:  # as ``Watch.enter`` then its spend, for each of them
             if self.alert_period is None or alert_period > self.alert_period:
                 self.alert_period, self.alert_period_spend = alert_period, Decimal(0)
@@ -619,8 +656,8 @@ class CustomerAccount(Aggregate):
     def _grant_marks_passed(self, thresholds: Sequence[Threshold]) -> bool:
         """Whether this save's consumption may have carried a grant across a
         ``percent_of_grant`` mark: some grant consumed at least a mark now, and less
-        than it before what the save's pending ``CreditsConsumed`` took (all of them: a
-        superset of the records checked, so never a crossing missed)."""
+        than it before what the save's pending consumption took (``consumption``: all of
+        it, a superset of the records checked, so never a crossing missed)."""
         percents = [t.value for t in thresholds if t.kind == PERCENT_OF_GRANT]
         if not percents:
             return False
@@ -634,10 +671,9 @@ class CustomerAccount(Aggregate):
             return False
         taken = dict.fromkeys(reached, Decimal(0))
         for pending in self.pending_events:
-            if isinstance(pending, self.CreditsConsumed):
-                for grant_id, text in zip(pending.grant_ids, pending.amounts, strict=True):
-                    if grant_id in taken:
-                        taken[grant_id] = running_sum(taken[grant_id], Decimal(text))
+            for _, grant_id, text in consumption(pending):
+                if grant_id in taken:
+                    taken[grant_id] = running_sum(taken[grant_id], Decimal(text))
         for grant_id, grant in reached.items():
             before = running_difference(grant.consumed, taken[grant_id])
             for percent in percents:
@@ -647,17 +683,13 @@ class CustomerAccount(Aggregate):
 
     def _credit_before(self, records: Sequence[Spend], now: datetime | None) -> Credit:
         """The credit as it was before ``records`` burnt it: this save's consumption
-        (its pending ``CreditsConsumed``) given back, per grant and in all."""
+        (its pending events' ``consumption``) given back, per grant and in all."""
         ids = {str(r.transaction_id): r.transaction_id for r in records}
         taken: dict[UUID, list[tuple[str, Decimal]]] = {}
         consumed = {g.grant_id: g.consumed for g in self.grants.values()}
         balance = self._live_balance(now)
         for pending in self.pending_events:
-            if not isinstance(pending, self.CreditsConsumed):
-                continue
-            for txn, grant_id, text in zip(
-                pending.transaction_ids, pending.grant_ids, pending.amounts, strict=True
-            ):
+            for txn, grant_id, text in consumption(pending):
                 record = ids.get(txn)
                 if record is None:
                     continue
@@ -811,13 +843,16 @@ class CustomerAccount(Aggregate):
             wanted = [(r, k) for r, k, b in zip(requests, keys, blocked, strict=True) if not b]
             done = self._reserve_all([r for r, _ in wanted], [k for _, k in wanted], alert_period)
         else:
-            done = self._reserve_all(requests, keys, alert_period)
-            if burner.burn_all(done.ids, done.texts, done.amounts):  # the usual batch
-                burner.record()
+            done = self._decide_reserve(requests, keys)
+            grant_id = burner.burn_all(done.amounts)
+            if grant_id is not None:  # the usual batch: burnt with its reservation
+                self._amounts_reserved(done.ids, done.texts, alert_period, grant_id, now)
                 return [
                     _new_tuple(Burn, (True, False, amount)) if ok else _REFUSED
                     for (_, amount), ok in zip(requests, done.granted, strict=True)
                 ]
+            if done.ids:
+                self._amounts_reserved(done.ids, done.texts, alert_period)
         reserved = iter(done.granted)
         burns: list[Burn] = []
         for (txn_id, amount), key, was_blocked in zip(requests, keys, blocked, strict=True):
@@ -1071,6 +1106,7 @@ class CustomerAccount(Aggregate):
 
 
 CREDIT_EVENTS: frozenset[type[CustomerAccount.Event]] = frozenset({
+    CustomerAccount.AmountsReserved,
     CustomerAccount.CreditGranted,
     CustomerAccount.CreditsConsumed,
     CustomerAccount.CreditExpired,
@@ -1079,8 +1115,28 @@ CREDIT_EVENTS: frozenset[type[CustomerAccount.Event]] = frozenset({
     CustomerAccount.CreditAwaitingPayment,
     CustomerAccount.CreditActivated,
 })  # fmt: skip
-"""The account's events that move its credit read models (``billing.credit_grants``,
-``billing.credit_balances``): a save with one of them changes its balance row."""
+"""The account's events that can move its credit read models (``billing.credit_grants``,
+``billing.credit_balances``): ``AmountsReserved`` only when it was burnt from a grant
+(``moves_credit`` says of one event whether it does)."""
+
+
+def moves_credit(event: object) -> bool:
+    """Whether an account's event moves its credit: a save with one changes its balance row."""
+    if isinstance(event, CustomerAccount.AmountsReserved):
+        return event.burnt_from is not None
+    return type(event) in CREDIT_EVENTS
+
+
+def consumption(event: object) -> Iterable[tuple[str, str, str]]:
+    """What an account's event consumed of its grants: (transaction id, grant id, exact
+    amount as decimal text), in the order burnt. A ``CreditsConsumed`` lists them; an
+    ``AmountsReserved`` burnt from a grant (the usual batch) consumed each of its amounts
+    whole from that grant; any other event, nothing."""
+    if isinstance(event, CustomerAccount.CreditsConsumed):
+        return zip(event.transaction_ids, event.grant_ids, event.amounts, strict=True)
+    if isinstance(event, CustomerAccount.AmountsReserved) and event.burnt_from is not None:
+        return zip(event.transaction_ids, repeat(event.burnt_from), event.amounts)
+    return ()
 
 
 def _check_limit(spend_limit: int | None, currency: str) -> None:
@@ -1220,30 +1276,23 @@ class Burner:
                 break
         return credit
 
-    def burn_all(
-        self, keys: Sequence[str], texts: Sequence[str], amounts: Sequence[Decimal]
-    ) -> bool:
-        """Burn every one of ``amounts`` (reserved records, in order; ``keys`` their ids and
-        ``texts`` their amounts as text) whole from the first grant with something left,
-        when that grant covers their sum and each is positive (the usual batch), in one
-        step: what ``burn`` decides for each in turn then (and where an amount has so many
-        digits that ``burn``'s running balance could not be kept exactly, the exact sum
-        instead of ``Inexact``). False, nothing burnt, otherwise."""
-        live, left = self._live, self._left
-        k = self._k
-        while k < len(live) and left[k] <= 0:
-            k += 1
-        self._k = k
+    def burn_all(self, amounts: Sequence[Decimal]) -> str | None:
+        """Burn every one of ``amounts`` (reserved records, in order) whole from the grant
+        the burner is at (a fresh one's: the first live grant in burn order), when that
+        grant covers their sum and each is positive (the usual batch), in one step: what
+        ``burn`` decides for each in turn then (and where an amount has so many digits
+        that ``burn``'s running balance could not be kept exactly, the exact sum instead
+        of ``Inexact``). The grant's id, which the caller records on the reservation
+        (``AmountsReserved.burnt_from``: this burner records nothing of them); None,
+        nothing burnt, otherwise."""
+        live, left, k = self._live, self._left, self._k
         if k == len(live) or not amounts or min(amounts) <= 0:
-            return False
-        total = sum_exact(amounts)
+            return None
+        total = sum_exact(amounts)  # > 0: a grant used up (after ``burn``) never covers it
         if total > left[k]:
-            return False
+            return None
         left[k] = running_difference(left[k], total)
-        self._ids += keys
-        self._grant_ids += [live[k].grant_id] * len(keys)
-        self._amounts += texts
-        return True
+        return live[k].grant_id
 
     def record(self) -> None:
         """Record what was consumed, as one event (nothing when nothing was)."""

@@ -15,7 +15,8 @@ encoded strings). What it proves, per grant and per account:
   its whole amount (the customer's credit never went below zero to bill it);
 * what the invoices' credit lines took off for each usage line is exactly what the
   grants gave the transactions on that line, for as many transactions
-  (``CreditsApplied`` against ``CreditsConsumed`` and the line each transaction joined),
+  (``CreditsApplied`` against the consumption, ``CreditsConsumed`` or a reservation's
+  ``burnt_from``, and the line each transaction joined),
   so no credit is billed twice nor given without being consumed.
 """
 
@@ -79,6 +80,10 @@ class CreditAudit:
             self._close(name, data, version)
         elif name == "CreditsConsumed":
             self._consumed(data, version, datetime.fromisoformat(data["at"]))
+        elif name == "AmountsReserved" and data.get("burnt_from") is not None:
+            ids = data["transaction_ids"]  # each amount burnt whole from the one grant
+            burnt = {**data, "grant_ids": [data["burnt_from"]] * len(ids)}
+            self._consumed(burnt, version, datetime.fromisoformat(data["burnt_at"]))
 
     def _close(self, name: str, data: Mapping[str, Any], version: int) -> None:
         grant = self._grant(data["grant_id"], version)

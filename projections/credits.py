@@ -5,7 +5,8 @@ A grant's ``state`` is ``live``, ``pending`` (purchased: ``CreditAwaitingPayment
 with ``state_reason``.
 
 Both fold the customer accounts' credit events (``domain.account``, ``domain.credits``):
-``CreditGranted`` adds a grant, ``CreditsConsumed`` (one per ingest batch),
+``CreditGranted`` adds a grant, an ingest batch's consumption (``AmountsReserved`` burnt
+from a grant, or ``CreditsConsumed``: ``domain.account.consumption``),
 ``CreditExpired`` and ``CreditVoided`` move its amount, ``CreditPolicySet`` sets the
 account's policy. Amounts are exact minor units (``numeric``, never rounded), and
 ``remaining = amount - consumed - expired - voided`` is a generated column, so I11
@@ -35,7 +36,7 @@ from eventsourcing.utils import get_topic
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from domain.account import CREDIT_EVENTS, CustomerAccount
+from domain.account import CREDIT_EVENTS, CustomerAccount, consumption, moves_credit
 from domain.money import sum_exact
 from projections.base import SCHEMA, History, check_customer
 
@@ -172,11 +173,8 @@ def _fold(
         elif isinstance(event, CustomerAccount.CreditActivated):
             moves = _grant(grants, key, event.grant_id, event.timestamp)
             moves.state, moves.state_reason = "live", f"paid: invoice {event.stripe_invoice_id}"
-        elif isinstance(event, CustomerAccount.CreditsConsumed):
-            for grant_id, text in zip(event.grant_ids, event.amounts, strict=True):
-                amount = Decimal(text)
-                _grant(grants, key, grant_id, event.timestamp).consumed += amount
-                step.consumed += amount
+        elif isinstance(event, CustomerAccount.CreditsConsumed | CustomerAccount.AmountsReserved):
+            _consumed(grants, key, event, step)
         else:
             kind = "expired" if isinstance(event, CustomerAccount.CreditExpired) else "voided"
             moves = _grant(grants, key, event.grant_id, event.timestamp)
@@ -185,6 +183,16 @@ def _fold(
             if kind == "voided":
                 _voided(moves, event.reason)
     return accounts, grants
+
+
+def _consumed(
+    grants: dict[tuple[str, str, str], _Moves], key: tuple[str, str], event: Any, step: _Step
+) -> None:
+    """A batch's consumption (``consumption``: its own event, or on its reservation)."""
+    for _, grant_id, text in consumption(event):
+        amount = Decimal(text)
+        _grant(grants, key, grant_id, event.timestamp).consumed += amount
+        step.consumed += amount
 
 
 def _grant(
@@ -233,7 +241,7 @@ class CreditProjection:
     def apply(
         self, conn: psycopg.Connection[Any], table: str, events: Sequence[Any], history: History
     ) -> None:
-        relevant = [e for e in events if isinstance(e, _CREDIT_EVENTS)]
+        relevant = [e for e in events if moves_credit(e)]
         for event in events:
             history.remember(event)
         if not relevant:

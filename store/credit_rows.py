@@ -2,8 +2,9 @@
 
 ``billing.credit_balances`` is a read model (``projections.credits``), but a balance that
 trails its save by a projector's poll is a balance a customer can overdraw by looking
-at: a save of a ``CustomerAccount`` with a credit event (``domain.account.CREDIT_EVENTS``:
-an ingest batch's ``CreditsConsumed``, a grant, an expiry, a void, a policy) also
+at: a save of a ``CustomerAccount`` with an event that moves its credit
+(``domain.account.moves_credit``: an ingest batch's consumption, carried on its
+``AmountsReserved`` or a ``CreditsConsumed``; a grant, an expiry, a void, a policy) also
 writes the account's row, in the same transaction as its events. The row is the
 account's state after the save (``CustomerAccount.credit_totals``), not a sum of moves,
 with ``account_version``: the version of the save's last credit event.
@@ -27,7 +28,7 @@ import orjson
 from psycopg import Cursor
 from psycopg.sql import SQL, Identifier
 
-from domain.account import CREDIT_EVENTS, CustomerAccount
+from domain.account import CustomerAccount, moves_credit
 from store.schema import CREDIT_BALANCES, SCHEMA
 
 __all__ = ["BalanceRow", "balance_row", "upsert_balances"]
@@ -54,7 +55,7 @@ def balance_row(account: CustomerAccount, events: Iterable[Any]) -> BalanceRow |
     version = 0
     at: datetime | None = None
     for event in events:
-        if type(event) in CREDIT_EVENTS:
+        if moves_credit(event):
             version = max(version, event.originator_version)
             at = event.timestamp if at is None else max(at, event.timestamp)
     if at is None:

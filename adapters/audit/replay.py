@@ -385,13 +385,13 @@ def _account_event(
     if name == "TopUpStarted":  # its purchase's row starts here (billing.credit_purchases)
         out.purchases.setdefault(data["purchase_id"], PurchaseAudit.top_up_requested(data))
         return
-    if name in _CREDIT_EVENTS:
+    if name == "AmountsReserved" and data.get("burnt_from") is not None:
+        data["burnt_at"] = unwrap(data["burnt_at"])  # burnt from a grant: consumed it too
+        _credit_audit(out, account).apply(name, data, version)
+    elif name in _CREDIT_EVENTS:
         for key in _CREDIT_EVENTS[name]:
             data[key] = unwrap(data[key])
-        credits = out.credits.get(account)
-        if credits is None:
-            credits = out.credits[account] = CreditAudit(*account)
-        credits.apply(name, data, version)
+        _credit_audit(out, account).apply(name, data, version)
         return
     sign = _COMMITS.get(name)
     if sign is None:  # settled: moves reserved to charged, the sum is the same
@@ -404,6 +404,13 @@ def _account_event(
     limit = out.limits.get(account)
     if sign > 0 and limit is not None and committed > limit:
         out.overdrawn.append(Overdrawn(account, version, committed, limit))
+
+
+def _credit_audit(out: Replay, account: tuple[str, str]) -> CreditAudit:
+    credits = out.credits.get(account)
+    if credits is None:
+        credits = out.credits[account] = CreditAudit(*account)
+    return credits
 
 
 def _route_line(  # noqa: PLR0917 (the replay's hot loop: no keyword packing)

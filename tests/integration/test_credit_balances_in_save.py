@@ -16,7 +16,7 @@ import pytest
 import projections.credits
 import store.ledger
 from adapters.settings import Settings
-from domain.account import CREDIT_EVENTS, CustomerAccount
+from domain.account import CustomerAccount, moves_credit
 from projections.projector import Projector, RebuildLocked, rebuild
 from store.connections import Database
 from store.ledger import BillingLedger
@@ -49,7 +49,7 @@ def _expected(ledger: BillingLedger, customer: str) -> tuple[Any, ...]:
     account = ledger.account(customer, "USD")
     assert account is not None
     t = account.credit_totals()
-    credit = [e for e in ledger.history(account.id) if type(e) in CREDIT_EVENTS]
+    credit = [e for e in ledger.history(account.id) if moves_credit(e)]
     return (
         t.policy, t.grants, t.granted, t.consumed, t.expired, t.voided,
         t.granted - t.consumed - t.expired - t.voided, credit[-1].originator_version,

@@ -17,7 +17,7 @@ from adapters.alerts.messages import ALERT_EVENT_TOPIC
 from adapters.bootstrap import migrate, open_ledger
 from adapters.settings import DEFAULT_PRICE_LIST, Settings
 from billing_ledger_webhooks import SignatureError, verify
-from domain.account import CustomerAccount
+from domain.account import CustomerAccount, consumption
 from domain.credits import CREDITS_EXHAUSTED, GrantState, top_up_grant_id
 from domain.ids import account_id, purchase_id, transaction_id
 from domain.money import round_minor
@@ -210,9 +210,8 @@ def test_the_demo_credit_scene_burns_a_grant_to_zero_alerts_signed_and_tops_up_o
     for e in events:
         if isinstance(e, CustomerAccount.CreditGranted):
             granted[e.grant_id] = Decimal(e.amount)
-        elif isinstance(e, CustomerAccount.CreditsConsumed):
-            for txn, grant_id, amount in zip(e.transaction_ids, e.grant_ids, e.amounts,
-                                             strict=True):  # fmt: skip
+        elif isinstance(e, CustomerAccount.CreditsConsumed | CustomerAccount.AmountsReserved):
+            for txn, grant_id, amount in consumption(e):  # on its own event or the reservation
                 moved[grant_id]["consumed"] += Decimal(amount)
                 consumed_by[txn] = grant_id
         elif isinstance(e, CustomerAccount.CreditExpired | CustomerAccount.CreditVoided):

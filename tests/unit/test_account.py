@@ -349,7 +349,7 @@ def test_a_stored_reservation_replays_to_each_amount_added_in_turn(amounts: list
     stored = CustomerAccount.AmountsReserved(
         originator_id=account.id, originator_version=account.version + 1,
         timestamp=datetime.now(UTC), transaction_ids=[str(uuid4()) for _ in amounts],
-        amounts=amounts, alert_period=None,
+        amounts=amounts, alert_period=None, burnt_from=None, burnt_at=None,
     )  # fmt: skip
     stored.mutate(account)
     assert account.reserved == expected

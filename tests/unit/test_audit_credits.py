@@ -106,6 +106,24 @@ def test_consuming_an_expired_grant_is_a_finding_even_without_its_expiry_event()
     assert [p for p in audit.problems if "not live" in p]
 
 
+def test_a_reservation_burnt_from_a_grant_is_checked_as_its_consumption() -> None:
+    """The usual batch's consumption rides on its ``AmountsReserved`` (``burnt_from``): the
+    audit checks it as it checks a ``CreditsConsumed``, and one without it consumed nothing."""
+    audit = _fold(_account())
+    late = (NOW + timedelta(days=1)).isoformat()  # the grant's expiry moment
+    reserved = {"transaction_ids": ["t", "u"], "amounts": ["60", "50"], "alert_period": None}
+    audit.apply("AmountsReserved", {**reserved, "burnt_from": None, "burnt_at": None}, 5)
+    assert (audit.consumed_by, audit.grants["g"].consumed) == ({}, 0)
+    audit.apply("AmountsReserved", {**reserved, "burnt_from": "g", "burnt_at": late}, 6)
+    assert audit.consumed_by == {"t": Decimal(60), "u": Decimal(50)}
+    assert audit.grants["g"].consumed == Decimal(110)
+    assert audit.problems == [
+        "v6: t consumed grant g, which was not live",
+        "v6: u consumed grant g, which was not live",
+        "v6: u consumed 0.50 USD of grant g, which had 0.40 USD left",
+    ]
+
+
 def test_a_credit_line_that_differs_from_the_consumption_is_a_finding() -> None:
     account = _account("overage")
     t, u = uuid4(), uuid4()

@@ -6,14 +6,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from domain.account import CustomerAccount
+from domain.account import CustomerAccount, consumption
 from domain.credit_line import CreditLine
 from tools.bench_decision import _Decider, run_decision
 
 
 def _event_names(kind: str) -> set[str]:
-    """The events one batch records, by name; "credit line" when it moves one, and
-    "watched" when its reservations move the alerts' period spend."""
+    """The events one batch records, by name; "credit line" when it moves one,
+    "watched" when its reservations move the alerts' period spend, and "burnt" when
+    they consumed credit (``consumption``: on the reservation or its own event)."""
     decider = _Decider(kind, customers=3, batches=1)
     touched = decider._decide(decider.batches[0])
     events = [e for a in touched for e in a.collect_events()]
@@ -22,18 +23,21 @@ def _event_names(kind: str) -> set[str]:
         names.add("credit line")
     if any(getattr(e, "alert_period", None) for e in events):
         names.add("watched")
+    if [taken for e in events for taken in consumption(e)]:
+        names.add("burnt")
     return names
 
 
 def test_each_kind_burns_credit_and_checks_alerts_as_named() -> None:
     none, grant = _event_names("none"), _event_names("grant")
     alerts, credits = _event_names("alerts"), _event_names("credits")
-    assert "AmountsReserved" in none and not none & {"CreditsConsumed", "watched"}
-    assert {"CreditsConsumed", "credit line"} <= grant and "watched" not in grant
-    assert "watched" in alerts and "CreditsConsumed" not in alerts
-    assert {"CreditsConsumed", "credit line", "watched"} <= credits
-    # The period's spend moves with the reservation: no event of its own in a quiet batch.
-    assert "AlertPeriodSpent" not in alerts | credits
+    assert "AmountsReserved" in none and not none & {"burnt", "watched"}
+    assert {"burnt", "credit line"} <= grant and "watched" not in grant
+    assert "watched" in alerts and "burnt" not in alerts
+    assert {"burnt", "credit line", "watched"} <= credits
+    # The period's spend and the usual batch's credit move with the reservation: no
+    # event of their own in a quiet batch burnt from one grant.
+    assert not (alerts | credits) & {"AlertPeriodSpent", "CreditsConsumed"}
 
 
 def test_a_run_reports_each_kind_against_none() -> None:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from domain.account import Burner, CustomerAccount
+from domain.account import Burner, CustomerAccount, consumption
 from domain.credits import MAX_GRANT_MINOR
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -72,10 +72,74 @@ def test_fractions_are_consumed_exactly_and_never_rounded_per_record() -> None:
     burns = account.reserve_and_burn(_usage(*["0.00125"] * 3), NOW)
     assert [b.credit for b in burns] == [Decimal("0.00125")] * 3
     assert account.grants["g"].remaining == Decimal("0.99625")
-    consumed = account.pending_events[-1]
-    assert isinstance(consumed, CustomerAccount.CreditsConsumed)
-    assert consumed.amounts == ["0.00125"] * 3  # one event for the batch
+    reserved = account.pending_events[-1]  # one event for the batch: on its reservation
+    assert isinstance(reserved, CustomerAccount.AmountsReserved)
+    assert [amount for _, _, amount in consumption(reserved)] == ["0.00125"] * 3
+    assert (reserved.burnt_from, reserved.burnt_at) == ("g", NOW)
     assert _replayed(account).grants["g"].remaining == Decimal("0.99625")
+
+
+def test_the_usual_batch_records_its_consumption_on_its_reservation_alone() -> None:
+    """A batch one grant covers whole, to its last minor unit, records one event: its
+    reservation, naming the grant and the save's moment; the grant's consumption replays
+    from it. The next batch, past the used-up grant, burns the next one the same way."""
+    account = _account()
+    _grant(account, "a", 10)
+    _grant(account, "b", 100, priority=1)
+    saved = len(account.pending_events)
+    for batch, grant in ((_usage("4", "6"), "a"), (_usage("7.5"), "b")):
+        account.reserve_and_burn(batch, NOW)
+        (reserved,) = account.pending_events[saved:]
+        saved += 1
+        assert isinstance(reserved, CustomerAccount.AmountsReserved)
+        assert (reserved.burnt_from, reserved.burnt_at) == (grant, NOW)
+        assert reserved.transaction_ids == [str(txn) for txn, _ in batch]
+    remaining = (account.grants["a"].remaining, account.grants["b"].remaining)
+    assert remaining == (0, Decimal("92.5"))
+    rebuilt = _replayed(account)
+    assert (rebuilt.grants["a"].remaining, rebuilt.grants["b"].remaining) == remaining
+
+
+def test_a_batch_split_across_grants_reserves_every_record_and_lists_its_consumption() -> None:
+    account = _account()
+    _grant(account, "a", 10)
+    _grant(account, "b", 100, priority=1)
+    account.collect_events()
+    batch = _usage("6", "6")
+    account.reserve_and_burn(batch, NOW)
+    reserved, consumed = account.collect_events()
+    assert isinstance(reserved, CustomerAccount.AmountsReserved)
+    assert isinstance(consumed, CustomerAccount.CreditsConsumed)
+    ids = [str(txn) for txn, _ in batch]
+    assert (reserved.transaction_ids, reserved.amounts, reserved.burnt_from) == (
+        ids, ["6", "6"], None,
+    )  # fmt: skip
+    assert list(consumption(consumed)) == [
+        (ids[0], "a", "6"), (ids[1], "a", "4"), (ids[1], "b", "2"),
+    ]  # fmt: skip
+
+
+def test_a_batch_with_a_blocked_record_carries_the_alerts_period_on_its_reservation() -> None:
+    account = _account("block")
+    _grant(account, "a", 10)
+    account.set_alerts(["spend:1000"])
+    account.collect_events()
+    burns = account.reserve_and_burn(_usage("6", "20", "3"), NOW, "2026-12")
+    assert [b.blocked for b in burns] == [False, True, False]
+    reserved = account.collect_events()[0]
+    assert isinstance(reserved, CustomerAccount.AmountsReserved)
+    assert (reserved.amounts, reserved.alert_period) == (["6", "3"], "2026-12")
+
+
+def test_a_burner_goes_on_from_what_its_one_step_burn_left() -> None:
+    account = _account()
+    _grant(account, "a", 10)
+    _grant(account, "b", 100, priority=1)
+    burner = account.burner(NOW)
+    assert burner.burn_all([Decimal(6)]) == "a"
+    assert burner.burn(uuid4(), Decimal(5)) == 5  # 4 from a, 1 from b
+    assert burner.burn_all([Decimal(1)]) is None  # at a, used up: left to ``burn``
+    assert burner.burn_all([Decimal(0)]) is None  # nothing positive to burn
 
 
 def test_overage_bills_beyond_the_grants_and_block_refuses_what_they_cannot_cover() -> None:
@@ -209,7 +273,8 @@ def test_a_batch_burnt_in_one_step_is_decided_and_recorded_as_record_by_record(
 ) -> None:
     """``Burner.burn_all`` (a batch the first grant covers, every amount positive: the
     usual one) decides what ``burn`` decides for each record in turn, and records the
-    same ``CreditsConsumed``; any other batch is left to ``burn``."""
+    same consumption (on the reservation, where ``burn`` records a ``CreditsConsumed``);
+    any other batch is left to ``burn``."""
     requests = [(UUID(int=i + 1), amount) for i, amount in enumerate(amounts)]
     decided = []
     for one_step in (True, False):
@@ -221,10 +286,10 @@ def test_a_batch_burnt_in_one_step_is_decided_and_recorded_as_record_by_record(
         if not one_step:  # the reference: every record burnt on its own
             account.burner = _record_by_record(account.burner)  # type: ignore[method-assign]
         burns = account.reserve_and_burn(requests, NOW)
-        consumed = [e for e in account.collect_events() if type(e).__name__ == "CreditsConsumed"]
+        events = account.collect_events()
         decided.append((
             burns,
-            [(e.transaction_ids, e.grant_ids, e.amounts) for e in consumed],
+            [taken for e in events for taken in consumption(e)],
             {g: account.grants[g].consumed for g in account.grants},
         ))  # fmt: skip
     assert decided[0] == decided[1]
@@ -233,8 +298,8 @@ def test_a_batch_burnt_in_one_step_is_decided_and_recorded_as_record_by_record(
 class _RecordByRecord(Burner):
     __slots__ = ()
 
-    def burn_all(self, *_: Any) -> bool:
-        return False
+    def burn_all(self, *_: Any) -> str | None:
+        return None
 
 
 def _record_by_record(burner: Any) -> Any:

@@ -153,6 +153,33 @@ def test_a_version_2_reservation_moves_no_alerts_spend() -> None:
     )  # fmt: skip
 
 
+def test_a_version_3_reservation_burnt_no_credit_and_its_consumption_counts_once() -> None:
+    """Before version 4 a batch's credit was always its own ``CreditsConsumed``: a version 3
+    reservation loads as having burnt nothing, so the grant's consumption counts once."""
+    ledger = memory_ledger()
+    account_id = CustomerAccount.create_id("acme", "USD")
+    opened = {"originator_topic": ACCOUNT.rstrip("."), "customer_id": "acme",
+              "currency": "USD", "spend_limit": None}  # fmt: skip
+    granted = {"grant_id": "g", "amount": 100, "priority": 0, "effective_at": AT,
+               "expires_at": None, "source": "manual", "reason": "r"}  # fmt: skip
+    ledger.recorder.insert_events([
+        _stored(account_id, 1, ACCOUNT + "Opened", opened),
+        _stored(account_id, 2, ACCOUNT + "CreditGranted", granted),
+        _stored(account_id, 3, ACCOUNT + "AmountsReserved",
+                {"transaction_ids": ["a", "b"], "amounts": ["30", "2.5"],
+                 "alert_period": None, "class_version": 3}),
+        _stored(account_id, 4, ACCOUNT + "CreditsConsumed",
+                {"transaction_ids": ["a", "b"], "grant_ids": ["g", "g"],
+                 "amounts": ["30", "2.5"], "at": AT}),
+    ])  # fmt: skip
+    account = ledger.account("acme", "USD")
+    assert account is not None
+    assert (account.reserved, account.grants["g"].consumed) == (Decimal("32.5"), Decimal("32.5"))
+    reserved = ledger.history(account_id)[2]
+    assert isinstance(reserved, CustomerAccount.AmountsReserved)
+    assert (reserved.burnt_from, reserved.burnt_at) == (None, None)
+
+
 def _v2_metered(txn_id: object) -> StoredEvent:
     """A Metered event as the ledger stored it before price books (``class_version`` 2:
     an exact amount, no price version)."""
