@@ -38,11 +38,12 @@ lock (a process that loses the race reloads the account and decides again). The
 account is already loaded and written by every ingest batch, so the grants cost no
 extra read or write there. ``reserve_and_burn`` is the ingest's one call: it expires
 grants past their expiry (``CreditExpired``), reserves against the limit, and burns
-the reserved usage down the live grants. The usual batch, every record burnt whole
-from one grant, records that on its ``AmountsReserved`` (``burnt_from``, ``burnt_at``:
-one event per account and save, as the alerts' period spend is carried); any other
-burn is one ``CreditsConsumed`` per batch, listing each (transaction, grant, amount).
-``consumption`` reads either. Under the ``block`` policy a record the grants cannot
+the reserved usage down the live grants: one ``CreditsConsumed`` per batch, listing
+each (transaction, grant, amount). The usual batch, every record burnt whole from one
+grant, can instead record that on its ``AmountsReserved`` (``burnt_from``,
+``burnt_at``: one event per account and save, as the alerts' period spend is carried),
+which ``consumption`` reads like a ``CreditsConsumed``; see ``RESERVATION_CARRIES_CREDIT``
+for why it is not written yet. Under the ``block`` policy a record the grants cannot
 cover is not reserved at all. ``grant_credit``, ``void_credit`` and ``set_credit_policy`` are the
 operator's commands. A void takes only what is left of a grant (``CreditVoided`` with
 that remainder): what usage consumed stays consumed, and is on its invoices.
@@ -99,6 +100,7 @@ from domain.money import (
 
 __all__ = [
     "CREDIT_EVENTS",
+    "RESERVATION_CARRIES_CREDIT",
     "Burn",
     "Burner",
     "CustomerAccount",
@@ -131,6 +133,15 @@ class _Reserved(NamedTuple):
     texts: list[str]
     amounts: list[Decimal]
 
+
+RESERVATION_CARRIES_CREDIT = False
+"""Whether the usual batch (every reserved record burnt whole from one grant) records its
+consumption on its ``AmountsReserved`` (``burnt_from``, ``burnt_at``: one event fewer per
+account and save) instead of a ``CreditsConsumed``. Off in this release, which reads
+both: a build before it reads such a reservation without error and counts none of its
+credit (it would burn the grant again, and its credit lane would not read it), so the
+ledger writes it only once no build before this one can still be running, from the next
+release on (a rolling restart runs both builds side by side)."""
 
 _new_tuple = tuple.__new__
 _NOT_BURNT = Burn(reserved=True)
@@ -845,8 +856,8 @@ class CustomerAccount(Aggregate):
         else:
             done = self._decide_reserve(requests, keys)
             grant_id = burner.burn_all(done.amounts)
-            if grant_id is not None:  # the usual batch: burnt with its reservation
-                self._amounts_reserved(done.ids, done.texts, alert_period, grant_id, now)
+            if grant_id is not None:  # the usual batch: every record burnt from one grant
+                self._reserved_and_burnt(done, alert_period, grant_id, now)
                 return [
                     _new_tuple(Burn, (True, False, amount)) if ok else _REFUSED
                     for (_, amount), ok in zip(requests, done.granted, strict=True)
@@ -865,6 +876,17 @@ class CustomerAccount(Aggregate):
                 burns.append(Burn(True, False, credit) if credit else _NOT_BURNT)
         burner.record()
         return burns
+
+    def _reserved_and_burnt(
+        self, done: _Reserved, alert_period: str | None, grant_id: str, now: datetime
+    ) -> None:
+        """Record the usual batch: reserved, and every record burnt whole from one grant
+        (on the reservation when ``RESERVATION_CARRIES_CREDIT``)."""
+        if RESERVATION_CARRIES_CREDIT:
+            self._amounts_reserved(done.ids, done.texts, alert_period, grant_id, now)
+        else:
+            self._amounts_reserved(done.ids, done.texts, alert_period)
+            self._credits_consumed(done.ids, [grant_id] * len(done.ids), done.texts, now)
 
     def burner(self, now: datetime) -> Burner:
         """Expire the grants due at ``now``, then burn records down the live grants one at

@@ -120,7 +120,7 @@ def test_bench_ingest_with_credits_burns_credit_and_checks_alerts_in_as_many_pro
     assert all(r["credits_records_per_s"] > 0 and r["none_after_records_per_s"] > 0 for r in rounds)
     assert credited["workers"] == after["workers"] == 2
     assert credited["alerts"] and all(":" in key for key in credited["alerts"])
-    # The same records, plus what credit adds to each save: the credit lines' events (the
-    # usual batch's consumption and the alerts' spend move with the reservation).
+    # The same records, plus what credit adds to each save: a CreditsConsumed per account
+    # and the credit lines' events (the alerts' spend moves with the reservation).
     assert credited["events"] > after["events"] > 2 * RECORDS
     assert result["ratios"]["end_to_end_credits_vs_none"] > 0

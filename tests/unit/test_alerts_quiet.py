@@ -89,6 +89,7 @@ def _decide(account: CustomerAccount, records: list[Spend], now: datetime) -> li
     ]
 
 
+@pytest.mark.usefixtures("carried")
 @pytest.mark.parametrize("seed", range(40))
 def test_the_shortcut_decides_what_walking_every_record_decides(
     seed: int, monkeypatch: pytest.MonkeyPatch
@@ -139,6 +140,7 @@ def test_a_batch_that_reaches_a_threshold_is_walked() -> None:
     assert quiet_spend(balance, watch, Decimal(0), None, spend, [True], None) is not None
 
 
+@pytest.mark.usefixtures("carried")
 def test_a_grant_carried_exactly_to_its_mark_is_walked_and_fires() -> None:
     account = CustomerAccount.open("acme", "USD")
     account.grant_credit("g", 1000, effective_at=T0, source="manual", reason="r")
@@ -243,6 +245,7 @@ def test_a_batch_of_a_later_period_starts_its_watch_afresh_in_its_reservation() 
     assert crossed == [] and state == (PERIODS[2], Decimal(5), ())  # nothing crossed in it
 
 
+@pytest.mark.usefixtures("carried")
 def test_a_batch_the_account_finds_quiet_records_nothing_when_walked() -> None:
     """``quiet_after`` (the ingest's way past ``check_alerts`` for a batch every record of
     was reserved): when it finds the batch's end quiet, ``check_alerts`` records nothing

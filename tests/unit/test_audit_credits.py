@@ -55,6 +55,7 @@ def _txn(txn_id: str, amount: str, line: str | None = LINE) -> TxnAudit:
     return txn
 
 
+@pytest.mark.usefixtures("carried")
 def test_a_history_the_account_decided_has_no_finding() -> None:
     account = _account()
     txns = [(uuid4(), Decimal("60.5")), (uuid4(), Decimal("50"))]
@@ -124,6 +125,7 @@ def test_a_reservation_burnt_from_a_grant_is_checked_as_its_consumption() -> Non
     ]
 
 
+@pytest.mark.usefixtures("carried")
 def test_a_credit_line_that_differs_from_the_consumption_is_a_finding() -> None:
     account = _account("overage")
     t, u = uuid4(), uuid4()

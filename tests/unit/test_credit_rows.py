@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from uuid import uuid4
 
+import pytest
+
 from domain.account import CustomerAccount, consumption
 from store.credit_rows import balance_row
 
@@ -24,6 +26,7 @@ def _granted() -> CustomerAccount:
     return account
 
 
+@pytest.mark.usefixtures("carried")
 def test_a_save_with_credit_events_writes_the_accounts_totals_at_its_last_credit_event() -> None:
     account = _granted()
     account.collect_events()  # saved

@@ -6,12 +6,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
+from unittest.mock import patch
 from uuid import UUID, uuid4
 
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+import domain.account
 from domain.account import Burner, CustomerAccount, consumption
 from domain.credits import MAX_GRANT_MINOR
 
@@ -66,34 +68,42 @@ def test_usage_burns_priority_first_then_soonest_expiry_then_oldest() -> None:
     _conserved(account)
 
 
-def test_fractions_are_consumed_exactly_and_never_rounded_per_record() -> None:
+def test_fractions_are_consumed_exactly_and_never_rounded_per_record(carried: bool) -> None:
     account = _account()
     _grant(account, "g", 1)
     burns = account.reserve_and_burn(_usage(*["0.00125"] * 3), NOW)
     assert [b.credit for b in burns] == [Decimal("0.00125")] * 3
     assert account.grants["g"].remaining == Decimal("0.99625")
-    reserved = account.pending_events[-1]  # one event for the batch: on its reservation
-    assert isinstance(reserved, CustomerAccount.AmountsReserved)
-    assert [amount for _, _, amount in consumption(reserved)] == ["0.00125"] * 3
-    assert (reserved.burnt_from, reserved.burnt_at) == ("g", NOW)
+    recorded = account.pending_events[-1]  # one event for the batch's credit
+    kind = CustomerAccount.AmountsReserved if carried else CustomerAccount.CreditsConsumed
+    assert isinstance(recorded, kind)
+    assert list(consumption(recorded)) == [
+        (str(txn), "g", "0.00125") for txn in recorded.transaction_ids
+    ]
     assert _replayed(account).grants["g"].remaining == Decimal("0.99625")
 
 
-def test_the_usual_batch_records_its_consumption_on_its_reservation_alone() -> None:
-    """A batch one grant covers whole, to its last minor unit, records one event: its
-    reservation, naming the grant and the save's moment; the grant's consumption replays
-    from it. The next batch, past the used-up grant, burns the next one the same way."""
+def test_the_usual_batch_records_its_consumption_in_one_event(carried: bool) -> None:
+    """A batch one grant covers whole, to its last minor unit, records one event for its
+    credit: its reservation, naming the grant and the save's moment (carried), or one
+    ``CreditsConsumed``; the grant's consumption replays from it. The next batch, past
+    the used-up grant, burns the next one the same way."""
     account = _account()
     _grant(account, "a", 10)
     _grant(account, "b", 100, priority=1)
     saved = len(account.pending_events)
     for batch, grant in ((_usage("4", "6"), "a"), (_usage("7.5"), "b")):
         account.reserve_and_burn(batch, NOW)
-        (reserved,) = account.pending_events[saved:]
-        saved += 1
+        reserved, *consumed = account.pending_events[saved:]
+        saved += 1 + len(consumed)
         assert isinstance(reserved, CustomerAccount.AmountsReserved)
-        assert (reserved.burnt_from, reserved.burnt_at) == (grant, NOW)
-        assert reserved.transaction_ids == [str(txn) for txn, _ in batch]
+        ids = [str(txn) for txn, _ in batch]
+        assert reserved.transaction_ids == ids
+        burnt = (reserved.burnt_from, reserved.burnt_at)
+        assert burnt == ((grant, NOW) if carried else (None, None))
+        assert len(consumed) == (0 if carried else 1)
+        taken = [t for e in (reserved, *consumed) for t in consumption(e)]
+        assert taken == [(i, grant, f"{a}") for i, (_, a) in zip(ids, batch, strict=True)]
     remaining = (account.grants["a"].remaining, account.grants["b"].remaining)
     assert remaining == (0, Decimal("92.5"))
     rebuilt = _replayed(account)
@@ -277,7 +287,7 @@ def test_a_batch_burnt_in_one_step_is_decided_and_recorded_as_record_by_record(
     any other batch is left to ``burn``."""
     requests = [(UUID(int=i + 1), amount) for i, amount in enumerate(amounts)]
     decided = []
-    for one_step in (True, False):
+    for one_step, carried in ((True, True), (True, False), (False, False)):
         account = _account(policy)
         account.set_limit(limit)
         for i, amount in enumerate(grants):
@@ -285,14 +295,15 @@ def test_a_batch_burnt_in_one_step_is_decided_and_recorded_as_record_by_record(
         account.collect_events()
         if not one_step:  # the reference: every record burnt on its own
             account.burner = _record_by_record(account.burner)  # type: ignore[method-assign]
-        burns = account.reserve_and_burn(requests, NOW)
+        with patch.object(domain.account, "RESERVATION_CARRIES_CREDIT", carried):
+            burns = account.reserve_and_burn(requests, NOW)
         events = account.collect_events()
         decided.append((
             burns,
             [taken for e in events for taken in consumption(e)],
             {g: account.grants[g].consumed for g in account.grants},
         ))  # fmt: skip
-    assert decided[0] == decided[1]
+    assert decided[0] == decided[1] == decided[2]
 
 
 class _RecordByRecord(Burner):
