@@ -95,6 +95,7 @@ from domain.money import (
     format_money,
     running_difference,
     running_sum,
+    subtract_exact,
     sum_exact,
 )
 
@@ -387,7 +388,7 @@ class CustomerAccount(Aggregate):
         """How much more can be reserved; None when unlimited."""
         if self.spend_limit is None:
             return None
-        return max(add_exact(Decimal(self.spend_limit), -self.committed), Decimal(0))
+        return max(subtract_exact(Decimal(self.spend_limit), self.committed), Decimal(0))
 
     def set_limit(self, spend_limit: int | None) -> None:
         """Set (or with None, remove) the spend limit. Existing reservations stand."""
@@ -442,7 +443,7 @@ class CustomerAccount(Aggregate):
                 texts.append(f"{canonical(amount):f}")
                 amounts.append(amount)
                 if headroom is not None:
-                    headroom = add_exact(headroom, -amount)
+                    headroom = subtract_exact(headroom, amount)
         return _Reserved(granted, ids, texts, amounts)
 
     def hold(self) -> Hold:
@@ -509,7 +510,7 @@ class CustomerAccount(Aggregate):
         for _, old, new in entries:
             _check_amount(old)
             _check_amount(new)
-            total = add_exact(add_exact(total, -old), new)
+            total = add_exact(subtract_exact(total, old), new)
         if total < 0:
             raise ValueError(f"cannot reprice more than {self._money(self.reserved)} reserved")
         self._amounts_repriced(
@@ -524,7 +525,7 @@ class CustomerAccount(Aggregate):
     ) -> None:
         total = self.reserved
         for old, new in zip(old_amounts, amounts, strict=True):
-            total = add_exact(add_exact(total, -Decimal(old)), Decimal(new))
+            total = add_exact(subtract_exact(total, Decimal(old)), Decimal(new))
         self.reserved = total
 
     def release(self, transaction_id: UUID, amount: Decimal) -> None:
@@ -538,7 +539,7 @@ class CustomerAccount(Aggregate):
 
     @event(ReservationReleased)
     def _released(self, transaction_id: str, amount: Decimal) -> None:
-        self.reserved = add_exact(self.reserved, -amount)
+        self.reserved = subtract_exact(self.reserved, amount)
 
     def settle(self, transaction_id: UUID, amount: Decimal) -> None:
         """Turn a reservation into a charge."""
@@ -551,7 +552,7 @@ class CustomerAccount(Aggregate):
 
     @event(ReservationSettled)
     def _settled(self, transaction_id: str, amount: Decimal) -> None:
-        self.reserved = add_exact(self.reserved, -amount)
+        self.reserved = subtract_exact(self.reserved, amount)
         self.charged = add_exact(self.charged, amount)
 
     def reverse_charge(self, transaction_id: UUID, amount: Decimal) -> None:
@@ -565,7 +566,7 @@ class CustomerAccount(Aggregate):
 
     @event(ChargeReversed)
     def _reversed(self, transaction_id: str, amount: Decimal) -> None:
-        self.charged = add_exact(self.charged, -amount)
+        self.charged = subtract_exact(self.charged, amount)
 
     # -- spend alerts (domain.alerts) --------------------------------------------------
 
@@ -613,7 +614,7 @@ class CustomerAccount(Aggregate):
         # (``crossings`` checks that records and decisions pair up).
         before = self.committed
         for record in compress(records, granted):
-            before = add_exact(before, -record.amount)
+            before = subtract_exact(before, record.amount)
         credit = self._credit_before(records, now) if self.grants else None
         found = crossings(thresholds, watch, before, self.spend_limit, records, granted, credit)
         for crossing in found:
@@ -1209,7 +1210,7 @@ class Hold:
         if headroom is not None:
             if amount > headroom:
                 return False
-            self._headroom = add_exact(headroom, -amount)
+            self._headroom = subtract_exact(headroom, amount)
         self._ids.append(str(transaction_id))
         self._amounts.append(f"{canonical(amount):f}")
         return True
@@ -1262,7 +1263,7 @@ class Burner:
             return False
         if amount > self._available:
             return True
-        self._available = add_exact(self._available, -amount)
+        self._available = subtract_exact(self._available, amount)
         return False
 
     def burn(self, txn_id: UUID, amount: Decimal, key: str | None = None) -> Decimal:
@@ -1288,8 +1289,8 @@ class Burner:
             take = min(owed, left[i])
             if take <= 0:
                 continue
-            left[i] = add_exact(left[i], -take)
-            owed = add_exact(owed, -take)
+            left[i] = subtract_exact(left[i], take)
+            owed = subtract_exact(owed, take)
             credit = add_exact(credit, take)
             self._ids.append(key)
             self._grant_ids.append(live[i].grant_id)

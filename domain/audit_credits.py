@@ -95,10 +95,11 @@ class CreditAudit:
                 f"v{version}: {name} of grant {data['grant_id']} takes {self._money(amount)};"
                 f" {self._money(left)} was left"
             )
-        if name == "CreditVoided":
-            grant.voided += amount
-        else:
-            grant.expired += amount
+        with localcontext(prec=80):  # exact: the default context keeps 28 digits
+            if name == "CreditVoided":
+                grant.voided += amount
+            else:
+                grant.expired += amount
 
     def _payment(self, name: str, data: Mapping[str, Any], version: int) -> None:
         grant = self._grant(data["grant_id"], version)
@@ -133,7 +134,8 @@ class CreditAudit:
                     f"v{version}: {txn_id} consumed {self._money(amount)} of grant {grant_id},"
                     f" which had {self._money(grant.remaining)} left"
                 )
-            grant.consumed += amount
+            with localcontext(prec=80):
+                grant.consumed += amount
 
     def _grant(self, grant_id: str, version: int) -> GrantAudit | None:
         grant = self.grants.get(grant_id)

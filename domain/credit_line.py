@@ -121,7 +121,8 @@ class CreditLine(InvoiceLine):
         per_line = _added(self.per_line, line_ids, amounts)
         exact = sum_exact(per_line.values())
         billed = -sum(round_minor(c) for c in per_line.values())
-        self._applied(line_ids, amounts, counts, -exact, billed, self.transactions + sum(counts))
+        credit = exact.copy_negate()  # exact: ``-exact`` would round to 28 digits
+        self._applied(line_ids, amounts, counts, credit, billed, self.transactions + sum(counts))
 
     @event(CreditsApplied)
     def _applied(  # noqa: PLR0917 (the event's fields, applied on every load)

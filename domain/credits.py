@@ -51,7 +51,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import NamedTuple, Protocol
 
-from domain.money import add_exact, sum_exact
+from domain.money import add_exact, subtract_exact, sum_exact
 
 __all__ = [
     "CREDITS_EXHAUSTED",
@@ -165,7 +165,7 @@ class Grant:
         used = self.consumed
         if self.expired or self.voided:  # closed: the usual grant is neither
             used = add_exact(add_exact(used, self.expired), self.voided)
-        return add_exact(Decimal(self.amount), -used)
+        return subtract_exact(Decimal(self.amount), used)
 
     @property
     def closed(self) -> bool:

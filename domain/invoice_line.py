@@ -56,7 +56,7 @@ from eventsourcing.domain import Aggregate, event
 
 from domain.errors import IllegalTransition, StaleOwner
 from domain.ids import invoice_id, line_id, line_push_id
-from domain.money import add_exact, add_quantity, canonical, round_minor
+from domain.money import add_exact, add_quantity, canonical, round_minor, subtract_exact
 from domain.ownership import Claim
 from domain.periods import Period
 
@@ -301,7 +301,7 @@ class InvoiceLine(Aggregate):
         for _, old, new in entries:
             if new < 0:
                 raise ValueError(f"a repriced amount cannot be negative: {new}")
-            total = add_exact(add_exact(total, -old), new)
+            total = add_exact(subtract_exact(total, old), new)
         if total < 0 or len(entries) > self.transactions:
             raise ValueError(f"cannot reprice more than line {self.id} holds")
         self._repriced(
@@ -338,7 +338,7 @@ class InvoiceLine(Aggregate):
             raise ValueError("removing from a line needs a reason")
         total = self.exact_total
         for _, amount in entries:
-            total = add_exact(total, -amount)
+            total = subtract_exact(total, amount)
         if total < 0 or len(entries) > self.transactions:
             raise ValueError(f"cannot remove more than line {self.id} holds")
         self._removed(

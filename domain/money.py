@@ -64,6 +64,7 @@ __all__ = [
     "running_difference",
     "running_sum",
     "split_for_items",
+    "subtract_exact",
     "sum_exact",
     "to_minor_units",
 ]
@@ -245,6 +246,16 @@ def check_increment(amount: Decimal, currency: str) -> Decimal:
 def add_exact(total: Decimal, amount: Decimal) -> Decimal:
     """``total + amount`` exactly (a line's running total); ValueError past MAX_LINE_MINOR."""
     result = _SUM.add(total, amount)
+    if abs(result) >= MAX_LINE_MINOR:
+        raise ValueError(f"a line total of {result} minor units is beyond {MAX_LINE_MINOR:f}")
+    return canonical(result)
+
+
+def subtract_exact(total: Decimal, amount: Decimal) -> Decimal:
+    """``total - amount`` exactly, with ``add_exact``'s checks. Never write
+    ``add_exact(total, -amount)``: ``-amount`` is taken in the thread's context (28
+    digits by default), which rounds an amount of more digits before it is added."""
+    result = _SUM.subtract(total, amount)
     if abs(result) >= MAX_LINE_MINOR:
         raise ValueError(f"a line total of {result} minor units is beyond {MAX_LINE_MINOR:f}")
     return canonical(result)

@@ -55,7 +55,7 @@ from domain.errors import IllegalTransition, InvalidUsage
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine
 from domain.invoice_states import FINAL_STATES, InvoiceState
-from domain.money import add_exact, format_money, round_minor
+from domain.money import add_exact, format_money, round_minor, subtract_exact
 from domain.periods import Period
 from domain.price_book import PriceSchedule, PriceVersion
 from domain.pricing import Price
@@ -115,7 +115,7 @@ class LineRepricing:
         """The line's exact total once every change is recorded."""
         total = self.exact_total
         for change in self.changes:
-            total = add_exact(add_exact(total, -change.old_amount), change.amount)
+            total = add_exact(subtract_exact(total, change.old_amount), change.amount)
         return total
 
     @property

@@ -28,7 +28,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from domain.account import CustomerAccount
-from domain.money import add_exact
+from domain.money import subtract_exact
 from domain.transaction import BillingTransaction
 from projections.base import SCHEMA, History, check_customer
 
@@ -143,7 +143,7 @@ def _fold(
     elif isinstance(event, BillingTransaction.Repriced):
         facts = history.facts(event.originator_id)
         delta = _delta(deltas, facts.customer_id, facts.currency, event)
-        moved = add_exact(event.amount, -event.old_amount)
+        moved = subtract_exact(event.amount, event.old_amount)
         delta.metered += moved
         if event.state == "charged":
             delta.charged += moved

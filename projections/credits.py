@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import Any
 
 import psycopg
@@ -153,7 +153,15 @@ class _Moves:
 def _fold(
     events: Sequence[Any], history: History
 ) -> tuple[dict[tuple[str, str], _Moves], dict[tuple[str, str, str], _Moves]]:
-    """Each account's and each grant's moves in the batch."""
+    """Each account's and each grant's moves in the batch, added exactly (an amount's 60
+    digits and a sum of them fit in 80; the default context keeps 28)."""
+    with localcontext(prec=80):
+        return _fold_exactly(events, history)
+
+
+def _fold_exactly(
+    events: Sequence[Any], history: History
+) -> tuple[dict[tuple[str, str], _Moves], dict[tuple[str, str, str], _Moves]]:
     accounts: dict[tuple[str, str], _Moves] = {}
     grants: dict[tuple[str, str, str], _Moves] = {}
     for event in events:

@@ -41,7 +41,7 @@ from domain.contract import Contract
 from domain.credit_line import CreditLine
 from domain.invoice import Invoice
 from domain.invoice_line import InvoiceLine, LinePush
-from domain.money import add_exact
+from domain.money import add_exact, subtract_exact
 from domain.price_book import PriceBook
 from domain.purchase import CreditPurchase
 from domain.transaction import BillingTransaction
@@ -379,7 +379,7 @@ def _account_event(
     if name == "AmountsRepriced":  # never refused by the limit (domain.account): no check
         committed = out.committed.get(account, Decimal(0))
         for old, new in zip(data["old_amounts"], data["amounts"], strict=True):
-            committed = add_exact(add_exact(committed, -Decimal(old)), Decimal(new))
+            committed = add_exact(subtract_exact(committed, Decimal(old)), Decimal(new))
         out.committed[account] = committed
         return
     if name == "TopUpStarted":  # its purchase's row starts here (billing.credit_purchases)
@@ -399,7 +399,8 @@ def _account_event(
     amounts = data["amounts"] if name == "AmountsReserved" else [unwrap(data["amount"])]
     committed = out.committed.get(account, Decimal(0))
     for amount in amounts:
-        committed = add_exact(committed, sign * Decimal(amount))
+        value = Decimal(amount)  # ``sign * value`` would round past 28 digits
+        committed = add_exact(committed, value) if sign > 0 else subtract_exact(committed, value)
     out.committed[account] = committed
     limit = out.limits.get(account)
     if sign > 0 and limit is not None and committed > limit:

@@ -353,3 +353,15 @@ def test_a_stored_reservation_replays_to_each_amount_added_in_turn(amounts: list
     )  # fmt: skip
     stored.mutate(account)
     assert account.reserved == expected
+
+
+def test_an_amount_of_many_digits_is_held_and_released_exactly() -> None:
+    """Every take-off on the account (the limit's headroom, a release, a reversal) is
+    exact for an amount of more digits than Python's default context keeps (28)."""
+    account = CustomerAccount.open("acme", "USD", spend_limit=1000)
+    amount = Decimal("99.50000000000000000000000000123")
+    txn = uuid4()
+    assert account.reserve_all([(txn, amount)]) == [True]
+    assert account.available == Decimal("900.49999999999999999999999999877")
+    account.release(txn, amount)
+    assert (account.reserved, account.available) == (0, 1000)

@@ -10,12 +10,13 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from domain.account import CustomerAccount
+from domain.account import CustomerAccount, moves_credit
 from domain.audit import TxnAudit
 from domain.audit_credits import CreditAudit, check_credits
 from domain.audit_lines import LineAudit, credit_applied
 from domain.credit_line import CreditLine
 from domain.periods import PeriodPolicy
+from projections.credits import _fold as credit_fold
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 NOW = T0 + timedelta(days=1)
@@ -214,3 +215,35 @@ def test_a_credit_line_event_whose_lists_do_not_pair_up_is_a_finding(
     audit = LineAudit("l", "acme", "USD", "credits", "p")
     audit.apply("CreditsApplied", {**lists, "exact_total": "0", "billed": 0, "transactions": 0}, 2)
     assert "v2: CreditsApplied lists of unequal lengths" in audit.problems
+
+
+@pytest.mark.usefixtures("carried")
+def test_the_audit_and_the_credit_read_models_add_as_exactly_as_the_account() -> None:
+    """Amounts of many digits (a large record beside one of 10^-27 minor units) add up
+    in the audit's fold and in the read models' fold exactly as on the account, not at
+    the default context's 28 digits."""
+    account = _account("overage")
+    tiny = Decimal("0.00000000000000000000000000123")
+    account.reserve_and_burn([(uuid4(), Decimal("99.5")), (uuid4(), tiny)], NOW)
+    account.expire_credits(NOW + timedelta(days=2))
+    events = list(account.pending_events)
+    grant = account.grants["g"]
+    assert grant.consumed == Decimal("99.50000000000000000000000000123")  # exact here
+    assert grant.expired == Decimal("0.49999999999999999999999999877")  # what was left
+    audit = _fold(account)
+    audited = audit.grants["g"]
+    assert (audited.consumed, audited.expired) == (grant.consumed, grant.expired)
+    assert (audit.problems, audited.remaining) == ([], 0)
+
+    class _Facts:
+        customer_id, currency = "acme", "USD"
+
+    class _History:
+        def facts(self, _: object) -> type[_Facts]:
+            return _Facts
+
+    moved = [e for e in events if moves_credit(e)]
+    accounts, grants = credit_fold(moved, _History())  # type: ignore[arg-type]
+    row = grants["acme", "USD", "g"]
+    assert (row.consumed, row.expired) == (grant.consumed, grant.expired)
+    assert accounts["acme", "USD"].steps[-1].expired == grant.expired

@@ -13,6 +13,7 @@ from domain.money import (
     check_currency,
     format_money,
     parse_exact_amount,
+    subtract_exact,
     to_minor_units,
 )
 
@@ -182,3 +183,14 @@ def test_format_money_output_parses_back_to_the_same_amount(amount: int, currenc
     major, code = format_money(amount, currency).split(" ")
     assert code == currency
     assert parse_exact_amount(major, code) == amount
+
+
+def test_subtracting_an_amount_of_many_digits_is_exact() -> None:
+    """``subtract_exact``: an amount of up to 38 digits (``AMOUNT_DIGITS``) taken off
+    exactly, where negating it first (``-amount``) rounds it to the context's 28."""
+    amount = Decimal("99.50000000000000000000000000123")  # 31 digits
+    assert subtract_exact(Decimal(100), amount) == Decimal("0.49999999999999999999999999877")
+    assert -amount == Decimal("-99.50000000000000000000000000")  # why it exists
+    assert subtract_exact(amount, amount) == 0
+    with pytest.raises(ValueError, match="beyond"):
+        subtract_exact(Decimal(0), Decimal(10) ** 20)
