@@ -254,11 +254,9 @@ def add_exact(total: Decimal, amount: Decimal) -> Decimal:
 def subtract_exact(total: Decimal, amount: Decimal) -> Decimal:
     """``total - amount`` exactly, with ``add_exact``'s checks. Never write
     ``add_exact(total, -amount)``: ``-amount`` is taken in the thread's context (28
-    digits by default), which rounds an amount of more digits before it is added."""
-    result = _SUM.subtract(total, amount)
-    if abs(result) >= MAX_LINE_MINOR:
-        raise ValueError(f"a line total of {result} minor units is beyond {MAX_LINE_MINOR:f}")
-    return canonical(result)
+    digits by default), which rounds an amount of more digits before it is added; here
+    it is negated in the sums' context (60 digits, inexact trapped)."""
+    return add_exact(total, _SUM.minus(amount))
 
 
 def add_quantity(total: Decimal, quantity: Decimal) -> Decimal:
